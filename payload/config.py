@@ -1,0 +1,434 @@
+"""The run configuration the payload executes: data recipe, model, method, training, outputs.
+
+This module is the contract between the launcher and the payload. It imports only pydantic and
+PyYAML (never torch), so the launcher can validate profiles with it. A profile in `clusters/`
+holds these sections plus the launcher-owned `cluster:` and `budget:`; `launch render` writes the
+resolved form (every default filled in, `runtime:` set) that `python -m payload ... --config` reads.
+
+Every field's docstring is its help text. Cross-field rules live in `model_validator`s and name
+the keys involved, so a user sees which line of which file to change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ROLES = ("system", "user", "assistant")
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors (typos must never be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+class SourceConfig(Strict):
+    """One raw dataset. Exactly one of `path` or `hf_dataset`."""
+
+    name: str
+    """Short name used in stats and error messages."""
+    path: Optional[str] = None
+    """Local file (JSONL, JSON, CSV or Parquet; by extension). Relative paths resolve against the
+    directory the payload runs in (the uploaded workdir)."""
+    hf_dataset: Optional[str] = None
+    """Hugging Face dataset id, loaded with `datasets.load_dataset` (streaming)."""
+    hf_split: str = "train"
+    """Split of `hf_dataset` to read."""
+    hf_config: Optional[str] = None
+    """Config (subset) name of `hf_dataset`."""
+    format: Literal["auto", "messages", "alpaca", "prompt_response"] = "auto"
+    """Record shape: chat `messages`; alpaca `instruction/input/output`; `prompt/question/response`
+    (runbook 004 CSV). `auto` decides per record from its keys."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Rename raw columns before parsing, e.g. `{text_in: instruction}`."""
+    image_root: Optional[str] = None
+    """Directory that relative image paths in vision-language records resolve against."""
+    strip_think: bool = False
+    """Remove `<think>...</think>` blocks from assistant turns (runbook 000, glm data)."""
+    system_prompt: Optional[str] = None
+    """Name of an entry in `data.system_prompts` to inject where the system turn is missing/empty."""
+    split: Union[Literal["train", "val", "test"], dict[str, float]] = Field(
+        default_factory=lambda: {"train": 1.0}
+    )
+    """Either one split name (the whole source goes there) or ratios, e.g. `{train: 0.95, val: 0.05}`."""
+    max_records: Optional[int] = Field(default=None, gt=0)
+    """Read at most this many records (quick validation runs)."""
+
+    @model_validator(mode="after")
+    def _one_location(self):
+        if bool(self.path) == bool(self.hf_dataset):
+            raise ValueError("set exactly one of `path` or `hf_dataset`")
+        if isinstance(self.split, dict):
+            bad = set(self.split) - {"train", "val", "test"}
+            if bad:
+                raise ValueError(f"`split` keys must be train/val/test, got {sorted(bad)}")
+            total = sum(self.split.values())
+            if abs(total - 1.0) > 1e-6 or any(v < 0 for v in self.split.values()):
+                raise ValueError(f"`split` ratios must be >= 0 and sum to 1 (they sum to {total:g})")
+        return self
+
+
+class DataConfig(Strict):
+    """The data recipe: raw sources -> train/val/test JSONL of canonical chat records."""
+
+    sources: list[SourceConfig] = Field(min_length=1)
+    """Raw datasets, combined in order."""
+    system_prompts: dict[str, str] = Field(default_factory=dict)
+    """Named system prompts that sources inject with `system_prompt: NAME`."""
+    seed: int = 42
+    """Seed of the per-source split (same inputs + seed give byte-identical outputs)."""
+    dedup: bool = True
+    """Drop records whose content hash (after transforms) was already seen in any source."""
+    max_tokens: Optional[int] = Field(default=None, gt=0)
+    """Drop records longer than this many tokens (needs a tokenizer). Defaults to no filter."""
+    max_invalid_fraction: float = Field(default=0.01, ge=0, le=1)
+    """Fail the stage when more than this fraction of a source's records are invalid."""
+    strict: bool = False
+    """Fail on the first invalid record instead of skipping and counting it."""
+    report_first: int = Field(default=20, ge=0)
+    """How many dropped records (with reason and file:line) `data_stats.json` lists per source."""
+
+    @model_validator(mode="after")
+    def _refs(self):
+        names = [s.name for s in self.sources]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"source names must be unique, repeated: {dupes}")
+        for s in self.sources:
+            if s.system_prompt and s.system_prompt not in self.system_prompts:
+                known = ", ".join(sorted(self.system_prompts)) or "none defined"
+                raise ValueError(
+                    f"source `{s.name}` uses system_prompt `{s.system_prompt}`, which is not in "
+                    f"`data.system_prompts` ({known})"
+                )
+        return self
+
+
+# -------------------------------------------------------------------------------------------- model
+
+
+class TinyModel(Strict):
+    """Build a tiny model and tokenizer from config instead of downloading (local demo, tests)."""
+
+    arch: Literal["qwen3", "qwen3_vl"] = "qwen3"
+    hidden_size: int = 64
+    num_layers: int = 2
+    vocab_size: int = 1024
+
+
+class ModelConfig(Strict):
+    name_or_path: str
+    """Hub id or local path of the base model."""
+    kind: Literal["causal_lm", "image_text_to_text"] = "causal_lm"
+    """Auto class: AutoModelForCausalLM, or AutoModelForImageTextToText for Qwen3-VL."""
+    attn_implementation: list[Literal["flash_attention_2", "sdpa", "eager"]] = Field(
+        default_factory=lambda: ["flash_attention_2", "sdpa", "eager"]
+    )
+    """Tried in order; the first that loads is used and logged."""
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """`auto`: bf16 on GPU, fp32 on CPU."""
+    trust_remote_code: bool = False
+    revision: Optional[str] = None
+    tiny: Optional[TinyModel] = None
+    """Set to build a tiny random model from config (no download); `name_or_path` is then a label."""
+
+
+class LoraConfig(Strict):
+    r: int = Field(default=16, gt=0)
+    alpha: int = Field(default=32, gt=0)
+    dropout: float = Field(default=0.05, ge=0, lt=1)
+    target_modules: Union[Literal["all-linear"], list[str]] = "all-linear"
+    """Module names (`q_proj`, ...) or `all-linear`."""
+    language_only: bool = True
+    """For vision-language models: adapt only the language layers; the vision tower stays frozen."""
+
+
+class QuantizationConfig(Strict):
+    bits: Literal[4, 8] = 4
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+    compute_dtype: Literal["bfloat16", "float16"] = "bfloat16"
+
+
+class DeepSpeedConfig(Strict):
+    zero_stage: Literal[2, 3] = 3
+    offload_optimizer: bool = False
+    """ZeRO-Offload the optimizer state to CPU RAM."""
+    offload_params: bool = False
+    """Offload parameters to CPU RAM (ZeRO-3 only)."""
+
+
+class CheckpointConfig(Strict):
+    save_steps: int = Field(default=200, gt=0)
+    save_every_minutes: Optional[float] = Field(default=None, gt=0)
+    """Time-based saving. Unset: derived from Young's formula sqrt(2 * save_time * MTBF) once the
+    first save has been timed, using `expected_preemption_hours` (spot) - or off for on-demand."""
+    expected_preemption_hours: Optional[float] = Field(default=None, gt=0)
+    """Mean time between preemptions you expect (spot). Feeds the Young's-formula default."""
+    keep_best: int = Field(default=2, ge=0)
+    """Keep this many checkpoints with the lowest eval loss."""
+    keep_recent: int = Field(default=2, ge=1)
+    """Keep this many newest checkpoints (resume needs at least one)."""
+
+
+class TrainConfig(Strict):
+    method: Literal["lora", "qlora", "full"] = "lora"
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    quantization: Optional[QuantizationConfig] = None
+    """Required for `qlora`, forbidden otherwise."""
+    deepspeed: Optional[DeepSpeedConfig] = None
+    """ZeRO config generated for the run (full fine-tuning across many GPUs)."""
+    max_seq_length: int = Field(default=2048, gt=0)
+    per_device_batch_size: int = Field(default=1, gt=0)
+    gradient_accumulation_steps: int = Field(default=1, gt=0)
+    effective_batch_size: Optional[int] = Field(default=None, gt=0)
+    """Optional check: must equal per_device x accumulation x total GPUs of the cluster."""
+    epochs: float = Field(default=1.0, gt=0)
+    max_steps: Optional[int] = Field(default=None, gt=0)
+    """Stop after this many optimizer steps (overrides epochs)."""
+    learning_rate: float = Field(default=2e-4, gt=0)
+    lr_scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup"] = "cosine"
+    warmup_ratio: float = Field(default=0.03, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    optimizer: Literal["adamw_torch", "adamw_torch_fused", "paged_adamw_32bit", "paged_adamw_8bit"] = (
+        "adamw_torch"
+    )
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    gradient_checkpointing: bool = True
+    packing: bool = False
+    """Pack several records per sequence (padding-free, boundaries kept)."""
+    assistant_only_loss: bool = True
+    """Compute the loss only on assistant tokens."""
+    seed: int = 42
+    logging_steps: int = Field(default=10, gt=0)
+    eval_steps: int = Field(default=200, gt=0)
+    per_device_eval_batch_size: int = Field(default=1, gt=0)
+    early_stopping_patience: Optional[int] = Field(default=None, gt=0)
+    """Stop after this many evaluations without eval-loss improvement."""
+    high_loss_samples: int = Field(default=10, ge=0)
+    """Write the N highest-loss eval samples out after training."""
+    report_to: list[Literal["wandb", "tensorboard"]] = Field(default_factory=list)
+    checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _method_rules(self):
+        if self.method == "qlora" and self.quantization is None:
+            self.quantization = QuantizationConfig()
+        if self.method != "qlora" and self.quantization is not None:
+            raise ValueError(
+                f"`train.quantization` only applies to `method: qlora` (method is `{self.method}`); "
+                "remove it or set method: qlora"
+            )
+        if self.method == "qlora" and self.deepspeed is not None:
+            raise ValueError("QLoRA cannot be combined with `train.deepspeed`; drop one of them")
+        if self.deepspeed and self.deepspeed.offload_params and self.deepspeed.zero_stage != 3:
+            raise ValueError("`train.deepspeed.offload_params` needs zero_stage: 3")
+        return self
+
+
+class OutputsConfig(Strict):
+    merge: bool = False
+    """Merge the best adapter into the base model after training (LoRA/QLoRA)."""
+    smoke_prompt: Optional[str] = "Say hello in one sentence."
+    """Generate from the merged model once as a smoke test (null to skip)."""
+    push_to_hub: Optional[str] = None
+    """Hub repo id to push the merged model (or adapter) to. Needs HF_TOKEN at launch."""
+    export_mlx: bool = False
+    """Also write an MLX adapter (runbook 001)."""
+
+
+class RuntimeConfig(Strict):
+    """Filled by the launcher (render/up) and by environment variables on the machine."""
+
+    volume: str = "/workspace"
+    """Persistent directory; the run lives in `{volume}/runs/{run_id}/`. Env: LAUNCH_VOLUME."""
+    run_id: Optional[str] = None
+    """Env LAUNCH_RUN_ID, else SKYPILOT_TASK_ID, else the profile name."""
+    profile: str = "run"
+    price_per_hour: float = Field(default=0.0, ge=0)
+    """Dollars per hour for the whole cluster. Env: LAUNCH_PRICE_PER_HOUR."""
+    budget_usd: Optional[float] = Field(default=None, gt=0)
+    """Stop (after a checkpoint) when spend reaches this. Env: LAUNCH_BUDGET_USD."""
+    hf_home: Optional[str] = None
+    """HF cache location; defaults to `{volume}/.hf` so restarts re-download nothing."""
+
+
+class RunConfig(Strict):
+    """Everything the payload needs. A profile is this plus `cluster:` and `budget:`."""
+
+    name: str = "run"
+    description: Optional[str] = None
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    outputs: OutputsConfig = Field(default_factory=OutputsConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @model_validator(mode="after")
+    def _cross(self):
+        if self.train.method == "full" and self.outputs.merge:
+            raise ValueError("`outputs.merge` needs an adapter; method `full` already produces full weights")
+        return self
+
+    # --- runtime helpers (no torch) -------------------------------------------------------------
+
+    def with_env(self, env: Optional[dict] = None) -> "RunConfig":
+        """Apply LAUNCH_* / SKYPILOT_* environment overrides; returns a new config."""
+        env = os.environ if env is None else env
+        rt = self.runtime.model_copy()
+        if env.get("LAUNCH_VOLUME"):
+            rt.volume = env["LAUNCH_VOLUME"]
+        if env.get("LAUNCH_RUN_ID"):
+            rt.run_id = env["LAUNCH_RUN_ID"]
+        elif not rt.run_id and env.get("SKYPILOT_TASK_ID"):
+            rt.run_id = _safe_id(env["SKYPILOT_TASK_ID"])
+        if env.get("LAUNCH_PRICE_PER_HOUR"):
+            rt.price_per_hour = float(env["LAUNCH_PRICE_PER_HOUR"])
+        if env.get("LAUNCH_BUDGET_USD"):
+            rt.budget_usd = float(env["LAUNCH_BUDGET_USD"])
+        if not rt.run_id:
+            rt.run_id = _safe_id(self.name)
+        return self.model_copy(update={"runtime": rt})
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runtime.volume) / "runs" / (self.runtime.run_id or _safe_id(self.name))
+
+    def config_hash(self) -> str:
+        """Hash of what determines the result (runtime excluded): same hash, same training."""
+        body = self.model_dump(mode="json", exclude={"runtime", "description"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _safe_id(value: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in value)[:96]
+
+
+# ------------------------------------------------------------------------------------ load / dump
+
+
+class ConfigError(Exception):
+    """A config file is invalid. `problems` is a list of one-line messages (file:line: key: what)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def load_yaml_with_lines(path: Path) -> tuple[dict, dict[tuple, int]]:
+    """Parse YAML and return (data, {key path tuple: 1-based line}) for error messages."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError([f"{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
+    lines: dict[tuple, int] = {}
+
+    def walk(n, prefix: tuple):
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = prefix + (k.value,)
+                lines[key] = k.start_mark.line + 1
+                walk(v, key)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, v in enumerate(n.value):
+                lines[prefix + (i,)] = v.start_mark.line + 1
+                walk(v, prefix + (i,))
+
+    if node is not None:
+        walk(node, ())
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}:1: the file must be a mapping of sections (data:, model:, train:, ...)"])
+    return data, lines
+
+
+def line_for(lines: dict[tuple, int], loc: tuple) -> Optional[int]:
+    """Closest known line for a key path (falls back to the parent key)."""
+    loc = tuple(loc)
+    while loc:
+        if loc in lines:
+            return lines[loc]
+        loc = loc[:-1]
+    return None
+
+
+def load_run_config(path: str | os.PathLike, env: Optional[dict] = None) -> RunConfig:
+    """Load a resolved run config (or a profile: `cluster:`/`budget:` are ignored here) for the payload."""
+    from pydantic import ValidationError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"{path}: no such config file"])
+    data, lines = load_yaml_with_lines(path)
+    data = {k: v for k, v in data.items() if k not in ("cluster", "budget")}
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_errors(e, path, lines)) from None
+    return cfg.with_env(env)
+
+
+def format_validation_errors(err, path, lines, root=None) -> list[str]:
+    """pydantic ValidationError -> one line per problem: `file:line: key.path: message`."""
+    out = []
+    for e in err.errors():
+        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and "[" in x))
+        line = line_for(lines, loc)
+        key = ".".join(str(x) for x in loc) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key" + _did_you_mean(root or RunConfig, loc)
+        where = f"{path}:{line}" if line else str(path)
+        out.append(f"{where}: {key}: {msg}")
+    return out
+
+
+def _did_you_mean(root, loc: tuple) -> str:
+    import difflib
+
+    model = _model_at(root, loc[:-1])
+    if model is None:
+        return ""
+    match = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean `{match[0]}`?" if match else f"; valid keys: {', '.join(model.model_fields)}"
+
+
+def _model_at(model, loc: tuple):
+    """Walk the schema along a key path (skipping list indices) to the model that owns the last key."""
+    import typing
+
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if field is None:
+            return None
+        ann = field.annotation
+        candidates = [ann, *typing.get_args(ann)]
+        for sub in list(candidates):
+            candidates.extend(typing.get_args(sub))
+        nxt = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nxt is None:
+            return None
+        model = nxt
+    return model
+
+
+def dump_run_config(cfg: RunConfig) -> str:
+    """The resolved YAML form (all defaults filled) that the payload reads."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, width=100)
