@@ -1,0 +1,89 @@
+"""Backends drive a rendered run somewhere: this machine, a host over SSH, or SkyPilot.
+
+Every backend implements the same small interface (`Backend` below); the CLI never knows which one
+it talks to. `get_backend(name, **options)` imports lazily so `launch --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, TextIO
+
+from ..registry import Run
+
+
+class BackendError(Exception):
+    """A one-line, user-fixable problem (shown without traceback)."""
+
+
+@dataclass
+class LaunchSpec:
+    """Everything a backend needs to start a run."""
+
+    run: Run
+    profile: object  # launcher.profile.Profile
+    task_yaml: Path  # rendered sky/<profile>.yaml
+    config_yaml: Path  # rendered sky/config/<profile>.yaml (resolved run config)
+    envs: dict[str, str] = field(default_factory=dict)
+    """Overrides/additions to the task's envs (LAUNCH_RUN_ID, price...). Never secrets."""
+    secrets: dict[str, str] = field(default_factory=dict)
+    """Secret values from the user's environment; passed through, never written to disk."""
+    resume: bool = False
+
+
+@dataclass
+class RemoteStatus:
+    """What the run itself reports (its status.json on the volume), merged with backend state."""
+
+    state: str  # one of registry.STATES
+    step: Optional[int] = None
+    max_steps: Optional[int] = None
+    loss: Optional[float] = None
+    eval_loss: Optional[float] = None
+    cost_usd: Optional[float] = None
+    eta_s: Optional[float] = None
+    projected_cost_usd: Optional[float] = None
+    reason: Optional[str] = None
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(abc.ABC):
+    name: str = "base"
+
+    @abc.abstractmethod
+    def up(self, spec: LaunchSpec) -> Run:
+        """Start the run detached; return the run with `cluster`/`job_id`/`handle` filled in."""
+
+    @abc.abstractmethod
+    def logs(self, run: Run, follow: bool, out: TextIO) -> int:
+        """Write the run's log to `out` (following until the run ends if asked); return an exit code."""
+
+    @abc.abstractmethod
+    def status(self, run: Run) -> RemoteStatus:
+        """Current state of the run (never raises for an unreachable machine: state says so)."""
+
+    @abc.abstractmethod
+    def down(self, run: Run) -> None:
+        """Stop the run and release what bills (cluster, pod process, managed job)."""
+
+    @abc.abstractmethod
+    def fetch(self, run: Run, dest: Path, paths: tuple[str, ...]) -> list[Path]:
+        """Copy run-dir-relative `paths` (files or directories) into `dest`; return what arrived."""
+
+
+def get_backend(name: str, **options) -> Backend:
+    if name == "local":
+        from .local import LocalBackend
+
+        return LocalBackend(**options)
+    if name == "ssh":
+        from .ssh import SSHBackend
+
+        return SSHBackend(**options)
+    if name == "skypilot":
+        from .skypilot import SkyPilotBackend
+
+        return SkyPilotBackend(**options)
+    raise BackendError(f"unknown backend `{name}`: use local, ssh or skypilot")

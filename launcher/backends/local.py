@@ -1,0 +1,243 @@
+"""Local backend: run the rendered SkyPilot task on this machine, detached.
+
+`launch up local-demo` copies the workdir (as SkyPilot would upload it) into the run's local
+directory, maps the volume to `$LAUNCH_HOME/volumes/<profile>`, and starts one process per node
+with SkyPilot's environment contract (nodes talk over 127.0.0.1, gloo on CPU). A small driver
+script waits for the nodes and records the exit code; a run killed with its process group leaves
+no exit code and shows as preempted, and `launch up --resume` continues it from the volume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from payload import layout
+
+from ..profile import REPO_ROOT
+from ..registry import Run
+from ..state import state_dir
+from . import Backend, BackendError, LaunchSpec, RemoteStatus
+from .tasks import WORKDIR_INCLUDE, load_task, node_env, node_script
+
+EXIT_BUDGET = 3
+
+DRIVER = """\
+#!/usr/bin/env bash
+# launch local driver: start every node, wait, record the exit code (written last, atomically).
+cd "$(dirname "$0")/workdir"
+pids=()
+for rank in $(seq 0 $((NUM_NODES - 1))); do
+  log="../node$rank.log"; [ "$rank" = 0 ] && log="../run.log"
+  SKYPILOT_NODE_RANK=$rank bash ../node.sh >"$log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || { r=$?; [ "$rc" = 0 ] && rc=$r; }; done
+echo "$rc" > ../exit_code.tmp && mv ../exit_code.tmp ../exit_code
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, num_nodes: int | None = None):
+        self.num_nodes = num_nodes
+
+    # ---------------------------------------------------------------------------------- paths
+
+    @staticmethod
+    def home(run: Run) -> Path:
+        return state_dir() / "local" / run.id
+
+    @staticmethod
+    def volume(run: Run) -> Path:
+        return Path(run.handle.get("volume") or state_dir() / "volumes" / run.profile)
+
+    def run_dir(self, run: Run) -> Path:
+        return layout.run_dir(self.volume(run), run.id)
+
+    # ------------------------------------------------------------------------------------ up
+
+    def up(self, spec: LaunchSpec) -> Run:
+        run, task = spec.run, load_task(spec.task_yaml)
+        home = self.home(run)
+        volume = self.volume(run)
+        num_nodes = self.num_nodes or int(task.get("num_nodes") or 1)
+        _check_disk(home.parent)
+        home.mkdir(parents=True, exist_ok=True)
+        volume.mkdir(parents=True, exist_ok=True)
+        _copy_workdir(home / "workdir", spec.config_yaml, (task.get("envs") or {}).get("LAUNCH_CONFIG"))
+        overrides = {
+            **spec.envs,
+            "LAUNCH_LOCAL": "1",
+            "LAUNCH_RUN_ID": run.id,
+            "LAUNCH_VOLUME": str(volume),
+            "LAUNCH_MASTER_PORT": str(free_port()),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": str(home / "workdir"),
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "NUM_NODES": str(num_nodes),
+        }
+        env = node_env(task, overrides, rank=0, ips=["127.0.0.1"] * num_nodes, gpus_per_node=0,
+                       task_id=run.id)
+        env.pop("SKYPILOT_NODE_RANK")  # the driver sets it per node
+        (home / "node.sh").write_text(node_script(task))
+        (home / "driver.sh").write_text(DRIVER)
+        for stale in ("exit_code", "exit_code.tmp"):
+            (home / stale).unlink(missing_ok=True)
+        full_env = {**os.environ, **env, **spec.secrets}  # secrets live in the environment only
+        with open(home / "driver.log", "ab") as log:
+            proc = subprocess.Popen(["bash", str(home / "driver.sh")], env=full_env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        run.state = "running"
+        run.cluster = "localhost"
+        run.handle = {**run.handle, "pid": proc.pid, "pgid": proc.pid, "home": str(home),
+                      "volume": str(volume), "num_nodes": num_nodes,
+                      "run_dir": str(layout.run_dir(volume, run.id))}
+        return run
+
+    # ---------------------------------------------------------------------------------- logs
+
+    def logs(self, run: Run, follow: bool, out: TextIO) -> int:
+        path = self.home(run) / "run.log"
+        deadline_missing = time.time() + 10
+        while not path.exists():
+            if not follow or time.time() > deadline_missing:
+                raise BackendError(f"run {run.id} has no log yet at {path}")
+            time.sleep(0.2)
+        with open(path, "r", errors="replace") as f:
+            while True:
+                chunk = f.read()
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
+                elif not follow or not self._alive(run):
+                    rest = f.read()
+                    if rest:
+                        out.write(rest)
+                    break
+                else:
+                    time.sleep(0.3)
+        return 0
+
+    # -------------------------------------------------------------------------------- status
+
+    def _alive(self, run: Run) -> bool:
+        pid = run.handle.get("pid")
+        if not pid:
+            return False
+        try:
+            os.kill(pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        # A zombie (our child, not yet reaped) is dead for our purposes.
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return True
+
+    def status(self, run: Run) -> RemoteStatus:
+        reported = _read_json(self.run_dir(run) / layout.STATUS)
+        code_file = self.home(run) / "exit_code"
+        if self._alive(run):
+            state = "running"
+        elif code_file.exists():
+            code = int(code_file.read_text().strip() or 1)
+            state = {0: "completed", EXIT_BUDGET: "budget_exhausted"}.get(code, "failed")
+        elif run.state == "stopped":
+            state = "stopped"
+        else:
+            state = "preempted"  # killed without recording an exit code
+        return _status_from(reported, state)
+
+    # ---------------------------------------------------------------------------------- down
+
+    def down(self, run: Run) -> None:
+        pgid = run.handle.get("pgid")
+        if not pgid or not self._alive(run):
+            return
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.time() + 15
+        while time.time() < deadline and self._alive(run):
+            time.sleep(0.2)
+        if self._alive(run):
+            _signal_group(pgid, signal.SIGKILL)
+
+    # --------------------------------------------------------------------------------- fetch
+
+    def fetch(self, run: Run, dest: Path, paths: tuple[str, ...]) -> list[Path]:
+        src_root = self.run_dir(run)
+        got = []
+        for rel in paths:
+            src = src_root / rel
+            if not src.exists():
+                continue
+            target = dest / Path(rel).name
+            if src.is_dir():
+                shutil.copytree(src, target, dirs_exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, target)
+            got.append(target)
+        return got
+
+
+def _signal_group(pgid: int, sig) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _status_from(reported: dict, state: str) -> RemoteStatus:
+    keys = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
+    extra = {k: v for k, v in reported.items() if k not in keys and k != "state"}
+    reason = reported.get("reason") if state != "running" else None
+    return RemoteStatus(state=state, reason=reason, extra=extra, **{k: reported.get(k) for k in keys})
+
+
+def _copy_workdir(dest: Path, config_yaml: Path, config_rel: str | None) -> None:
+    """What SkyPilot uploads as the workdir: payload/, sky/ and data/ of the repo, with the run's
+    resolved config at the path the task's LAUNCH_CONFIG names."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in WORKDIR_INCLUDE:
+        src = REPO_ROOT / name
+        if src.exists():
+            shutil.copytree(src, dest / name, dirs_exist_ok=True, ignore=ignore)
+    target = dest / (config_rel or f"sky/config/{config_yaml.name}")
+    if config_yaml.resolve() != target.resolve():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(config_yaml, target)
+
+
+def _check_disk(path: Path, need_mb: int = 200) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path).free // 2**20
+    if free < need_mb:
+        raise BackendError(f"only {free} MB free under {path}; the local run needs ~{need_mb} MB: "
+                           "free some space or point LAUNCH_HOME elsewhere")

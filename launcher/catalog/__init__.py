@@ -1,0 +1,119 @@
+"""SkyPilot's optimizer, in-process and offline, against the catalog snapshot shipped in `v8/`.
+
+SkyPilot reads catalogs from `$SKY_RUNTIME_DIR/.sky/catalogs/v8/` and has no setting to point
+elsewhere, so `launch` keeps its own runtime dir (under the launch state dir) holding a copy of the
+snapshot, and seeds SkyPilot's enabled-clouds cache there with the clouds the snapshot covers (the
+credential check is the one thing that needs the network). The user's own `~/.sky` is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..state import state_dir
+
+SNAPSHOT = Path(__file__).resolve().parent / "v8"
+SNAPSHOT_DATE = "2026-11-21"
+OFFLINE_CLOUDS = ["RunPod", "Azure"]
+
+
+def offline_runtime_dir() -> Path:
+    return state_dir() / "sky-offline"
+
+
+def import_sky_offline():
+    """Import `sky` configured for offline planning; returns the module."""
+    import sys
+
+    rt = offline_runtime_dir()
+    if "sky" not in sys.modules:
+        os.environ["SKY_RUNTIME_DIR"] = str(rt)
+    os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+    rt_used = Path(os.environ.get("SKY_RUNTIME_DIR", Path.home()))
+    dest = rt_used / ".sky" / "catalogs" / "v8"
+    for src in SNAPSHOT.rglob("*.csv"):
+        target = dest / src.relative_to(SNAPSHOT)
+        if not target.exists() or target.read_bytes() != src.read_bytes():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
+    import logging
+
+    import sky
+    from sky import check, global_user_state, skypilot_config
+
+    logging.getLogger("sky").setLevel(logging.ERROR)  # "kubernetes not enabled" etc. are expected offline
+    from sky.clouds import cloud as sky_cloud
+
+    ws = skypilot_config.get_active_workspace()
+    global_user_state.set_allowed_clouds(check._get_workspace_allowed_clouds(ws), ws)
+    global_user_state.set_enabled_clouds(OFFLINE_CLOUDS, sky_cloud.CloudCapability.COMPUTE, ws)
+    return sky
+
+
+@dataclass
+class Choice:
+    cloud: str
+    instance_type: str
+    region: Optional[str]
+    accelerators: str
+    num_nodes: int
+    use_spot: bool
+    node_price_per_hour: float
+
+    @property
+    def price_per_hour(self) -> float:
+        return round(self.node_price_per_hour * self.num_nodes, 4)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "price_per_hour": self.price_per_hour}
+
+
+def task_from_profile(p, use_spot: Optional[bool] = None):
+    """A sky.Task built from the rendered task YAML (SkyPilot's own parser)."""
+    import yaml
+
+    from ..render import task_dict
+
+    sky = import_sky_offline()
+    d = task_dict(p, 0.0)
+    if use_spot is not None:
+        d["resources"]["use_spot"] = use_spot
+        if not use_spot:
+            d["resources"].pop("job_recovery", None)
+    d.pop("workdir", None)  # planning does not upload anything
+    return sky.Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(d)))
+
+
+def optimize(p, use_spot: Optional[bool] = None) -> Choice:
+    """Run SkyPilot's optimizer on the profile's task; raises PlanError with SkyPilot's reason."""
+    sky = import_sky_offline()
+    from sky import exceptions, optimizer
+
+    task = task_from_profile(p, use_spot)
+    with sky.Dag() as dag:
+        dag.add(task)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            optimizer.Optimizer.optimize(dag, quiet=True)
+    except exceptions.ResourcesUnavailableError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "no matching instance"
+        raise PlanError(f"{p.name}: SkyPilot found no instance in the catalog snapshot ({SNAPSHOT_DATE}) "
+                        f"for {p.cluster.accelerators} x {p.cluster.num_nodes} node(s): {first}") from None
+    r = task.best_resources
+    return Choice(cloud=str(r.cloud), instance_type=r.instance_type, region=r.region,
+                  accelerators=p.cluster.accelerators or "CPU", num_nodes=p.cluster.num_nodes,
+                  use_spot=bool(r.use_spot), node_price_per_hour=round(r.get_cost(3600), 4))
+
+
+def catalog_price(p) -> float:
+    return optimize(p).price_per_hour
+
+
+class PlanError(Exception):
+    pass

@@ -1,0 +1,167 @@
+"""`launch`: fine-tune LLMs on rented GPUs from profiles in clusters/.
+
+This module stays light (click only) so `launch --help` is fast; each command imports what it needs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from . import __version__
+
+
+class LaunchGroup(click.Group):
+    """Every known user-facing error becomes one `✗` line and exit 1 (LAUNCH_DEBUG=1: traceback)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - mapped below, re-raised when unknown or debugging
+            if os.environ.get("LAUNCH_DEBUG"):
+                raise
+            lines = user_error_lines(e)
+            if lines is None:
+                raise
+            from .ui import err_console
+
+            for line in lines:
+                err_console().print(f"[red]✗[/] {line}", highlight=False, soft_wrap=True)
+            ctx.exit(1)
+
+
+def user_error_lines(e: Exception):
+    from payload.config import ConfigError
+
+    from .backends import BackendError
+    from .catalog import PlanError
+    from .registry import RunNotFound
+
+    if isinstance(e, ConfigError):
+        n = len(e.problems)
+        head = [f"{n} problem{'s' if n > 1 else ''} in the profile:"] if n > 1 else []
+        return head + list(e.problems)
+    if isinstance(e, (BackendError, PlanError, RunNotFound)):
+        return [str(e)]
+    if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
+        return [f"disk full: {e.filename or ''} - free space or set LAUNCH_HOME to a larger disk"]
+    return None
+
+
+@click.group(cls=LaunchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="launch")
+def cli():
+    """Fine-tune LLMs on rented GPUs, from a profile in clusters/.
+
+    \b
+      launch plan sonia-h100          what it will run, where, how long, what it costs
+      launch up sonia-h100            render the SkyPilot task, upload, start
+      launch logs --follow            follow training
+      launch down --fetch-artifacts   tear down, bring the adapter home
+    """
+
+
+# ---------------------------------------------------------------------------------- profiles
+
+
+@cli.command()
+@click.argument("profile")
+def validate(profile):
+    """Check a profile (name or path) and report every problem at once.
+
+    Example: launch validate clusters/sonia-h100.yaml
+    """
+    from .profile import load_profile
+    from .ui import console
+
+    p = load_profile(profile)
+    console().print(f"[green]✓[/] {p.name}: valid ({p.cluster.accelerators or 'CPU'} x {p.cluster.num_nodes} "
+                    f"node(s), {p.train.method}, {p.model.name_or_path})")
+
+
+@cli.command()
+@click.argument("profiles", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Render every profile in clusters/.")
+@click.option("--check", is_flag=True, help="Do not write; exit 1 with a diff when sky/ is stale (CI).")
+def render(profiles, all_, check):
+    """Render profiles to SkyPilot tasks in sky/ (and resolved run configs in sky/config/).
+
+    Example: launch render --all --check
+    """
+    from .profile import profile_names
+    from .render import render_all, stale, write
+    from .ui import console
+
+    names = list(profiles) or (profile_names() if all_ or check else None)
+    if not names:
+        raise click.UsageError("name a profile, or use --all")
+    rendered = render_all(names)
+    if check:
+        diffs = stale(rendered)
+        if diffs:
+            for _, diff in diffs:
+                click.echo(diff)
+            click.echo(f"✗ {len(diffs)} rendered file(s) are stale: run `launch render --all` and commit sky/",
+                       err=True)
+            sys.exit(1)
+        console().print(f"[green]✓[/] sky/ is up to date ({len(rendered)} files)")
+        return
+    written = write(rendered)
+    for path in written:
+        console().print(f"[green]✓[/] wrote {path.relative_to(path.parents[1])}")
+    if not written:
+        console().print("[green]✓[/] nothing to do: sky/ is up to date")
+
+
+@cli.command()
+@click.argument("profile")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plan(profile, as_json):
+    """Instance, $/hour, duration and total cost of a run - offline, no credentials needed.
+
+    Example: launch plan sonia-h100
+    """
+    from .plan import plan_profile
+    from .profile import load_profile
+    from .ui import print_plan
+
+    p = load_profile(profile)
+    result = plan_profile(p)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_plan(p, result)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def profiles(as_json):
+    """List the profiles in clusters/ with GPUs, nodes, spot and estimated cost.
+
+    Example: launch profiles
+    """
+    from .ui import print_profiles
+
+    print_profiles(as_json)
+
+
+# ------------------------------------------------------------------------------------ runs
+
+from .runs import cost, down, logs, status, up  # noqa: E402  (click commands; light imports only)
+
+for _cmd in (up, logs, status, down, cost):
+    cli.add_command(_cmd)
+
+
+def main():
+    cli(prog_name="launch")
+
+
+if __name__ == "__main__":
+    main()

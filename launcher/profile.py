@@ -1,0 +1,256 @@
+"""Profiles: `clusters/<name>.yaml` = the payload's RunConfig + the launcher-owned `cluster:` and
+`budget:` sections. Loading reports every problem at once, each as `file:line: key: what; fix`.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import functools
+import math
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+from pydantic import Field, ValidationError, model_validator
+
+from payload.config import (
+    ConfigError,
+    RunConfig,
+    Strict,
+    format_validation_errors,
+    line_for,
+    load_yaml_with_lines,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CLUSTERS_DIR = REPO_ROOT / "clusters"
+CATALOG_DIR = Path(__file__).resolve().parent / "catalog" / "v8"
+
+# SkyPilot 0.14.1 clouds that cannot run a task on several nodes (clouds/*.py: MULTI_NODE unsupported).
+NO_MULTI_NODE = {"runpod", "vast", "hyperbolic", "primeintellect", "seeweb", "shadeform", "verda",
+                 "vsphere", "yotta"}
+
+
+class VolumeConfig(Strict):
+    """A persistent network volume (created or reused with `sky volumes apply` before launch)."""
+
+    name: str
+    size_gb: int = Field(default=100, ge=10)
+    """RunPod network volumes are at least 10 GB."""
+    mount: str = "/workspace"
+    type: Literal["runpod-network-volume", "k8s-pvc"] = "runpod-network-volume"
+
+
+class BucketConfig(Strict):
+    """An object-store bucket mounted on every node (multi-node checkpoints, shared storage)."""
+
+    name: str
+    store: Literal["s3", "gcs", "azure", "r2"] = "s3"
+    mount: str = "/checkpoints"
+    mode: Literal["MOUNT", "MOUNT_CACHED"] = "MOUNT_CACHED"
+
+
+class ClusterConfig(Strict):
+    infra: Union[str, list[str]] = "runpod"
+    """Where to run: `runpod`, `azure`, `kubernetes`, ... or an ordered list to try in turn.
+    `local` runs the task on this machine (local backend)."""
+    accelerators: Optional[str] = None
+    """SkyPilot accelerator spec per node, e.g. `H100-SXM:2`. null = CPU only."""
+    num_nodes: int = Field(default=1, ge=1)
+    use_spot: bool = False
+    """Spot/interruptible. Spot profiles run as SkyPilot managed jobs with automatic recovery."""
+    disk_size: int = Field(default=256, ge=10)
+    """Container/boot disk in GB (models live on the volume, not here)."""
+    image_id: Optional[str] = None
+    """e.g. `docker:runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04`."""
+    region: Optional[str] = None
+    volume: Optional[VolumeConfig] = None
+    bucket: Optional[BucketConfig] = None
+    autostop_minutes: int = Field(default=10, ge=1)
+    """Clusters (on-demand) tear themselves down after this many idle minutes after the job."""
+    max_restarts_on_errors: int = Field(default=2, ge=0)
+    """Managed jobs: restarts after a non-preemption failure."""
+    recovery_strategy: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "EAGER_NEXT_REGION"
+
+    @property
+    def infra_list(self) -> list[str]:
+        return [self.infra] if isinstance(self.infra, str) else list(self.infra)
+
+    @property
+    def is_local(self) -> bool:
+        return self.infra_list == ["local"]
+
+    @property
+    def gpus_per_node(self) -> int:
+        if not self.accelerators:
+            return 0
+        _, _, count = self.accelerators.partition(":")
+        return int(float(count or 1))
+
+    @property
+    def accelerator_name(self) -> Optional[str]:
+        return self.accelerators.partition(":")[0] if self.accelerators else None
+
+
+class BudgetConfig(Strict):
+    max_usd: float = Field(gt=0)
+    """Hard cap for the run in dollars: the payload checkpoints and stops there, `launch` tears down."""
+    price_per_hour: Optional[float] = Field(default=None, ge=0)
+    """$/hour for the whole cluster. Unset: RunPod API (RUNPOD_API_KEY), else the catalog snapshot."""
+    warn_fraction: float = Field(default=0.9, gt=0, le=1)
+
+
+class EstimateConfig(Strict):
+    """Hints for `launch plan` when the data is not local (hub datasets)."""
+
+    train_records: Optional[int] = Field(default=None, gt=0)
+    mean_tokens_per_record: Optional[int] = Field(default=None, gt=0)
+
+
+class Profile(RunConfig):
+    cluster: ClusterConfig
+    budget: BudgetConfig
+    estimate: EstimateConfig = Field(default_factory=EstimateConfig)
+
+    @model_validator(mode="after")
+    def _cluster_rules(self):
+        c = self.cluster
+        if c.num_nodes > 1:
+            bad = [i for i in c.infra_list if i.split("/")[0].lower() in NO_MULTI_NODE]
+            if bad:
+                raise ValueError(
+                    f"cluster.num_nodes is {c.num_nodes} but {bad[0]} cannot run multi-node tasks in "
+                    "SkyPilot 0.14 (no cluster networking between pods); use infra that can, e.g. "
+                    "`infra: [kubernetes, azure]`, or set num_nodes: 1"
+                )
+        if c.use_spot and c.volume is None and c.bucket is None:
+            raise ValueError(
+                "cluster.use_spot without cluster.volume or cluster.bucket: a preempted spot machine "
+                "loses its disk, so checkpoints must live on a network volume or bucket; add one"
+            )
+        if self.train.method == "full" and self.train.quantization is not None:
+            raise ValueError("train.quantization (QLoRA) cannot be combined with method: full")
+        return self
+
+    def runtime_volume(self) -> str:
+        c = self.cluster
+        if c.volume:
+            return c.volume.mount
+        if c.bucket:
+            return c.bucket.mount
+        return "~/launch-volume" if not c.is_local else ".launch/volume"
+
+
+class ProfileError(ConfigError):
+    pass
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml"))
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    candidate = CLUSTERS_DIR / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    names = profile_names()
+    close = difflib.get_close_matches(name_or_path, names, n=1, cutoff=0.5)
+    hint = f"did you mean `{close[0]}`? " if close else ""
+    raise ProfileError([f"no profile `{name_or_path}`: {hint}known profiles: {', '.join(names)} "
+                        f"(or give a path to a .yaml file)"])
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Load and validate a profile; every problem is reported at once in a ProfileError."""
+    path = resolve_profile_path(name_or_path)
+    try:
+        shown = path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        shown = path
+    try:
+        data, lines = load_yaml_with_lines(path)
+    except ConfigError as e:
+        raise ProfileError(e.problems) from None
+    problems: list[str] = []
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as e:
+        problems = format_validation_errors(e, shown, lines, root=Profile)
+        profile = None
+    if profile is not None:
+        problems += _semantic_checks(profile, shown, lines)
+    if problems:
+        raise ProfileError(problems)
+    if profile.name != path.stem and path.parent == CLUSTERS_DIR:
+        raise ProfileError([f"{shown}:{line_for(lines, ('name',)) or 1}: name: `{profile.name}` must "
+                            f"match the file name `{path.stem}`"])
+    return profile
+
+
+def _semantic_checks(p: Profile, path, lines) -> list[str]:
+    """Rules that need more than one section or outside knowledge (the accelerator catalog)."""
+    out = []
+
+    def err(loc, msg):
+        out.append(f"{path}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {msg}")
+
+    c = p.cluster
+    if c.accelerators and not c.is_local:
+        name = c.accelerator_name
+        known = known_accelerators()
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
+            hint = f"did you mean `{close[0]}`?" if close else "see `sky show-gpus`"
+            err(("cluster", "accelerators"), f"SkyPilot does not know accelerator `{name}`; {hint}")
+    t = p.train
+    gpus = max(1, c.gpus_per_node) * c.num_nodes
+    if t.effective_batch_size is not None:
+        per_step = t.per_device_batch_size * t.gradient_accumulation_steps * gpus
+        if per_step != t.effective_batch_size:
+            err(("train", "effective_batch_size"),
+                f"{t.effective_batch_size} != per_device_batch_size {t.per_device_batch_size} x "
+                f"gradient_accumulation_steps {t.gradient_accumulation_steps} x {gpus} GPUs = {per_step}; "
+                f"set gradient_accumulation_steps to {t.effective_batch_size / (t.per_device_batch_size * gpus):g}"
+                if t.effective_batch_size % (t.per_device_batch_size * gpus) == 0 else
+                f"{t.effective_batch_size} is not divisible by per_device_batch_size x {gpus} GPUs; change one")
+    if p.budget.price_per_hour:
+        hours = p.budget.max_usd / p.budget.price_per_hour
+        every = t.checkpoints.save_every_minutes
+        if every and hours * 60 < every:
+            err(("budget", "max_usd"),
+                f"${p.budget.max_usd:g} buys {hours * 60:.0f} min at ${p.budget.price_per_hour:g}/h, less "
+                f"than one checkpoint interval ({every:g} min): the run could stop with nothing saved; "
+                "raise the budget or lower train.checkpoints.save_every_minutes")
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def known_accelerators() -> frozenset[str]:
+    """Accelerator names from the shipped catalog plus SkyPilot's canonical list (no network)."""
+    names = set()
+    with (CATALOG_DIR / "common" / "accelerators.csv").open() as f:
+        names.update(row["AcceleratorName"] for row in csv.DictReader(f))
+    names.update(_SKY_CANONICAL)
+    return frozenset(names)
+
+
+# SkyPilot's common GPU names (sky/utils/accelerator_registry.py, 0.14.1), for clouds whose catalog
+# we do not ship; the optimizer still decides availability.
+_SKY_CANONICAL = {
+    "A10", "A10G", "A100", "A100-80GB", "A100-80GB-SXM", "A40", "A6000", "B200", "GB200", "H100",
+    "H100-MEGA", "H100-NVL", "H100-SXM", "H200", "H200-SXM", "K80", "L4", "L40", "L40S", "M60",
+    "P100", "P4", "RTX3090", "RTX4090", "RTX5090", "RTX6000", "RTXPRO6000", "T4", "V100", "V100-32GB",
+    "MI300X", "MI250X",
+}
+
+
+def total_gpus(p: Profile) -> int:
+    return max(1, p.cluster.gpus_per_node) * p.cluster.num_nodes
+
+
+def steps_per_epoch(records: int, p: Profile) -> int:
+    t = p.train
+    return max(1, math.ceil(records / (t.per_device_batch_size * t.gradient_accumulation_steps * total_gpus(p))))

@@ -1,0 +1,27 @@
+"""Every test gets its own HOME and LAUNCH_HOME (run registry, SkyPilot offline runtime dir), so no
+test reads or writes the user's ~/.launch or ~/.sky. SkyPilot fixes its runtime dir at import, so
+one session-wide SKY_RUNTIME_DIR is set here, before anything imports `sky`."""
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_SESSION = Path(tempfile.mkdtemp(prefix="launch-tests-"))
+os.environ["SKY_RUNTIME_DIR"] = str(_SESSION / "sky-runtime")
+os.environ["SKYPILOT_DISABLE_USAGE_COLLECTION"] = "1"
+os.environ["SKYPILOT_DISABLE_LOCAL_API_SERVER"] = "1"
+for _secret in ("HF_TOKEN", "WANDB_API_KEY", "RUNPOD_API_KEY", "LAUNCH_DEBUG"):
+    os.environ.pop(_secret, None)
+
+
+@pytest.fixture(autouse=True)
+def isolated_state(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "launch-home"))
+    monkeypatch.chdir(REPO)
+    yield
