@@ -72,6 +72,23 @@ class ClusterConfig(Strict):
     """Managed jobs: restarts after a non-preemption failure."""
     recovery_strategy: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "EAGER_NEXT_REGION"
 
+    @model_validator(mode="after")
+    def _rules(self):
+        if self.num_nodes > 1:
+            bad = [i for i in self.infra_list if i.split("/")[0].lower() in NO_MULTI_NODE]
+            if bad:
+                raise ValueError(
+                    f"num_nodes is {self.num_nodes} but {bad[0]} cannot run multi-node tasks in "
+                    "SkyPilot 0.14 (no cluster networking between pods); use infra that can, e.g. "
+                    "`infra: [kubernetes, azure]`, or set num_nodes: 1"
+                )
+        if self.use_spot and self.volume is None and self.bucket is None:
+            raise ValueError(
+                "use_spot without cluster.volume or cluster.bucket: a preempted spot machine "
+                "loses its disk, so checkpoints must live on a network volume or bucket; add one"
+            )
+        return self
+
     @property
     def infra_list(self) -> list[str]:
         return [self.infra] if isinstance(self.infra, str) else list(self.infra)
@@ -113,21 +130,7 @@ class Profile(RunConfig):
     estimate: EstimateConfig = Field(default_factory=EstimateConfig)
 
     @model_validator(mode="after")
-    def _cluster_rules(self):
-        c = self.cluster
-        if c.num_nodes > 1:
-            bad = [i for i in c.infra_list if i.split("/")[0].lower() in NO_MULTI_NODE]
-            if bad:
-                raise ValueError(
-                    f"cluster.num_nodes is {c.num_nodes} but {bad[0]} cannot run multi-node tasks in "
-                    "SkyPilot 0.14 (no cluster networking between pods); use infra that can, e.g. "
-                    "`infra: [kubernetes, azure]`, or set num_nodes: 1"
-                )
-        if c.use_spot and c.volume is None and c.bucket is None:
-            raise ValueError(
-                "cluster.use_spot without cluster.volume or cluster.bucket: a preempted spot machine "
-                "loses its disk, so checkpoints must live on a network volume or bucket; add one"
-            )
+    def _method_rules(self):
         if self.train.method == "full" and self.train.quantization is not None:
             raise ValueError("train.quantization (QLoRA) cannot be combined with method: full")
         return self

@@ -1,0 +1,646 @@
+"""SSH backend: run the rendered task on any machine you can ssh into (a pod, a lab box), via paramiko.
+
+What SkyPilot does on one node, done by hand: the workdir is uploaded incrementally, the node script
+and a small driver are written beside it and started detached (`setsid nohup`), so the run outlives
+the connection. Secrets travel over the SSH channel's stdin into the driver's environment: they are
+never in a file or on a command line. The host key is always checked against known_hosts; a new key
+is only added with `--accept-new-host-key`, a changed one is always refused.
+
+Remote layout:  {remote_root}/{run_id}/  workdir/ node.sh driver.sh start.sh pid exit_code [stopped]
+                {volume}/runs/{run_id}/  the payload's run directory (payload/layout.py); the log is
+                                         logs/run.log there.
+"""
+
+from __future__ import annotations
+
+import codecs
+import getpass
+import gzip
+import hashlib
+import json
+import re
+import shlex
+import socket
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Callable, Optional, TextIO
+
+import paramiko
+
+from payload import layout
+
+from ..profile import REPO_ROOT
+from ..registry import Run
+from . import Backend, BackendError, LaunchSpec, RemoteStatus
+from .tasks import WORKDIR_INCLUDE, export_lines, load_task, node_env, node_script
+
+EXIT_BUDGET = 3
+COMMAND_TIMEOUT = 60.0  # one remote command (listing, hashing, status...)
+TRANSFER_TIMEOUT = 120.0  # no progress on an upload/download channel for this long
+POLL_S = 0.5  # log follow interval
+DEFAULT_SSH_PORT = 22  # the SSH protocol's default, used only when `host` names no port
+TRANSIENT = (OSError, EOFError, paramiko.SSHException)  # socket.timeout is an OSError
+
+DRIVER = """\
+#!/usr/bin/env bash
+# launch ssh driver: run the node script (log on the volume), record its exit code last.
+cd "$(dirname "$0")"
+echo $$ > pid.tmp && mv pid.tmp pid
+trap ':' TERM  # `launch down` signals the group: let the run stop, then record its code
+mkdir -p {log_dir}
+bash node.sh >> {log} 2>&1 < /dev/null
+rc=$?
+echo "$rc" > exit_code.tmp && mv exit_code.tmp exit_code
+"""
+
+# Reads NAME / value line pairs from stdin (the SSH channel) into the environment with builtins
+# only, so no secret reaches a file or any process's argv; then starts the driver detached.
+START = """\
+cd "$(dirname "$0")" || exit 1
+if [ -f pid ] && [ ! -f exit_code ] && kill -0 -- "-$(cat pid)" 2>/dev/null; then cat pid; exit 0; fi
+rm -f pid exit_code stopped
+while IFS= read -r name && [ -n "$name" ]; do IFS= read -r value; export "$name=$value"; done
+setsid nohup bash driver.sh > /dev/null 2>&1 < /dev/null &
+for _ in $(seq 1 100); do [ -s pid ] && break; sleep 0.05; done
+cat pid
+"""
+
+STATUS_CMD = """\
+cd {root} 2>/dev/null || {{ echo 'nodir=1'; exit 0; }}
+echo "exit=$(cat exit_code 2>/dev/null)"
+echo "stopped=$([ -f stopped ] && echo 1)"
+p=$(cat pid 2>/dev/null); echo "alive=$([ -n "$p" ] && kill -0 -- "-$p" 2>/dev/null && echo 1)"
+echo "pid=$p"
+echo ---
+cat {status} 2>/dev/null || true
+"""
+
+DOWN_CMD = """\
+cd {root} 2>/dev/null || exit 0
+touch stopped
+p=$(cat pid 2>/dev/null); [ -n "$p" ] || exit 0
+kill -TERM -- "-$p" 2>/dev/null || exit 0
+for _ in $(seq 1 {ticks}); do kill -0 -- "-$p" 2>/dev/null || exit 0; sleep 0.5; done
+kill -KILL -- "-$p" 2>/dev/null; echo killed
+"""
+
+SEED_AND_LIST = """\
+W={w}
+if [ ! -d "$W" ]; then
+  mkdir -p "$(dirname "$W")"
+  prev=$(ls -dt {root}/*/workdir 2>/dev/null | head -n1)
+  # Hard links to the newest workdir: free, and safe because tar replaces a file by unlinking it.
+  if [ -n "$prev" ]; then cp -al "$prev" "$W.seed" 2>/dev/null && mv "$W.seed" "$W" || rm -rf "$W.seed"; fi
+  mkdir -p "$W"
+fi
+cd "$W" && find . -name __pycache__ -prune -o -type f -printf '%P\\t%s\\t%T@\\n'
+"""
+
+
+@dataclass(frozen=True)
+class Target:
+    user: str
+    hostname: str
+    port: int
+
+    @classmethod
+    def parse(cls, spec: str) -> "Target":
+        """`user@host[:port]`, `host`, `user@[::1]:2200`; ~/.ssh/config aliases fill the gaps."""
+        user, _, hostport = spec.rpartition("@")
+        m = re.fullmatch(r"\[(?P<h>[^\]]+)\](?::(?P<p>\d+))?|(?P<h2>[^:\[\]]+)(?::(?P<p2>\d+))?", hostport)
+        if not m:
+            raise BackendError(f"--host `{spec}`: expected user@host or user@host:port")
+        host, port = m["h"] or m["h2"], m["p"] or m["p2"]
+        conf = _ssh_config(host)
+        return cls(user=user or conf.get("user") or getpass.getuser(),
+                   hostname=conf.get("hostname", host),
+                   port=int(port or conf.get("port") or DEFAULT_SSH_PORT))
+
+    @property
+    def key_name(self) -> str:
+        """The name known_hosts uses for this host (`[host]:port` off the default port)."""
+        return self.hostname if self.port == DEFAULT_SSH_PORT else f"[{self.hostname}]:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+
+def _ssh_config(host: str) -> dict:
+    path = Path("~/.ssh/config").expanduser()
+    if not path.is_file():
+        return {}
+    try:
+        return paramiko.SSHConfig.from_path(str(path)).lookup(host)
+    except Exception:  # a config paramiko cannot parse: the user's ssh still reads it, we skip it
+        return {}
+
+
+def key_description(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Unknown host key: refuse with its fingerprint, or record it when the user said so."""
+
+    def __init__(self, known_hosts: Path, accept: bool):
+        self.known_hosts, self.accept = known_hosts, accept
+
+    def missing_host_key(self, client, hostname, key):
+        if not self.accept:
+            raise BackendError(
+                f"unknown host key for {hostname}: {key_description(key)}. Compare it with the host's "
+                f"own (`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` there, or your provider's console), "
+                f"then re-run with --accept-new-host-key to trust it")
+        self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.known_hosts, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        self.known_hosts.chmod(0o600)
+
+
+class _Conn:
+    """One cached SSH connection (client + SFTP) to a target, reopened on demand."""
+
+    def __init__(self, target: Target, known_hosts: Path, identity_file: Optional[str], accept: bool,
+                 timeout: float):
+        self.target, self.known_hosts, self.identity = target, known_hosts, identity_file
+        self.accept, self.timeout = accept, timeout
+        self.client: Optional[paramiko.SSHClient] = None
+        self._sftp: Optional[paramiko.SFTPClient] = None
+
+    def open(self) -> paramiko.SSHClient:
+        if self.client and self.client.get_transport() and self.client.get_transport().is_active():
+            return self.client
+        self.close()
+        client = paramiko.SSHClient()
+        if self.known_hosts.is_file():
+            client.load_host_keys(str(self.known_hosts))
+        client.set_missing_host_key_policy(_HostKeyPolicy(self.known_hosts, self.accept))
+        t, ident = self.timeout, self.identity
+        try:
+            client.connect(self.target.hostname, self.target.port, self.target.user,
+                           key_filename=str(Path(ident).expanduser()) if ident else None,
+                           look_for_keys=ident is None, allow_agent=ident is None, timeout=t,
+                           banner_timeout=t, auth_timeout=t, channel_timeout=t)
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise BackendError(
+                f"HOST KEY CHANGED for {e.hostname}: it presents {key_description(e.key)} but "
+                f"{self.known_hosts} has {key_description(e.expected_key)}. Someone may be intercepting "
+                f"the connection (man-in-the-middle), or the host was rebuilt. Refusing to connect; if "
+                f"you are sure, remove the old key with `ssh-keygen -R '{e.hostname}' -f {self.known_hosts}` "
+                f"and connect again") from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            raise BackendError(f"{self.target} refused our key ({e}): add your public key to the host's "
+                               f"~/.ssh/authorized_keys or pass --identity-file") from None
+        except BaseException:
+            client.close()
+            raise
+        client.get_transport().set_keepalive(15)
+        self.client = client
+        return client
+
+    def sftp(self) -> paramiko.SFTPClient:
+        client = self.open()
+        if self._sftp is None or self._sftp.get_channel().closed:
+            self._sftp = client.open_sftp()
+            self._sftp.get_channel().settimeout(TRANSFER_TIMEOUT)
+        return self._sftp
+
+    def close(self) -> None:
+        for thing in (self._sftp, self.client):
+            try:
+                if thing:
+                    thing.close()
+            except Exception:
+                pass
+        self.client, self._sftp = None, None
+
+    def channel(self, command: str, timeout: float) -> paramiko.Channel:
+        chan = self.open().get_transport().open_session(timeout=self.timeout)
+        chan.settimeout(timeout)
+        chan.exec_command(command)
+        return chan
+
+
+class CommandTimeout(BackendError):
+    pass
+
+
+def _collect(chan: paramiko.Channel, timeout: float, what: str) -> tuple[int, str, str]:
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout
+    while True:
+        if chan.recv_ready():
+            out += chan.recv(65536)
+        elif chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+        elif chan.exit_status_ready():
+            break
+        elif time.monotonic() > deadline:
+            chan.close()
+            raise CommandTimeout(f"remote `{what}` did not finish within {timeout:.0f} s")
+        elif chan.closed or not chan.get_transport().is_active():
+            raise EOFError("connection closed")
+        else:
+            chan.status_event.wait(0.01)
+    while chan.recv_ready() or chan.recv_stderr_ready():  # drain what arrived with the exit status
+        out += chan.recv(65536) if chan.recv_ready() else b""
+        err += chan.recv_stderr(65536) if chan.recv_stderr_ready() else b""
+    code = chan.recv_exit_status()
+    chan.close()
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+class SSHBackend(Backend):
+    name = "ssh"
+
+    def __init__(self, host: Optional[str] = None, accept_new_host_key: bool = False,
+                 identity_file: str | None = None, remote_root: str = "~/launch",
+                 volume: str | None = None, known_hosts: str | None = None, connect_timeout: float = 10,
+                 retries: int = 5):
+        """`host` is `user@host[:port]`. Later calls (logs/status/down/fetch) read the host, key files
+        and remote paths from `run.handle`, so they work with a backend built without arguments."""
+        self.host, self.accept = host, accept_new_host_key
+        self.identity_file, self.remote_root, self.volume = identity_file, remote_root, volume
+        self.known_hosts = known_hosts
+        self.connect_timeout, self.retries = connect_timeout, retries
+        self._conns: dict[tuple, _Conn] = {}
+        self.last_upload: dict = {}
+
+    # ---------------------------------------------------------------------------- connection
+
+    def _conn(self, run: Optional[Run] = None) -> _Conn:
+        h = run.handle if run else {}
+        spec = h.get("host") or self.host
+        if not spec:
+            raise BackendError("no host: pass --host user@host[:port]")
+        target = Target.parse(spec)
+        known = Path(h.get("known_hosts") or self.known_hosts or "~/.ssh/known_hosts").expanduser()
+        ident = h.get("identity_file") or self.identity_file
+        key = (target, str(known), ident)
+        if key not in self._conns:
+            self._conns[key] = _Conn(target, known, ident, self.accept, self.connect_timeout)
+        return self._conns[key]
+
+    def _retry(self, conn: _Conn, fn: Callable[[], object], tries: Optional[int] = None):
+        """Run `fn` (which uses `conn`), reconnecting with exponential backoff on network errors."""
+        tries = tries or self.retries
+        delay, last = 0.5, None
+        for attempt in range(1, tries + 1):
+            try:
+                conn.open()
+                return fn()
+            except BackendError:
+                raise
+            except TRANSIENT as e:
+                last = e
+                conn.close()
+                if attempt < tries:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 8.0)
+        raise BackendError(f"cannot reach {conn.target} after {tries} tries: {_why(last)}")
+
+    def _sh(self, conn: _Conn, command: str, stdin: Optional[str] = None, timeout: float = COMMAND_TIMEOUT,
+            check: bool = True, tries: Optional[int] = None) -> str:
+        """Run a bash command remotely (retried on a dropped connection); return its stdout."""
+
+        def once():
+            chan = conn.channel(f"bash -c {shlex.quote(command)}", timeout)
+            if stdin is not None:
+                chan.sendall(stdin.encode())
+            chan.shutdown_write()
+            return _collect(chan, timeout, command.split("\n")[0][:60])
+
+        code, out, err = self._retry(conn, once, tries)
+        if check and code != 0:
+            raise BackendError(f"on {conn.target}: `{command.splitlines()[0][:80]}` failed ({code}): "
+                               f"{(err or out).strip()[-500:]}")
+        return out
+
+    def probe(self) -> dict:
+        """Connect (checking the host key) and describe the host: home, GPU count, python."""
+        conn = self._conn()
+        out = self._sh(conn, 'echo "$HOME"; (nvidia-smi -L 2>/dev/null || true) | grep -c "^GPU" || true; '
+                             'command -v python3 python 2>/dev/null | head -n1')
+        lines = out.splitlines() + ["", "", ""]
+        return {"host": str(conn.target), "home": lines[0], "gpus": int(lines[1] or 0), "python": lines[2]}
+
+    # ------------------------------------------------------------------------------------ up
+
+    def up(self, spec: LaunchSpec) -> Run:
+        run, task = spec.run, load_task(spec.task_yaml)
+        conn = self._conn()
+        info = self.probe()
+        home = info["home"]
+        root = _expand(self.remote_root, home)
+        run_root = f"{root}/{run.id}"
+        volume = _expand(self.volume or f"{root}/volume", home)
+        run_dir = PurePosixPath(layout.run_dir(PurePosixPath(volume), run.id).as_posix())
+        log = str(run_dir / layout.LOGS_DIR / "run.log")
+        config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
+        self.last_upload = self._sync(conn, root, f"{run_root}/workdir", workdir_files(spec.config_yaml, config_rel))
+        gpus = getattr(getattr(spec.profile, "cluster", None), "gpus_per_node", 0) or info["gpus"]
+        env = node_env(task, self._overrides(spec, run, volume, f"{run_root}/workdir"), rank=0,
+                       ips=["127.0.0.1"], gpus_per_node=gpus, task_id=run.id)
+        node = (f"#!/usr/bin/env bash\n# launch node script for run {run.id} (no secrets here)\n"
+                f"cd {shlex.quote(run_root)}/workdir || exit 1\n"
+                + export_lines(env, skip=set(spec.secrets)) + node_script(task))
+        driver = DRIVER.format(log_dir=shlex.quote(str(PurePosixPath(log).parent)), log=shlex.quote(log))
+        self._retry(conn, lambda: self._write_files(conn, run_root, {
+            "node.sh": node, "driver.sh": driver, "start.sh": START}))
+        pid = self._start(conn, run_root, spec.secrets)
+        run.state, run.cluster, run.job_id = "running", conn.target.hostname, str(pid)
+        run.handle = {**run.handle, "host": str(conn.target), "known_hosts": str(conn.known_hosts),
+                      "identity_file": self.identity_file, "remote_root": root, "run_root": run_root,
+                      "volume": volume, "run_dir": str(run_dir), "log": log, "pid": pid, "pgid": pid,
+                      "gpus_per_node": gpus, "upload": self.last_upload}
+        return run
+
+    @staticmethod
+    def _overrides(spec: LaunchSpec, run: Run, volume: str, workdir: str) -> dict[str, str]:
+        """The node's env on top of the task's: defaults, then `spec.envs`, then what this backend
+        owns (the run id and volume, which status/fetch rely on). LAUNCH_LOCAL stays unset unless
+        `spec.envs` sets it (tests do, to skip installing the GPU stack)."""
+        base = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": workdir, "HF_HOME": f"{volume}/.hf"}
+        return {**base, **spec.envs, "LAUNCH_RUN_ID": run.id, "LAUNCH_VOLUME": volume}
+
+    def _write_files(self, conn: _Conn, directory: str, files: dict[str, str]) -> None:
+        sftp = conn.sftp()
+        _sftp_makedirs(sftp, directory)
+        for name, text in files.items():
+            with sftp.open(f"{directory}/{name}", "w") as f:
+                f.write(text)
+            sftp.chmod(f"{directory}/{name}", 0o700)
+
+    def _start(self, conn: _Conn, run_root: str, secrets: dict[str, str]) -> int:
+        lines = []
+        for name, value in secrets.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or "\n" in value or "\0" in value:
+                raise BackendError(f"secret {name}: names must be identifiers and values one line")
+            lines += [name, value]
+        out = self._sh(conn, f"bash {shlex.quote(run_root)}/start.sh", stdin="\n".join(lines + ["", ""]))
+        pid = out.strip().splitlines()[-1] if out.strip() else ""
+        if not pid.isdigit():
+            raise BackendError(f"the run did not start on {conn.target} (no pid in {run_root}/pid): {out[-300:]}")
+        return int(pid)
+
+    # -------------------------------------------------------------------------------- upload
+
+    def _sync(self, conn: _Conn, root: str, workdir: str, files: dict[str, Path]) -> dict:
+        """Make `workdir` mirror `files`, sending only what differs (size+mtime, then sha256)."""
+        listing = self._sh(conn, SEED_AND_LIST.format(w=shlex.quote(workdir), root=shlex.quote(root)))
+        remote = {}
+        for line in listing.splitlines():
+            rel, size, mtime = line.rsplit("\t", 2)
+            remote[rel] = (int(size), int(float(mtime)))
+        local = {rel: (p, p.stat()) for rel, p in files.items()}
+        send = [rel for rel, (p, st) in local.items() if rel not in remote or remote[rel][0] != st.st_size]
+        maybe = [rel for rel, (p, st) in local.items()
+                 if rel in remote and rel not in send and remote[rel][1] != int(st.st_mtime)]
+        if maybe:  # same size, other mtime: compare contents, re-stamp the identical ones
+            sums = self._remote_sha256(conn, workdir, maybe)
+            same = [rel for rel in maybe if sums.get(rel) == sha256_file(local[rel][0])]
+            send += [rel for rel in maybe if rel not in same]
+            if same:
+                pairs = "".join(f"{rel}\0{int(local[rel][1].st_mtime)}\0" for rel in same)
+                self._sh(conn, f"cd {shlex.quote(workdir)} && while IFS= read -r -d '' f && IFS= read -r -d '' t; "
+                               'do touch -m -d "@$t" -- "$f"; done', stdin=pairs)
+        stale = [rel for rel in remote if rel not in local]
+        if stale:
+            self._sh(conn, f"cd {shlex.quote(workdir)} && xargs -0 rm -f --", stdin="\0".join(stale))
+        if send:
+            self._retry(conn, lambda: self._send_tar(conn, workdir, {r: local[r][0] for r in send}))
+        return {"files_sent": len(send), "bytes_sent": sum(local[r][1].st_size for r in send),
+                "files_unchanged": len(local) - len(send), "files_removed": len(stale)}
+
+    def _remote_sha256(self, conn: _Conn, directory: str, rels: list[str]) -> dict[str, str]:
+        out = self._sh(conn, f"cd {shlex.quote(directory)} && xargs -0 -r sha256sum --", stdin="\0".join(rels),
+                       check=False, timeout=TRANSFER_TIMEOUT)
+        return {line[66:]: line[:64] for line in out.splitlines() if len(line) > 66}
+
+    def _send_tar(self, conn: _Conn, workdir: str, files: dict[str, Path]) -> None:
+        chan = conn.channel(f"mkdir -p {shlex.quote(workdir)} && tar -xzf - -C {shlex.quote(workdir)} "
+                            "--no-same-owner", TRANSFER_TIMEOUT)
+        with chan.makefile("wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) as gz:
+                with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                    for rel, path in sorted(files.items()):
+                        tar.add(str(path), arcname=rel, recursive=False)
+        chan.shutdown_write()
+        code, _, err = _collect(chan, TRANSFER_TIMEOUT, "tar -x")
+        if code != 0:
+            raise BackendError(f"upload to {conn.target}:{workdir} failed: {err.strip()[-300:]}")
+
+    # ---------------------------------------------------------------------------------- logs
+
+    def logs(self, run: Run, follow: bool, out: TextIO) -> int:
+        """Print the run's log; with `follow`, until the driver exits (its exit code is returned).
+        A dropped connection is re-opened with backoff and the stream resumes at the byte offset
+        already printed."""
+        conn, h = self._conn(run), run.handle
+        if not h.get("log"):
+            raise BackendError(f"run {run.id} never started on its host: no log")
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        offset, failures, started = 0, 0, time.monotonic()
+        while True:
+            try:
+                done = self._finished(conn, h) if follow else 0
+                chunk = self._read_log(conn, h["log"], offset)
+                failures = 0
+            except BackendError:
+                raise
+            except TRANSIENT as e:
+                failures += 1
+                conn.close()
+                if failures > self.retries:
+                    raise BackendError(f"lost {conn.target} ({_why(e)}); the run goes on: "
+                                       f"`launch logs --follow` to watch it again") from None
+                time.sleep(min(0.5 * 2 ** (failures - 1), 8.0))
+                continue
+            if chunk:
+                offset += len(chunk)
+                out.write(decoder.decode(chunk))
+                out.flush()
+            elif chunk is None and not follow:
+                raise BackendError(f"run {run.id} has no log yet at {conn.target}:{h['log']}")
+            elif done is not None:
+                out.write(decoder.decode(b"", final=True))
+                out.flush()
+                return done
+            elif chunk is None and time.monotonic() - started > 120:
+                raise BackendError(f"run {run.id} wrote no log in 2 min ({conn.target}:{h['log']})")
+            else:
+                time.sleep(POLL_S)
+
+    def _read_log(self, conn: _Conn, path: str, offset: int) -> Optional[bytes]:
+        """Bytes of the log from `offset` (up to 1 MiB); None when the log does not exist yet."""
+        conn.open()
+        sftp = conn.sftp()
+        try:
+            f = sftp.open(path, "rb")
+        except FileNotFoundError:
+            return None
+        with f:
+            f.seek(offset)
+            return f.read(1 << 20)
+
+    def _finished(self, conn: _Conn, h: dict) -> Optional[int]:
+        """The driver's exit code once it is done (143 if killed without one), None while running."""
+        root = shlex.quote(h["run_root"])
+        chan = conn.channel(f"cat {root}/exit_code 2>/dev/null || {{ kill -0 -- -{int(h['pgid'])} "
+                            f"2>/dev/null && echo running || echo 143; }}", COMMAND_TIMEOUT)
+        chan.shutdown_write()
+        _, out, _ = _collect(chan, COMMAND_TIMEOUT, "exit_code")
+        out = out.strip()
+        return None if out == "running" else int(out) if out.lstrip("-").isdigit() else None
+
+    # -------------------------------------------------------------------------------- status
+
+    def status(self, run: Run) -> RemoteStatus:
+        """Never raises for an unreachable host: the last known state comes back with the reason
+        and `extra["unreachable"]`. Host-key and authentication problems do raise (user fixes)."""
+        conn, h = self._conn(run), run.handle
+        if not h.get("run_root"):
+            return RemoteStatus(state=run.state, reason=run.reason or "never started on the host")
+        command = STATUS_CMD.format(root=shlex.quote(h["run_root"]),
+                                    status=shlex.quote(f"{h['run_dir']}/{layout.STATUS}"))
+        try:
+            out = self._sh(conn, command, tries=2, timeout=30)
+        except BackendError as e:
+            if not str(e).startswith("cannot reach") and not isinstance(e, CommandTimeout):
+                raise
+            state = run.state if run.state in ("starting", "running") else "running"
+            return RemoteStatus(state=state, reason=f"unreachable: {e}", extra={"unreachable": True})
+        head, _, body = out.partition("---\n")
+        facts = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
+        try:
+            reported = json.loads(body) if body.strip() else {}
+        except ValueError:
+            reported = {}
+        return _status_from(reported, *_state(facts, reported, run))
+
+    # ---------------------------------------------------------------------------------- down
+
+    def down(self, run: Run, grace_s: float = 10) -> None:
+        """SIGTERM the run's process group, SIGKILL it after `grace_s`; mark the run stopped."""
+        conn, h = self._conn(run), run.handle
+        if not h.get("run_root"):
+            return
+        ticks = max(1, int(grace_s / 0.5))
+        self._sh(conn, DOWN_CMD.format(root=shlex.quote(h["run_root"]), ticks=ticks),
+                 timeout=grace_s + COMMAND_TIMEOUT)
+
+    # --------------------------------------------------------------------------------- fetch
+
+    def fetch(self, run: Run, dest: Path, paths: tuple[str, ...]) -> list[Path]:
+        """SFTP run-dir-relative files/directories to `dest/<basename>` (like the local backend),
+        each checked against the remote size and sha256. Paths the run did not produce are skipped."""
+        conn, h = self._conn(run), run.handle
+        run_dir = h["run_dir"]
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        sizes = self._sh(conn, f"cd {shlex.quote(run_dir)} && find {quoted} -type f -printf '%s\\t%p\\n' "
+                               "2>/dev/null || true")
+        files = {line.split("\t", 1)[1]: int(line.split("\t", 1)[0]) for line in sizes.splitlines() if "\t" in line}
+        sums = self._remote_sha256(conn, run_dir, sorted(files)) if files else {}
+        got: dict[str, Path] = {}
+        for rel in sorted(files):
+            top = next(p for p in paths if rel == p or rel.startswith(p.rstrip("/") + "/"))
+            local = dest / Path(top).name / PurePosixPath(rel).relative_to(top) if rel != top else dest / Path(top).name
+            self._retry(conn, lambda: self._get_verified(conn, f"{run_dir}/{rel}", local, files[rel], sums.get(rel)))
+            got[top] = dest / Path(top).name
+        return [got[p] for p in paths if p in got]
+
+    def _get_verified(self, conn: _Conn, remote: str, local: Path, size: int, sha: Optional[str]) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(local.name + ".part")
+        conn.sftp().get(remote, str(tmp))
+        got_size, got_sha = tmp.stat().st_size, sha256_file(tmp)
+        if got_size != size or got_sha != sha:
+            tmp.unlink(missing_ok=True)
+            raise BackendError(f"{remote} arrived damaged ({got_size} bytes, sha256 {got_sha[:12]}; "
+                               f"expected {size} bytes, {str(sha)[:12]}): fetch again")
+        tmp.replace(local)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def workdir_files(config_yaml: Path, config_rel: str) -> dict[str, Path]:
+    """What SkyPilot uploads as the workdir (payload/, sky/, data/ of the repo, no caches), with the
+    run's resolved config at the path the task's LAUNCH_CONFIG names."""
+    files: dict[str, Path] = {}
+    for name in WORKDIR_INCLUDE:
+        top = REPO_ROOT / name
+        for p in sorted(top.rglob("*")) if top.is_dir() else []:
+            rel = p.relative_to(REPO_ROOT)
+            if p.is_file() and "__pycache__" not in rel.parts and p.suffix != ".pyc":
+                files[rel.as_posix()] = p
+    files[PurePosixPath(config_rel).as_posix()] = config_yaml
+    return files
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _expand(path: str, home: str) -> str:
+    if path == "~" or path.startswith("~/"):
+        path = home.rstrip("/") + path[1:]
+    if not path.startswith("/"):
+        path = f"{home.rstrip('/')}/{path}"
+    return str(PurePosixPath(path))
+
+
+def _sftp_makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
+    parts = PurePosixPath(directory).parts
+    for i in range(2, len(parts) + 1):
+        d = str(PurePosixPath(*parts[:i]))
+        try:
+            sftp.stat(d)
+        except FileNotFoundError:
+            sftp.mkdir(d)
+
+
+def _why(e: Optional[BaseException]) -> str:
+    if isinstance(e, socket.timeout):
+        return "timed out"
+    return f"{type(e).__name__}: {e}" if e else "unknown error"
+
+
+def _state(facts: dict, reported: dict, run: Run) -> tuple[str, Optional[str]]:
+    """(state, reason) from the driver's files and the run's own status.json."""
+    if facts.get("nodir"):
+        return "failed", "the run's directory is gone from the host"
+    code, stopped = facts.get("exit", ""), facts.get("stopped") == "1" or run.state == "stopped"
+    if facts.get("alive") == "1" and not code:
+        return "running", None
+    if code.lstrip("-").isdigit():
+        code = int(code)
+        if code == 0 and (not stopped or reported.get("state") == "completed"):
+            return "completed", None
+        if stopped:
+            return "stopped", None
+        if code == EXIT_BUDGET:
+            return "budget_exhausted", reported.get("reason") or "budget exhausted"
+        return "failed", reported.get("reason") or f"exit code {code}: see `launch logs`"
+    if stopped:
+        return "stopped", None
+    if not facts.get("pid"):
+        return "failed", "the driver never started (no pid file)"
+    return "preempted", ("the run's processes are gone without an exit code (host rebooted or "
+                         "processes killed): `launch up --resume` continues from the last checkpoint")
+
+
+def _status_from(reported: dict, state: str, reason: Optional[str]) -> RemoteStatus:
+    keys = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
+    extra = {k: v for k, v in reported.items() if k not in keys and k not in ("state", "reason")}
+    if "state" in reported:
+        extra["payload_state"] = reported["state"]
+    return RemoteStatus(state=state, reason=reason, extra=extra, **{k: reported.get(k) for k in keys})

@@ -1,0 +1,120 @@
+"""The `launch` command line: exit codes and exact one-line messages, never a traceback."""
+
+import json
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from launcher import registry
+from launcher.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def invoke(*args, env=None):
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def test_validate_reports_three_errors_at_once(tmp_path):
+    text = (REPO / "clusters" / "local-demo.yaml").read_text()
+    text = text.replace("infra: local ", "infra: runpod").replace("  num_nodes: 1\n", "  num_nodes: 4\n")
+    text = text.replace("  lerning_rate", "").replace("  learning_rate: 2.0e-3", "  lerning_rate: 2.0e-3")
+    text = text.replace("  max_steps: 40", "  max_steps: forty")
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(text)
+    r = invoke("validate", str(bad))
+    assert r.exit_code == 1
+    out = r.output
+    assert "Traceback" not in out
+    assert "3 problems in the profile:" in out
+    assert "typo.yaml" in out and "train.lerning_rate: unknown key; did you mean `learning_rate`?" in out
+    assert "train.max_steps: Input should be a valid integer" in out
+    assert "cluster: num_nodes is 4 but runpod cannot run multi-node tasks" in out
+
+
+def test_validate_ok():
+    r = invoke("validate", "sonia-h100")
+    assert r.exit_code == 0 and "✓ sonia-h100: valid (H100-SXM:2 x 1 node(s), lora" in r.output
+
+
+def test_unknown_profile_is_one_line_with_suggestion():
+    r = invoke("plan", "lovecraft")
+    assert r.exit_code == 1
+    assert r.output.strip().startswith("✗ no profile `lovecraft`: did you mean `lovecraft-a100-spot`?")
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_render_check_is_clean():
+    r = invoke("render", "--check")
+    assert r.exit_code == 0, r.output
+    assert "sky/ is up to date (8 files)" in r.output
+
+
+def test_profiles_lists_all_four():
+    r = invoke("profiles", "--json")
+    rows = json.loads(r.output)
+    assert [x["profile"] for x in rows] == ["local-demo", "lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100"]
+    assert all(x["error"] is None and x["est_usd"] > 0 for x in rows if x["profile"] != "local-demo")
+
+
+def test_plan_json_sonia():
+    r = invoke("plan", "sonia-h100", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["cloud"] == "RunPod" and d["instance_type"] == "2x_H100-SXM_SECURE"
+    assert d["price_per_hour"] == pytest.approx(5.38) and d["total_usd"] > 0
+    assert d["secrets"] == {"HF_TOKEN": "not set", "WANDB_API_KEY": "not set"}
+
+
+def test_run_commands_without_runs():
+    for cmd in (["logs"], ["status"], ["down"]):
+        r = invoke(*cmd)
+        assert r.exit_code == 1 and "no runs yet: start one with `launch up PROFILE`" in r.output
+    r = invoke("status", "nope-123")
+    assert r.exit_code == 1 and "✗" in r.output
+
+
+def test_cost_totals_runs():
+    registry.save(registry.Run(id="a", profile="sonia-h100", backend="skypilot", started_at=1000.0,
+                               ended_at=1000.0 + 1800, price_per_hour=5.38, state="completed"))
+    registry.save(registry.Run(id="b", profile="local-demo", backend="local", started_at=2000.0,
+                               ended_at=2000.0 + 3600, price_per_hour=0.1, state="failed"))
+    d = json.loads(invoke("cost", "--json").output)
+    assert {r["id"]: r["cost_usd"] for r in d["runs"]} == {"a": 2.69, "b": 0.1}
+    assert d["total_usd"] == pytest.approx(2.79)
+
+
+def _writer(args):
+    home, i = args
+    import os
+
+    os.environ["LAUNCH_HOME"] = home
+    from launcher import registry as reg
+
+    for j in range(20):
+        reg.save(reg.Run(id=f"r{i}-{j}", profile="p", backend="local"))
+        reg.update(f"r{i}-{j}", state="completed")
+    return i
+
+
+def test_registry_is_safe_with_concurrent_writers(tmp_path):
+    home = str(tmp_path / "shared-home")
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.map(_writer, [(home, 0), (home, 1)])
+    import os
+
+    os.environ["LAUNCH_HOME"] = home
+    runs = registry.all_runs()
+    assert len(runs) == 40 and all(r.state == "completed" for r in runs)
+
+
+def test_help_is_fast_and_imports_nothing_heavy():
+    code = ("import sys, launcher.cli; from click.testing import CliRunner; "
+            "CliRunner().invoke(launcher.cli.cli, ['--help']); "
+            "print(sorted(m for m in ('sky', 'torch', 'transformers', 'rich') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stderr
