@@ -105,7 +105,7 @@ def task_dict(p: Profile, price_per_hour: float) -> dict:
         "LAUNCH_PRICE_PER_HOUR": f"{price_per_hour:.4f}",
         "LAUNCH_BUDGET_USD": f"{p.budget.max_usd:g}",
         "HF_HOME": f"{volume}/.hf",
-        "HF_HUB_ENABLE_HF_TRANSFER": "1",
+        "HF_XET_HIGH_PERFORMANCE": "1",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "TOKENIZERS_PARALLELISM": "false",
         "FLASH_ATTN_WHEEL": FLASH_ATTN_WHEEL,

@@ -50,7 +50,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         raise BackendError("--backend ssh needs --host user@host[:port]")
     if backend == "local":
         _require_training_extras()
-    run = _pick_run(p, backend, resume, force_new)
+    run, resuming = _pick_run(p, backend, resume, force_new)
     task_yaml, config_yaml = _render_for_run(p, run, backend)
     options = {"local": {"num_nodes": nodes}, "skypilot": {},
                "ssh": {"host": host, "accept_new_host_key": accept_new_host_key, "identity_file": identity_file}}
@@ -59,7 +59,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     envs = {"LAUNCH_RUN_ID": run.id, "LAUNCH_PRICE_PER_HOUR": f"{run.price_per_hour:.4f}",
             "LAUNCH_BUDGET_USD": f"{p.budget.max_usd:g}"}
     spec = LaunchSpec(run=run, profile=p, task_yaml=task_yaml, config_yaml=config_yaml, envs=envs,
-                      secrets=secrets, resume=run.state != "starting")
+                      secrets=secrets, resume=resuming)
     with console().status(f"starting {run.id} on {backend}..."):
         started = be.up(spec)
     started.state = "running"
@@ -109,7 +109,7 @@ def _load_with_overrides(profile: str, sets: tuple[str, ...]):
 
 
 def _pick_run(p, backend: str, resume, force_new):
-    """A new Run, or the one to resume; refuses to start a second active run of a profile."""
+    """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile."""
     from . import registry
     from .backends import BackendError
 
@@ -131,8 +131,7 @@ def _pick_run(p, backend: str, resume, force_new):
         if old.state == "completed":
             raise BackendError(f"run {old.id} already completed; use --new for a fresh run")
         old.state, old.reason = "starting", None
-        old.backend = backend if old.backend == backend else old.backend
-        return old
+        return old, True
     if not force_new:
         latest = next((r for r in registry.all_runs() if r.profile == p.name), None)
         if latest is not None and _refresh(latest).state in ("preempted", "failed", "stopped", "budget_exhausted"):
@@ -144,7 +143,8 @@ def _pick_run(p, backend: str, resume, force_new):
 
     price = p.budget.price_per_hour if p.cluster.is_local else _cloud_price(p, backend, plan_price)
     return registry.Run(id=registry.new_run_id(p.name), profile=p.name, backend=backend,
-                        config_hash=p.config_hash(), price_per_hour=price or 0.0, budget_usd=p.budget.max_usd)
+                        config_hash=p.config_hash(), price_per_hour=price or 0.0,
+                        budget_usd=p.budget.max_usd), False
 
 
 def _cloud_price(p, backend, fallback):

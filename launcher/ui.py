@@ -30,7 +30,9 @@ def hints(*commands: str) -> None:
 
 
 def money(x) -> str:
-    return "-" if x is None else f"${x:,.2f}"
+    if x is None:
+        return "-"
+    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
 
 
 def duration(seconds) -> str:

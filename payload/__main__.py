@@ -46,6 +46,9 @@ def main(argv=None) -> int:
     from payload.config import ConfigError, load_run_config
     from payload.errors import PayloadError
 
+    from payload.observe import setup_logging
+
+    setup_logging()
     try:
         cfg = load_run_config(args.config)
         if args.stage == "post":

@@ -38,7 +38,8 @@ from .tasks import WORKDIR_INCLUDE, export_lines, load_task, node_env, node_scri
 
 EXIT_BUDGET = 3
 COMMAND_TIMEOUT = 60.0  # one remote command (listing, hashing, status...)
-TRANSFER_TIMEOUT = 120.0  # no progress on an upload/download channel for this long
+TRANSFER_TIMEOUT = 60.0  # no progress on an upload/download/SFTP channel for this long
+HASH_TIMEOUT = 600.0  # sha256 of a whole workdir or artifact set
 POLL_S = 0.5  # log follow interval
 DEFAULT_SSH_PORT = 22  # the SSH protocol's default, used only when `host` names no port
 TRANSIENT = (OSError, EOFError, paramiko.SSHException)  # socket.timeout is an OSError
@@ -77,13 +78,22 @@ echo ---
 cat {status} 2>/dev/null || true
 """
 
+# torchrun starts its workers in new sessions, so signalling the driver's process group is not
+# enough: every process whose environment carries the run's LAUNCH_RUN_ID is signalled too.
 DOWN_CMD = """\
 cd {root} 2>/dev/null || exit 0
 touch stopped
-p=$(cat pid 2>/dev/null); [ -n "$p" ] || exit 0
-kill -TERM -- "-$p" 2>/dev/null || exit 0
-for _ in $(seq 1 {ticks}); do kill -0 -- "-$p" 2>/dev/null || exit 0; sleep 0.5; done
-kill -KILL -- "-$p" 2>/dev/null; echo killed
+p=$(cat pid 2>/dev/null)
+tagged() {{ grep -lzxF -- {marker} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}
+signal() {{
+  [ -n "$p" ] && kill -"$1" -- "-$p" 2>/dev/null
+  for q in $(tagged); do kill -"$1" -- "-$q" 2>/dev/null || kill -"$1" "$q" 2>/dev/null; done
+}}
+alive() {{ {{ [ -n "$p" ] && kill -0 -- "-$p" 2>/dev/null; }} || [ -n "$(tagged)" ]; }}
+alive || exit 0
+signal TERM
+for _ in $(seq 1 {ticks}); do alive || exit 0; sleep 0.5; done
+signal KILL; echo killed
 """
 
 SEED_AND_LIST = """\
@@ -368,8 +378,7 @@ class SSHBackend(Backend):
         return {**base, **spec.envs, "LAUNCH_RUN_ID": run.id, "LAUNCH_VOLUME": volume}
 
     def _write_files(self, conn: _Conn, directory: str, files: dict[str, str]) -> None:
-        sftp = conn.sftp()
-        _sftp_makedirs(sftp, directory)
+        sftp = conn.sftp()  # `directory` exists: the workdir sync made it
         for name, text in files.items():
             with sftp.open(f"{directory}/{name}", "w") as f:
                 f.write(text)
@@ -418,7 +427,7 @@ class SSHBackend(Backend):
 
     def _remote_sha256(self, conn: _Conn, directory: str, rels: list[str]) -> dict[str, str]:
         out = self._sh(conn, f"cd {shlex.quote(directory)} && xargs -0 -r sha256sum --", stdin="\0".join(rels),
-                       check=False, timeout=TRANSFER_TIMEOUT)
+                       check=False, timeout=HASH_TIMEOUT)
         return {line[66:]: line[:64] for line in out.splitlines() if len(line) > 66}
 
     def _send_tar(self, conn: _Conn, workdir: str, files: dict[str, Path]) -> None:
@@ -530,7 +539,8 @@ class SSHBackend(Backend):
         if not h.get("run_root"):
             return
         ticks = max(1, int(grace_s / 0.5))
-        self._sh(conn, DOWN_CMD.format(root=shlex.quote(h["run_root"]), ticks=ticks),
+        marker = shlex.quote(f"LAUNCH_RUN_ID={run.id}")
+        self._sh(conn, DOWN_CMD.format(root=shlex.quote(h["run_root"]), ticks=ticks, marker=marker),
                  timeout=grace_s + COMMAND_TIMEOUT)
 
     # --------------------------------------------------------------------------------- fetch
@@ -596,16 +606,6 @@ def _expand(path: str, home: str) -> str:
     if not path.startswith("/"):
         path = f"{home.rstrip('/')}/{path}"
     return str(PurePosixPath(path))
-
-
-def _sftp_makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
-    parts = PurePosixPath(directory).parts
-    for i in range(2, len(parts) + 1):
-        d = str(PurePosixPath(*parts[:i]))
-        try:
-            sftp.stat(d)
-        except FileNotFoundError:
-            sftp.mkdir(d)
 
 
 def _why(e: Optional[BaseException]) -> str:

@@ -1,0 +1,659 @@
+"""SkyPilot backend: on-demand profiles run as a cluster, spot profiles as a managed job.
+
+Everything goes through SkyPilot's Python SDK (client/server: each call returns a request id that
+`sky.get` / `sky.stream_and_get` resolves). The task is SkyPilot's own parse of the rendered
+`sky/<profile>.yaml`; `launch` adds the run id and the secret values, in memory only.
+
+Run identity. `LAUNCH_RUN_ID` is always set to the launch run id, for clusters and managed jobs
+alike. For a managed job it is as stable as SKYPILOT_TASK_ID (envs are part of the task the jobs
+controller re-launches on every recovery), and unlike SKYPILOT_TASK_ID it is known before the job
+exists, so `launch` knows the remote run dir (`{volume}/runs/{run_id}`) and the volume keys to
+fetch from without asking SkyPilot.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path, PurePosixPath
+from typing import Optional, TextIO
+
+import yaml
+
+from payload import layout
+
+from ..profile import CATALOG_DIR
+from ..registry import ACTIVE_STATES, STATES, Run
+from . import Backend, BackendError, LaunchSpec, RemoteStatus
+
+SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15")
+SSH_TIMEOUT_S = 60
+RSYNC_TIMEOUT_S = 3600
+# RunPod datacenters with the S3-compatible API (docs.runpod.io/storage/s3-api); new volumes are
+# put in one of these when the GPU is offered there, so a managed job's results can come home.
+S3_DATACENTERS = ("US-CA-2", "EU-RO-1", "EU-CZ-1", "EUR-IS-1", "EUR-NO-1", "US-GA-2", "US-KS-2",
+                  "US-MD-1", "US-MO-2", "US-NC-1", "US-NC-2")
+_CREDENTIALS_HINT = {
+    "runpod": "set RUNPOD_API_KEY (or ~/.runpod/config.toml) and run `sky check runpod`",
+    "azure": "run `az login`, then `sky check azure`",
+    "kubernetes": "point ~/.kube/config at your cluster, then `sky check kubernetes`",
+}
+_JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "starting", "RUNNING": "running",
+               "SUCCEEDED": "completed", "CANCELLED": "stopped"}
+_MANAGED_STATES = {"PENDING": "starting", "SUBMITTED": "starting", "STARTING": "starting",
+                   "RECOVERING": "starting", "RUNNING": "running", "WINDING_DOWN": "running",
+                   "CANCELLING": "stopped", "CANCELLED": "stopped", "SUCCEEDED": "completed"}
+_METRICS = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
+
+
+def _sky():
+    os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+    import sky
+    import sky.client.sdk  # noqa: F401
+    import sky.jobs  # noqa: F401  (sky.jobs.* and sky.volumes.* are used as attributes)
+    import sky.volumes  # noqa: F401
+
+    return sky
+
+
+def _get(record, key, default=None):
+    """A field of an SDK response record (pydantic response models and dicts both have .get)."""
+    value = record.get(key, default) if hasattr(record, "get") else getattr(record, key, default)
+    return default if value is None else value
+
+
+def _name(value) -> str:
+    """An SDK enum (or its string) as its upper-case value: ClusterStatus.UP -> 'UP'."""
+    return str(getattr(value, "value", value) or "").upper()
+
+
+def cluster_name(run_id: str) -> str:
+    """A valid SkyPilot cluster name (letters, digits, dashes; starts with a letter) for a run id."""
+    name = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = f"launch-{name}".rstrip("-")
+    if len(name) > 63:
+        name = f"{name[:56].rstrip('-')}-{hashlib.sha1(run_id.encode()).hexdigest()[:6]}"
+    return name
+
+
+# ----------------------------------------------------------------------------------- errors
+
+
+def _first_line(e: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def credentials_message(clouds) -> str:
+    hints = "; ".join(f"{c}: {_CREDENTIALS_HINT.get(c, f'run `sky check {c}`')}" for c in clouds)
+    return (f"SkyPilot has no usable credentials for {', '.join(clouds)} ({hints}); "
+            "or run without SkyPilot: `launch up PROFILE --backend local|ssh`")
+
+
+# (SkyPilot exception class names, message; {what} is the exception's first line)
+_ERRORS = (
+    (("ApiServerAuthenticationError",), "the SkyPilot API server needs a login: {what} (`sky api login -e URL`)"),
+    (("VolumeTopologyConflictError",), "the network volume lives in another zone than the task may run: "
+     "{what}; drop cluster.region, or name a new volume (created where the GPUs are)"),
+    (("VolumeNotFoundError", "VolumeNotReadyError"), "network volume problem: {what}; see `sky volumes ls -r`"),
+    (("ClusterDoesNotExist",), "the cluster is gone: {what} (autostopped after the job, or torn down)"),
+    (("ClusterNotUpError",), "the cluster is not up: {what}; see `sky status`"),
+    (("ManagedJobReachedMaxRetriesError",), "the managed job gave up after its retries: {what}; see `launch logs`"),
+    (("CommandError",), "a command failed on the cluster ({what}): see the log above, fix, then `launch up` again"),
+    (("RequestCancelled",), "the SkyPilot request was cancelled: {what}"),
+)
+
+
+def map_sky_error(e: BaseException, profile=None) -> BackendError:
+    """One line for a SkyPilot exception: what happened and the next step."""
+    from sky import exceptions as ex
+
+    what = _first_line(e)
+    low = " ".join([str(e)] + [str(f) for f in getattr(e, "failover_history", [])]).lower()
+    c = getattr(profile, "cluster", None)
+    spec = f"{c.accelerators or 'CPU'} x{c.num_nodes} on {', '.join(c.infra_list)}" if c else "the request"
+    if isinstance(e, (ex.NoCloudAccessError, ex.InvalidCloudCredentials, ex.CloudUserIdentityError)):
+        return BackendError(credentials_message([i.split("/")[0] for i in c.infra_list] if c else ["runpod"]))
+    if isinstance(e, ex.ApiServerConnectionError) or "no skypilot api server" in low:
+        return BackendError("cannot reach a SkyPilot API server: start one with `sky api start` (or "
+                            "`sky api login -e URL`) and retry; `--backend local|ssh` need none")
+    if isinstance(e, ex.ResourcesUnavailableError):
+        if "quota" in low or "spend limit" in low or "balance" in low:
+            return BackendError(f"quota or spend limit reached for {spec}: {what}; raise it (RunPod: "
+                                "Settings > spend limit / add credit; clouds: request GPU quota) and retry")
+        return BackendError(f"no capacity for {spec} right now: {what}; retry later, or change "
+                            "cluster.region / cluster.accelerators / use_spot")
+    if isinstance(e, ex.ProvisionPrechecksError):
+        return BackendError(f"SkyPilot prechecks failed: {'; '.join(map(_first_line, e.reasons)) or what}")
+    for names, message in _ERRORS:
+        if isinstance(e, tuple(getattr(ex, n) for n in names)):
+            return BackendError(message.format(what=what))
+    if "no value available for secret" in low:
+        return BackendError(f"{what} (export the variable before `launch up`)")
+    return BackendError(f"SkyPilot {type(e).__name__}: {what}")
+
+
+def _nothing_launched(e: BaseException) -> bool:
+    """Failures after which SkyPilot leaves no cluster behind (nothing to tear down)."""
+    from sky import exceptions as ex
+
+    return isinstance(e, (ex.ResourcesUnavailableError, ex.NoCloudAccessError, ex.InvalidCloudCredentials,
+                          ex.ApiServerConnectionError, ex.ApiServerAuthenticationError,
+                          ex.VolumeTopologyConflictError, ex.VolumeNotFoundError))
+
+
+# ------------------------------------------------------------------------------------ price
+
+
+def hourly_price(profile) -> tuple[float, str]:
+    """($/h for the whole cluster, where it came from): RunPod's API, else the catalog snapshot
+    through SkyPilot's optimizer, else the profile's budget.price_per_hour."""
+    c = profile.cluster
+    if os.environ.get("RUNPOD_API_KEY") and any(i.split("/")[0] == "runpod" for i in c.infra_list):
+        try:
+            return _runpod_api_price(profile), "runpod-api"
+        except Exception:  # noqa: BLE001 - any API problem falls through to the catalog
+            pass
+    if not c.is_local:
+        try:
+            from ..catalog import SNAPSHOT_DATE, optimize
+
+            return optimize(profile).price_per_hour, f"catalog {SNAPSHOT_DATE}"
+        except Exception:  # noqa: BLE001
+            pass
+    if profile.budget.price_per_hour is not None:
+        return float(profile.budget.price_per_hour), "profile"
+    return 0.0, "unknown"
+
+
+def _runpod_api_price(profile) -> float:
+    """Secure-cloud price per GPU from RunPod's GraphQL API (the `runpod` SDK) x GPUs x nodes."""
+    import runpod
+    from sky.provision.runpod.utils import GPU_NAME_MAP
+
+    c = profile.cluster
+    gpu = runpod.get_gpu(GPU_NAME_MAP[c.accelerator_name], gpu_quantity=c.gpus_per_node,
+                         api_key=os.environ["RUNPOD_API_KEY"])
+    lowest = gpu.get("lowestPrice") or {}
+    per_gpu = (gpu.get("secureSpotPrice") or lowest.get("minimumBidPrice")) if c.use_spot else \
+        (gpu.get("securePrice") or lowest.get("uninterruptablePrice"))
+    if not per_gpu:
+        raise ValueError(f"RunPod lists no price for {c.accelerators}")
+    return round(float(per_gpu) * c.gpus_per_node * c.num_nodes, 4)
+
+
+# ---------------------------------------------------------------------------------- task
+
+
+def build_task(spec: LaunchSpec):
+    """SkyPilot's parse of the rendered task, with launch's envs and the secret values.
+
+    Secrets go in as `secrets_overrides` (what `sky launch --secret NAME` does), not through
+    `Task.update_secrets` after parsing: SkyPilot 0.14 turns every `NAME: null` secret into a
+    managed-secret reference that `update_secrets` leaves in place, and the API server then
+    refuses the launch ("No value available for secret(s)"). Secrets the user did not set are
+    dropped from the task; the payload's preflight says which stage needs one.
+    """
+    sky = _sky()
+    task_yaml = Path(spec.task_yaml).resolve()
+    config = yaml.safe_load(task_yaml.read_text())
+    given = {k: v for k, v in spec.secrets.items() if v}
+    inline = {k: v for k, v in (config.get("secrets") or {}).items() if v is not None}
+    config["secrets"] = {**inline, **{k: None for k in given}}
+    if not config["secrets"]:
+        config.pop("secrets")
+    workdir = config.get("workdir")
+    if workdir and not Path(workdir).is_absolute():  # rendered tasks say `workdir: .` = repo root
+        config["workdir"] = str((task_yaml.parent.parent / workdir).resolve())
+    envs = {**spec.envs, "LAUNCH_RUN_ID": spec.run.id}
+    return sky.Task.from_yaml_config(config, env_overrides=list(envs.items()),
+                                     secrets_overrides=list(given.items()))
+
+
+def _volume_infra(profile) -> str:
+    """`runpod/REGION/DATACENTER` for a new network volume: a datacenter of the catalog snapshot
+    that offers the profile's GPUs (in cluster.region if set), one with the S3 API first."""
+    c = profile.cluster
+    if c.volume.type == "k8s-pvc":
+        return "kubernetes"
+    with (CATALOG_DIR / "runpod" / "vms.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["AcceleratorName"] == c.accelerator_name
+                and float(r["AcceleratorCount"] or 0) == c.gpus_per_node
+                and (not c.region or r["Region"] == c.region)]
+    zones = list(dict.fromkeys((r["Region"], r["AvailabilityZone"]) for r in rows))
+    zones.sort(key=lambda rz: rz[1] not in S3_DATACENTERS)
+    if not zones:
+        where = f" in region {c.region}" if c.region else ""
+        raise BackendError(f"no RunPod datacenter in the catalog snapshot offers {c.accelerators}{where}: "
+                           "change cluster.accelerators or cluster.region")
+    region, zone = zones[0]
+    return f"runpod/{region}/{zone}"
+
+
+def _volume_record(sky, name: str):
+    records = sky.get(sky.volumes.ls(names=[name]))
+    return next((r for r in records or [] if _get(r, "name") == name), None)
+
+
+# ------------------------------------------------------------------------------------ backend
+
+
+class SkyPilotBackend(Backend):
+    name = "skypilot"
+
+    def __init__(self, out: Optional[TextIO] = None):
+        self.out = out  # where SkyPilot's provisioning log streams (None: the console)
+
+    # -- up
+
+    def up(self, spec: LaunchSpec) -> Run:
+        p, run = spec.profile, spec.run
+        if p.cluster.is_local:
+            raise BackendError(f"{p.name} runs on this machine: use `--backend local`")
+        if p.outputs.push_to_hub and not spec.secrets.get("HF_TOKEN"):
+            raise BackendError(f"outputs.push_to_hub ({p.outputs.push_to_hub}) needs HF_TOKEN: "
+                               "export HF_TOKEN=hf_... and run `launch up` again")
+        sky = _sky()
+        try:
+            self._check_clouds(sky, p)
+            volume = self._ensure_volume(sky, p) if p.cluster.volume else None
+        except BackendError:
+            raise
+        except Exception as e:  # noqa: BLE001 - SDK errors become one line
+            raise map_sky_error(e, p) from None
+        try:
+            task = build_task(spec)
+        except (ValueError, OSError) as e:  # schema errors of a hand-edited or stale render
+            raise BackendError(f"{spec.task_yaml}: {_first_line(e)}; re-render with `launch render "
+                               f"{p.name}`") from None
+        run_dir = str(layout.run_dir(p.runtime_volume(), run.id))
+        handle = {"kind": "managed_job" if p.cluster.use_spot else "cluster", "job_name": run.id,
+                  "run_dir": run_dir, "volume": volume, "push_to_hub": p.outputs.push_to_hub,
+                  "infra": p.cluster.infra_list,
+                  "bucket": p.cluster.bucket.model_dump() if p.cluster.bucket else None}
+        if p.cluster.use_spot:
+            job_id, reason = self._launch_managed(sky, task, run.id, p)
+        else:
+            run.cluster = cluster_name(run.id)
+            handle["cluster"] = run.cluster
+            job_id, reason = self._launch_cluster(sky, task, run.cluster, p)
+        handle["job_id"] = job_id
+        run.job_id = None if job_id is None else str(job_id)
+        run.handle = {**run.handle, **handle}
+        run.state, run.reason = "starting", reason
+        return run
+
+    def _check_clouds(self, sky, p) -> None:
+        enabled = {str(c).lower() for c in sky.get(sky.client.sdk.enabled_clouds()) or []}
+        enabled |= {"kubernetes"} if "k8s" in enabled else set()
+        wanted = [i.split("/")[0].lower() for i in p.cluster.infra_list]
+        wanted = ["kubernetes" if w == "k8s" else w for w in wanted]
+        if not any(w in enabled for w in wanted):
+            raise BackendError(credentials_message(wanted))
+
+    def _ensure_volume(self, sky, p) -> dict:
+        """Create the profile's network volume, or reuse it if SkyPilot knows it (`sky volumes apply`)."""
+        v = p.cluster.volume
+        record = _volume_record(sky, v.name)
+        if record is None:
+            volume = sky.volumes.Volume.from_yaml_config(
+                {"name": v.name, "type": v.type, "infra": _volume_infra(p), "size": f"{v.size_gb}GB"})
+            sky.stream_and_get(sky.volumes.apply(volume), output_stream=self.out)
+            region, zone = volume.region, volume.zone
+        else:
+            region, zone = _get(record, "region"), _get(record, "zone")
+            if p.cluster.region and region and p.cluster.region != region:
+                raise BackendError(f"volume {v.name} is in {region}/{zone} but cluster.region is "
+                                   f"{p.cluster.region}: drop cluster.region or use another volume name")
+        key_prefix = str(PurePosixPath(layout.run_dir(v.mount, "x")).parent.relative_to(v.mount))
+        return {"name": v.name, "type": v.type, "region": region, "zone": zone, "mount": v.mount,
+                "key_prefix": key_prefix, "created": record is None}
+
+    def _launch_cluster(self, sky, task, name: str, p) -> tuple[Optional[int], Optional[str]]:
+        request = None
+        try:
+            request = sky.launch(task, cluster_name=name, idle_minutes_to_autostop=p.cluster.autostop_minutes,
+                                 down=True)
+            job_id, _ = sky.stream_and_get(request, output_stream=self.out)
+        except KeyboardInterrupt:
+            return None, f"detached while launching; SkyPilot goes on (`launch down` stops cluster {name})"
+        except Exception as e:  # noqa: BLE001
+            err = map_sky_error(e, p)
+            if request is None or _nothing_launched(e):
+                raise err from None
+            # Autostop is armed only after setup: a failed setup would leave the cluster billing.
+            torn = self._down_quietly(sky, name)
+            raise BackendError(f"{err}; cluster {name} " + ("torn down, nothing bills" if torn else
+                               f"may still be up: `sky down {name}`")) from None
+        return job_id, None
+
+    def _launch_managed(self, sky, task, job_name: str, p) -> tuple[Optional[int], Optional[str]]:
+        try:
+            job_ids, _ = sky.stream_and_get(sky.jobs.launch(task, name=job_name), output_stream=self.out)
+        except KeyboardInterrupt:
+            return None, "detached while submitting; the jobs controller goes on (`launch down` cancels)"
+        except Exception as e:  # noqa: BLE001
+            raise map_sky_error(e, p) from None
+        if isinstance(job_ids, (list, tuple)):
+            return (job_ids[0] if job_ids else None), None
+        return job_ids, None
+
+    @staticmethod
+    def _down_quietly(sky, name: str) -> bool:
+        try:
+            sky.get(sky.down(name))
+            return True
+        except Exception as e:  # noqa: BLE001
+            from sky import exceptions as ex
+
+            return isinstance(e, ex.ClusterDoesNotExist)
+
+    # -- logs / status / down
+
+    def logs(self, run: Run, follow: bool, out: TextIO) -> int:
+        sky, h = _sky(), run.handle
+        try:
+            if h.get("kind") == "managed_job":
+                by = {"job_id": h["job_id"]} if h.get("job_id") is not None else {"name": h["job_name"]}
+                code = sky.jobs.tail_logs(**by, follow=follow, output_stream=out)
+            else:
+                code = sky.tail_logs(run.cluster, h.get("job_id"), follow, output_stream=out)
+        except Exception as e:  # noqa: BLE001
+            raise map_sky_error(e) from None
+        return int(code or 0)
+
+    def status(self, run: Run) -> RemoteStatus:
+        sky, h = _sky(), run.handle
+        try:
+            if h.get("kind") == "managed_job":
+                state, reason = self._managed_state(sky, h)
+            else:
+                state, reason = self._cluster_state(sky, run)
+        except Exception as e:  # noqa: BLE001 - never raises: the state says what is known
+            return RemoteStatus(state=run.state, reason=f"SkyPilot not reachable: {map_sky_error(e)}")
+        reported = self._reported(run, up=state in ("running", "completed", "failed"))
+        return merge_status(state, reason, reported, run.state)
+
+    def _cluster_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str]]:
+        records = sky.get(sky.status(cluster_names=[run.cluster]))
+        if not records:
+            return None, f"cluster {run.cluster} is gone (autostopped after the job, or torn down)"
+        cluster = _name(_get(records[0], "status"))
+        if cluster == "INIT":
+            return "starting", "provisioning or setting up"
+        if cluster == "STOPPED":
+            return "stopped", f"cluster {run.cluster} is stopped"
+        job_id = run.handle.get("job_id")
+        jobs = sky.get(sky.job_status(run.cluster, job_ids=None if job_id is None else [job_id])) or {}
+        job = _name(jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else
+                    next(iter(jobs.values()), None))
+        if job.startswith("FAILED"):
+            return "failed", f"job {job}: see `launch logs`"
+        return _JOB_STATES.get(job, "starting"), None
+
+    def _managed_state(self, sky, h: dict) -> tuple[Optional[str], Optional[str]]:
+        job_id = h.get("job_id")
+        result = sky.get(sky.jobs.queue(refresh=False, job_ids=None if job_id is None else [job_id],
+                                        version=2))
+        records = result[0] if isinstance(result, tuple) else result
+        match = [r for r in records or [] if (_get(r, "job_id") == job_id if job_id is not None
+                                             else _get(r, "job_name") == h["job_name"])]
+        if not match:
+            return None, "the jobs controller does not know this managed job any more"
+        rec = match[-1]
+        status, recoveries = _name(_get(rec, "status")), _get(rec, "recovery_count", 0)
+        if status.startswith("FAILED"):
+            why = _get(rec, "failure_reason") or "see `launch logs`"
+            return "failed", f"{status}: {why}"
+        reason = f"preempted; SkyPilot is recovering it (recovery {recoveries + 1})" \
+            if status == "RECOVERING" else (f"recovered {recoveries}x" if recoveries else None)
+        return _MANAGED_STATES.get(status, "starting"), reason
+
+    def _reported(self, run: Run, up: bool) -> Optional[dict]:
+        """The run's own status.json: over SSH while the cluster is up, else from the volume (S3)."""
+        h, rel = run.handle, layout.STATUS
+        text = None
+        if h.get("kind") == "cluster" and up:
+            text = _ssh(run.cluster, f"cat {_remote_expr(h['run_dir'] + '/' + rel)}", check=False)
+        elif _s3_ready(h):
+            try:
+                text = _S3Volume(h["volume"]).read(f"{h['volume']['key_prefix']}/{run.id}/{rel}")
+            except Exception:  # noqa: BLE001
+                text = None
+        try:
+            return json.loads(text) if text else None
+        except ValueError:
+            return None
+
+    def down(self, run: Run) -> None:
+        sky, h = _sky(), run.handle
+        try:
+            if h.get("kind") == "managed_job":
+                by = {"job_ids": [h["job_id"]]} if h.get("job_id") is not None else {"name": h["job_name"]}
+                sky.get(sky.jobs.cancel(**by))
+            else:
+                sky.get(sky.down(run.cluster))
+        except Exception as e:  # noqa: BLE001
+            from sky import exceptions as ex
+
+            if not isinstance(e, ex.ClusterDoesNotExist):
+                raise map_sky_error(e) from None
+
+    # -- fetch
+
+    def fetch(self, run: Run, dest: Path, paths: tuple[str, ...]) -> list[Path]:
+        h = run.handle
+        if h.get("kind") == "cluster" and self._cluster_up(run):
+            return rsync_fetch(run.cluster, h["run_dir"], Path(dest), paths)
+        if _s3_ready(h, explain=True):
+            prefix = f"{h['volume']['key_prefix']}/{run.id}"
+            return _S3Volume(h["volume"]).fetch(prefix, Path(dest), paths)
+        bucket, hub = h.get("bucket"), h.get("push_to_hub")
+        where = (f"bucket {bucket['name']} ({bucket['store']}; `sky storage ls`)" if bucket else
+                 f"volume {(h.get('volume') or {}).get('name')}" if h.get("volume") else "its disk, now gone")
+        hint = f"; the model was pushed to the hub: `huggingface-cli download {hub}`" if hub else ""
+        raise BackendError(f"run {run.id}: the cluster is gone and its files are on {where}{hint}")
+
+    def _cluster_up(self, run: Run) -> bool:
+        sky = _sky()
+        try:
+            records = sky.get(sky.status(cluster_names=[run.cluster]))
+        except Exception as e:  # noqa: BLE001
+            raise map_sky_error(e) from None
+        return bool(records) and _name(_get(records[0], "status")) in ("UP", "AUTOSTOPPING")
+
+
+def merge_status(state: Optional[str], reason: Optional[str], reported: Optional[dict],
+                 previous: str) -> RemoteStatus:
+    """SkyPilot's view (None: the machine is gone) merged with the run's own status.json."""
+    rs = reported or {}
+    said = rs.get("state") if rs.get("state") in STATES else None
+    if state is None:
+        if said and said not in ACTIVE_STATES:
+            state = said
+        else:
+            state = previous if previous not in ACTIVE_STATES else "stopped"
+    elif state in ("completed", "failed", "stopped") and said in ("completed", "failed", "budget_exhausted"):
+        state = said  # the run knows why it ended (budget, its own failure reason)
+    reason = rs.get("reason") if state == said and rs.get("reason") else reason
+    extra = {k: v for k, v in rs.items() if k not in _METRICS and k not in ("state", "reason")}
+    if "state" in rs:
+        extra["payload_state"] = rs["state"]
+    metrics = {k: rs[k] for k in _METRICS if isinstance(rs.get(k), (int, float))}
+    return RemoteStatus(state=state, reason=reason, extra=extra, **metrics)
+
+
+# ------------------------------------------------------------------------- files: ssh + rsync
+
+
+def _remote_expr(path: str) -> str:
+    """A remote path for a shell command, `~/` kept expandable."""
+    return '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+
+
+def _ssh_cmd(host: str) -> list[str]:
+    """ssh with the per-cluster config SkyPilot writes at launch (also Included from ~/.ssh/config,
+    which ssh reads from the passwd home, so name the file: it follows $HOME like SkyPilot does)."""
+    config = Path(os.path.expanduser(f"~/.sky/generated/ssh/{host}"))
+    return ["ssh", *(["-F", str(config)] if False else []), *SSH_OPTS]
+
+
+def _ssh(host: str, command: str, check: bool = True) -> Optional[str]:
+    """Run a command on a cluster's head node; None (check=False) when it cannot be reached."""
+    try:
+        done = subprocess.run([*_ssh_cmd(host), host, command], capture_output=True, text=True,
+                              timeout=SSH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        if check:
+            raise BackendError(f"ssh {host} timed out after {SSH_TIMEOUT_S} s") from None
+        return None
+    if done.returncode != 0:
+        if check:
+            last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+            raise BackendError(f"ssh {host} failed: {last}")
+        return None
+    return done.stdout
+
+
+def _remote_sizes(host: str, run_dir: str, paths: tuple[str, ...]) -> dict[str, int]:
+    """{run-dir-relative file: bytes} for every file under `paths` on the cluster."""
+    listing = _ssh(host, f"cd {_remote_expr(run_dir)} && find {' '.join(map(shlex.quote, paths))} "
+                         "-type f -printf '%s %p\\n' 2>/dev/null; true")
+    sizes = {}
+    for line in (listing or "").splitlines():
+        size, _, rel = line.partition(" ")
+        if size.isdigit() and rel:
+            sizes[rel] = int(size)
+    return sizes
+
+
+def rsync_fetch(host: str, run_dir: str, dest: Path, paths: tuple[str, ...]) -> list[Path]:
+    """rsync each path from the cluster's run dir into dest, then check every file's size."""
+    sizes = _remote_sizes(host, run_dir, paths)
+    remote_root = run_dir[2:] if run_dir.startswith("~/") else run_dir  # rsync: relative = $HOME
+    arrived = []
+    for rel in paths:
+        is_dir = any(k.startswith(rel.rstrip("/") + "/") for k in sizes)
+        if rel not in sizes and not is_dir:
+            continue  # never produced (e.g. no loss plot): nothing to bring
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        slash = "/" if is_dir else ""
+        cmd = ["rsync", "-az", "-e", shlex.join(_ssh_cmd(host)), f"{host}:{remote_root}/{rel}{slash}",
+               f"{target}{slash}"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=RSYNC_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"rsync of {rel} from {host} took more than {RSYNC_TIMEOUT_S} s") from None
+        if done.returncode != 0:
+            raise BackendError(f"rsync of {rel} from {host} failed: {done.stderr.strip()[-300:]}")
+        arrived.append(target)
+    _verify_sizes(dest, sizes)
+    return arrived
+
+
+def _verify_sizes(dest: Path, sizes: dict[str, int]) -> None:
+    for rel, size in sizes.items():
+        local = dest / rel
+        have = local.stat().st_size if local.exists() else None
+        if have != size:
+            raise BackendError(f"{rel}: {size} bytes on the machine but {have} here; fetch again")
+
+
+# ------------------------------------------------------------------------ files: RunPod S3 API
+
+
+def _s3_ready(h: dict, explain: bool = False) -> bool:
+    """Whether the run's volume is a RunPod network volume reachable through the S3 API."""
+    vol = h.get("volume") or {}
+    if vol.get("type") != "runpod-network-volume":
+        return False
+    missing = [k for k in ("RUNPOD_S3_ACCESS_KEY", "RUNPOD_S3_SECRET_KEY") if not os.environ.get(k)]
+    if missing and explain:
+        raise BackendError(f"the results are on RunPod volume {vol['name']}: set {' and '.join(missing)} "
+                           "(RunPod console > Settings > S3 API Keys) to fetch them without a GPU machine")
+    return not missing
+
+
+class _S3Volume:
+    """A RunPod network volume through its datacenter's S3-compatible endpoint (bucket = volume id)."""
+
+    def __init__(self, vol: dict):
+        try:
+            import boto3
+        except ImportError:
+            raise BackendError("fetching from a RunPod volume needs boto3: pip install boto3") from None
+        sky = _sky()
+        record = _volume_record(sky, vol["name"])
+        if record is None:
+            raise BackendError(f"SkyPilot no longer knows volume {vol['name']}: see `sky volumes ls`")
+        self.zone = _get(record, "zone") or vol.get("zone")
+        self.bucket = _runpod_volume_id(_get(record, "name_on_cloud"), self.zone)
+        self.client = boto3.client(
+            "s3", endpoint_url=f"https://s3api-{self.zone.lower()}.runpod.io", region_name=self.zone,
+            aws_access_key_id=os.environ["RUNPOD_S3_ACCESS_KEY"],
+            aws_secret_access_key=os.environ["RUNPOD_S3_SECRET_KEY"])
+
+    def objects(self, key: str) -> dict[str, int]:
+        """{key: size} for the object `key` or everything under `key/`. One level per request with
+        a delimiter: RunPod's flat listings paginate unreliably (their own example does the same)."""
+        found, prefixes = {}, [key]
+        while prefixes:
+            prefix, token = prefixes.pop(), None
+            while True:
+                args = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
+                page = self.client.list_objects_v2(**args, **({"ContinuationToken": token} if token else {}))
+                for obj in page.get("Contents", []):
+                    if obj["Key"] == key or obj["Key"].startswith(key.rstrip("/") + "/"):
+                        found[obj["Key"]] = obj["Size"]
+                prefixes += [cp["Prefix"] for cp in page.get("CommonPrefixes", [])
+                             if cp["Prefix"].startswith(key.rstrip("/") + "/")]
+                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+                if not token:
+                    break
+        return found
+
+    def read(self, key: str) -> str:
+        return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+
+    def fetch(self, prefix: str, dest: Path, paths: tuple[str, ...]) -> list[Path]:
+        arrived, sizes = [], {}
+        for rel in paths:
+            objects = self.objects(f"{prefix}/{rel}")
+            for key, size in objects.items():
+                local = dest / key[len(prefix) + 1:]
+                local.parent.mkdir(parents=True, exist_ok=True)
+                body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+                tmp = local.with_name(local.name + ".part")
+                with tmp.open("wb") as f:
+                    for chunk in iter(lambda: body.read(8 << 20), b""):
+                        f.write(chunk)
+                tmp.replace(local)
+                sizes[key[len(prefix) + 1:]] = size
+            if objects:
+                arrived.append(dest / rel)
+        _verify_sizes(dest, sizes)
+        return arrived
+
+
+def _runpod_volume_id(name_on_cloud: str, zone: str) -> str:
+    """RunPod's id of a network volume (its S3 bucket), via RunPod's REST API (SkyPilot's adaptor)."""
+    from sky.adaptors import runpod as runpod_api
+
+    try:
+        listed = runpod_api.rest_request("GET", "/networkvolumes")
+    except Exception as e:  # noqa: BLE001
+        raise BackendError(f"cannot list RunPod volumes ({_first_line(e)}): set RUNPOD_API_KEY") from None
+    vols = listed if isinstance(listed, list) else next(
+        (listed[k] for k in ("items", "data", "networkVolumes") if isinstance(listed, dict) and k in listed), [])
+    match = next((v for v in vols if v.get("name") == name_on_cloud and v.get("dataCenterId") == zone), None)
+    if match is None:
+        raise BackendError(f"RunPod has no volume {name_on_cloud} in {zone} any more")
+    return match["id"]

@@ -1,0 +1,131 @@
+"""Run lifecycle on the local backend: the rendered SkyPilot task runs here for real (CPU, gloo).
+
+`launch up` -> SIGKILL of the process group mid-training -> `status` says preempted -> `launch up
+--resume` -> the final adapter equals an uninterrupted run's. Also the multi-node script of
+qwen3-32b-4x4-a100 (tiny model and data swapped in) as 2 local nodes.
+"""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from launcher import registry
+from launcher.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+QUICK = ("--set", "train.max_steps=12", "--set", "train.checkpoints.save_steps=4",
+         "--set", "train.eval_steps=4", "--set", "outputs.merge=false", "--set", "outputs.export_mlx=false")
+
+
+def launch(*args):
+    r = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return r
+
+
+def wait_done(run_id, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r = launch("status", run_id, "--json")
+        d = json.loads(r.output)
+        if d["state"] not in ("starting", "running"):
+            return d
+        time.sleep(1)
+    raise AssertionError(f"{run_id} did not finish in {timeout}s")
+
+
+def run_dir(run_id):
+    run = registry.get(run_id)
+    return Path(run.handle["run_dir"])
+
+
+def adapter_tensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "outputs" / "adapter" / "adapter_model.safetensors"))
+
+
+def losses(path):
+    rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {(r["step"], k): r[k] for r in rows for k in ("loss", "eval_loss") if k in r}
+
+
+def started_id(result):
+    assert result.exit_code == 0, result.output
+    return result.output.split("started ")[1].split()[0] if "started " in result.output else \
+        result.output.split("resumed ")[1].split()[0]
+
+
+def test_kill_and_resume_matches_uninterrupted_run():
+    import torch
+
+    ref = started_id(launch("up", "local-demo", *QUICK))
+    # A second run of the same profile is refused while the first is active.
+    again = launch("up", "local-demo", *QUICK)
+    assert again.exit_code == 1 and f"already has an active run {ref}" in again.output and "--new" in again.output
+    d = wait_done(ref)
+    assert d["state"] == "completed" and d["step"] == 12
+    assert d["cost_usd"] > 0 and d["price_per_hour"] == pytest.approx(0.10)
+
+    killed = started_id(launch("up", "local-demo", *QUICK, "--new"))
+    rd = run_dir(killed)
+    deadline = time.time() + 180
+    while not any((c / "COMPLETE").exists() for c in (rd / "checkpoints").glob("checkpoint-*")):
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.2)
+    os.killpg(registry.get(killed).handle["pgid"], signal.SIGKILL)  # a spot machine dying
+    time.sleep(0.5)
+    d = json.loads(launch("status", killed, "--json").output)
+    assert d["state"] == "preempted"
+
+    resumed = launch("up", "local-demo", *QUICK, "--resume", killed)
+    assert resumed.exit_code == 0 and f"resumed {killed}" in resumed.output
+    d = wait_done(killed)
+    assert d["state"] == "completed"
+    data_log = (Path(registry.get(killed).handle["home"]) / "run.log").read_text()
+    assert "cached" in data_log.lower()  # data preparation was not redone
+
+    a, b = adapter_tensors(run_dir(ref)), adapter_tensors(rd)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    assert losses(run_dir(ref)) == losses(rd)
+
+    # down --fetch-artifacts brings a loadable adapter home, verified
+    out = launch("down", killed, "--fetch-artifacts", "--dest", str(rd.parent.parent / "artifacts"))
+    assert out.exit_code == 0, out.output
+    art = rd.parent.parent / "artifacts" / killed
+    assert (art / "adapter" / "adapter_model.safetensors").exists() and (art / "MANIFEST.json").exists()
+    cost = json.loads(launch("cost", "--json").output)
+    assert {r["id"] for r in cost["runs"]} == {ref, killed}
+    assert cost["total_usd"] == pytest.approx(sum(r["cost_usd"] for r in cost["runs"]))
+
+
+def test_multi_node_task_runs_as_two_local_nodes(tmp_path):
+    csv_path = tmp_path / "qa.csv"
+    rows = ["prompt,question,response"] + [
+        f"You are terse.,What is {i} plus {i}?,{i} plus {i} is {2 * i}." for i in range(60)]
+    csv_path.write_text("\n".join(rows) + "\n")
+    sets = ["--set", "model={name_or_path: tiny-qwen3, kind: causal_lm, attn_implementation: [sdpa, eager], "
+                     "tiny: {arch: qwen3, hidden_size: 64, num_layers: 2, vocab_size: 1024}}",
+            "--set", f"data.sources=[{{name: qa, path: {csv_path}, format: prompt_response, "
+                     "split: {train: 0.9, val: 0.1}}]",
+            "--set", "train.deepspeed=null", "--set", "train.max_seq_length=128",
+            "--set", "train.max_steps=4", "--set", "train.epochs=1", "--set", "train.effective_batch_size=null",
+            "--set", "train.gradient_accumulation_steps=1", "--set", "train.eval_steps=2",
+            "--set", "train.checkpoints.save_steps=2", "--set", "train.gradient_checkpointing=false"]
+    r = launch("up", "qwen3-32b-4x4-a100", "--backend", "local", "--nodes", "2", *sets)
+    rid = started_id(r)
+    d = wait_done(rid, timeout=300)
+    home = Path(registry.get(rid).handle["home"])
+    assert d["state"] == "completed", (home / "run.log").read_text()[-3000:]
+    assert (home / "node1.log").exists()
+    summary = json.loads((run_dir(rid) / "outputs" / "training_summary.json").read_text())
+    assert summary["state"] == "completed" and summary["method"] == "full"
+    # Node 1 ran the same script and joined the job (the driver records the first non-zero exit).
+    assert "launch: run on node 1" in (home / "node1.log").read_text()
+    assert (home / "exit_code").read_text().strip() == "0"
