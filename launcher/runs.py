@@ -286,7 +286,7 @@ def status(run_id, all_, as_json):
     Example: launch status --json
     """
     from . import registry
-    from .ui import console, status_table
+    from .ui import console, err_console, status_table
 
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
     rows = []
@@ -297,7 +297,7 @@ def status(run_id, all_, as_json):
             backend_for(run).down(run)
             run = registry.update(run.id, state="budget_exhausted", ended_at=time.time(),
                                   reason=f"spend ${row['cost_usd']:.2f} reached the ${run.budget_usd:g} budget")
-            console().print(f"[red]✗[/] {run.id}: spend reached the budget; torn down "
+            err_console().print(f"[red]✗[/] {run.id}: spend reached the budget; torn down "
                             f"(resume with a higher budget.max_usd and `launch up {run.profile} --resume`)")
             row = _row(run)
         rows.append(row)

@@ -118,3 +118,44 @@ def test_help_is_fast_and_imports_nothing_heavy():
             "print(sorted(m for m in ('sky', 'torch', 'transformers', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_up_local_without_training_extras_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    r = invoke("up", "local-demo")
+    assert r.exit_code == 1
+    assert "✗ the local backend trains on this machine and needs peft: run `make install`" in r.output
+
+
+def test_up_on_a_full_disk_is_one_line(monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 * 2**30, 10 * 2**30 - 2**20, 2**20))
+    r = invoke("up", "local-demo")
+    assert r.exit_code == 1 and "only 1 MB free under" in r.output and "Traceback" not in r.output
+    assert registry.all_runs() == []
+
+
+def test_status_tears_down_a_run_past_its_budget():
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        registry.save(registry.Run(id="pricey", profile="local-demo", backend="local",
+                                   started_at=time.time() - 3600, price_per_hour=2.0, budget_usd=1.0,
+                                   state="running", handle={"pid": proc.pid, "pgid": proc.pid}))
+        r = invoke("status", "pricey", "--json")
+        assert "spend reached the budget; torn down" in r.output
+        proc.wait(timeout=20)  # the process group was stopped
+        run = registry.get("pricey")
+        assert run.state == "budget_exhausted" and "reached the $1 budget" in run.reason
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
