@@ -97,6 +97,9 @@ class DataConfig(Strict):
     """Fail on the first invalid record instead of skipping and counting it."""
     report_first: int = Field(default=20, ge=0)
     """How many dropped records (with reason and file:line) `data_stats.json` lists per source."""
+    max_record_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    """Longest accepted line (JSONL/CSV) or JSON-array element in bytes; longer ones are skipped
+    and reported as invalid without being held in memory."""
 
     @model_validator(mode="after")
     def _refs(self):

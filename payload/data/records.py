@@ -1,0 +1,311 @@
+"""Raw record (a dict from any reader) -> canonical chat messages, validating as it goes.
+
+Every problem raises `RecordError` whose text is one line saying what is wrong and where inside the
+record (`messages[2].role ...`); the pipeline prefixes it with `file:line`. Three raw shapes are
+understood:
+
+- chat `messages` (runbook 000; ShareGPT `conversations` with `from`/`value` is accepted too),
+- alpaca `instruction` / `input` / `output` (runbook 001; an optional `system` column is kept),
+- `prompt` / `question` / `response` (runbook 004 CSV; `prompt` becomes the system turn).
+
+Vision-language content parts `{"type": "image", "image": ...}` reference a local file (relative to
+the source's `image_root` or the data file's directory) or carry a dataset image object (PIL image,
+raw bytes, or `{"bytes": ..., "path": ...}` as Parquet/HF store it), which is saved once under
+`data/images/<hash>.<ext>`. A part `{"type": "image"}` without a reference takes the next entry of
+the record's `images` column (the Hugging Face convention). Image paths in the output are absolute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+ROLE_ALIASES = {
+    "system": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+}
+
+# Columns (after `columns:` renames) each format needs; `auto` accepts any of these sets.
+REQUIRED_COLUMNS = {
+    "messages": ({"messages"}, {"conversations"}),
+    "alpaca": ({"instruction", "output"},),
+    "prompt_response": ({"question", "response"},),
+}
+
+
+class RecordError(Exception):
+    """One record cannot be used. `kind` is the short category counted in the stats."""
+
+    invalid = True  # counts against data.max_invalid_fraction
+
+    def __init__(self, kind: str, detail: str = ""):
+        self.kind = kind
+        self.detail = detail
+        super().__init__(f"{kind} ({detail})" if detail else kind)
+
+
+class Dropped(RecordError):
+    """A well-formed record removed by a filter (empty after transforms, too many tokens)."""
+
+    invalid = False
+
+
+@dataclass
+class ImageContext:
+    """Where a source's relative image paths resolve and where embedded images are written."""
+
+    base: Path
+    save_dir: Path
+
+
+def _tname(v: Any) -> str:
+    if v is None:
+        return "null"
+    return {str: "a string", int: "a number", float: "a number", bool: "a boolean", list: "a list",
+            dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def detect_format(obj: dict) -> str:
+    """Pick the record shape from its keys (format `auto`)."""
+    if "messages" in obj or "conversations" in obj:
+        return "messages"
+    if "instruction" in obj:
+        return "alpaca"
+    if "question" in obj:
+        return "prompt_response"
+    keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
+    raise RecordError(
+        "missing key",
+        f"expected 'messages', 'instruction'/'output' or 'question'/'response'; found keys: {keys}",
+    )
+
+
+def canonicalize(obj: Any, fmt: str, images: ImageContext) -> list[dict]:
+    """Validate one raw record and return its messages `[{role, content}, ...]` (not yet transformed)."""
+    if not isinstance(obj, dict):
+        raise RecordError("wrong type", f"record is {_tname(obj)}, expected an object")
+    if fmt == "auto":
+        fmt = detect_format(obj)
+    if fmt == "messages":
+        msgs = from_messages(obj, images)
+    elif fmt == "alpaca":
+        msgs = from_alpaca(obj)
+    else:
+        msgs = from_prompt_response(obj)
+    for m in msgs:
+        if m["role"] == "assistant":
+            c = m["content"]
+            if (c and not c.isspace()) if type(c) is str else not is_empty(c):
+                return msgs
+    raise RecordError("no assistant turn", "a training record needs a non-empty assistant reply")
+
+
+def _text(obj: dict, key: str, fmt: str, required: bool) -> str:
+    if key not in obj or obj[key] is None:
+        if required:
+            raise RecordError("missing key", f"no '{key}'; {fmt} records need {_need(fmt)}")
+        return ""
+    v = obj[key]
+    if not isinstance(v, str):
+        raise RecordError("wrong type", f"'{key}' is {_tname(v)}, expected a string")
+    return v
+
+
+def _need(fmt: str) -> str:
+    return {"alpaca": "'instruction' and 'output'", "prompt_response": "'question' and 'response'"}[fmt]
+
+
+def from_alpaca(obj: dict) -> list[dict]:
+    instruction = _text(obj, "instruction", "alpaca", True)
+    output = _text(obj, "output", "alpaca", True)
+    extra = _text(obj, "input", "alpaca", False)
+    system = _text(obj, "system", "alpaca", False)
+    user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": output},
+    ]
+
+
+def from_prompt_response(obj: dict) -> list[dict]:
+    system = _text(obj, "prompt", "prompt_response", False)
+    question = _text(obj, "question", "prompt_response", True)
+    response = _text(obj, "response", "prompt_response", True)
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": response},
+    ]
+
+
+def from_messages(obj: dict, images: ImageContext) -> list[dict]:
+    key = "messages" if "messages" in obj else "conversations"
+    msgs = obj.get(key)
+    if msgs is None:
+        raise RecordError("missing key", f"no '{key}' list")
+    if isinstance(msgs, str):  # CSV / Parquet cells holding the list as JSON text
+        try:
+            msgs = json.loads(msgs)
+        except ValueError:
+            raise RecordError("wrong type", f"'{key}' is a string that is not a JSON list") from None
+    if not isinstance(msgs, list):
+        raise RecordError("wrong type", f"'{key}' is {_tname(msgs)}, expected a list of turns")
+    pool, out, aliases = None, [], ROLE_ALIASES
+    for i, m in enumerate(msgs):
+        if type(m) is dict:  # fast path: a plain text turn with a canonical role
+            role, content = m.get("role"), m.get("content")
+            role = aliases.get(role) if type(role) is str else None
+            if role is not None and type(content) is str:
+                out.append({"role": role, "content": content})
+                continue
+        where = f"{key}[{i}]"
+        if not isinstance(m, dict):
+            raise RecordError("wrong type", f"{where} is {_tname(m)}, expected an object")
+        if pool is None:
+            pool = _image_pool(obj)
+        out.append({"role": _role(m, where), "content": _content(m, where, images, pool)})
+    return out
+
+
+def _role(m: dict, where: str) -> str:
+    raw = m.get("role", m.get("from"))
+    if raw is None:
+        raise RecordError("missing key", f"{where} has no 'role'")
+    if not isinstance(raw, str):
+        raise RecordError("wrong type", f"{where}.role is {_tname(raw)}, expected a string")
+    role = ROLE_ALIASES.get(raw) or ROLE_ALIASES.get(raw.strip().lower())
+    if role is None:
+        raise RecordError(
+            "unknown role",
+            f"{where}.role {raw[:40]!r}; expected system, user or assistant (or human, gpt, model, bot)",
+        )
+    return role
+
+
+def _content(m: dict, where: str, images: ImageContext, pool: Iterator) -> Any:
+    if "content" in m:
+        c = m["content"]
+    elif "value" in m:
+        c = m["value"]
+    else:
+        raise RecordError("missing key", f"{where} has no 'content'")
+    if isinstance(c, str):
+        return c
+    if c is None:
+        return ""
+    if isinstance(c, list):
+        return _parts(c, f"{where}.content", images, pool)
+    raise RecordError("wrong type", f"{where}.content is {_tname(c)}, expected a string or a list of parts")
+
+
+def _parts(parts: list, where: str, images: ImageContext, pool: Iterator) -> Any:
+    out, has_image = [], False
+    for j, p in enumerate(parts):
+        pw = f"{where}[{j}]"
+        if isinstance(p, str):
+            p = {"type": "text", "text": p}
+        if not isinstance(p, dict):
+            raise RecordError("wrong type", f"{pw} is {_tname(p)}, expected an object")
+        kind = p.get("type")
+        if kind == "text":
+            text = p.get("text")
+            if not isinstance(text, str):
+                raise RecordError("wrong type", f"{pw}.text is {_tname(text)}, expected a string")
+            if text:
+                out.append({"type": "text", "text": text})
+        elif kind == "image":
+            ref = p.get("image", p.get("path"))
+            if ref is None:
+                ref = next(pool, None)
+                if ref is None:
+                    raise RecordError("missing key", f"{pw} has no 'image' and the record has no images left")
+            out.append({"type": "image", "image": resolve_image(ref, pw, images)})
+            has_image = True
+        else:
+            raise RecordError("wrong type", f"{pw} has type {str(kind)[:30]!r}; supported: text, image")
+    if not has_image:  # text-only lists become a plain string (what chat templates do with them anyway)
+        return "".join(p["text"] for p in out)
+    return out
+
+
+def _image_pool(obj: dict) -> Iterator:
+    col = obj.get("images", obj.get("image"))
+    if col is None:
+        return iter(())
+    return iter(col if isinstance(col, list) else [col])
+
+
+def is_empty(content: Any) -> bool:
+    if type(content) is str:
+        return not content or content.isspace()
+    return not any(p["type"] == "image" or p["text"].strip() for p in content)
+
+
+# ------------------------------------------------------------------------------------------ images
+
+
+def resolve_image(ref: Any, where: str, images: ImageContext) -> str:
+    """A path (checked to exist) or an embedded image (saved) -> absolute path string."""
+    if isinstance(ref, str):
+        if ref.startswith(("http://", "https://")):
+            raise RecordError("bad image", f"{where}: remote URL {ref[:80]!r}; download images and use local paths")
+        path = Path(ref)
+        if not path.is_absolute():
+            path = images.base / path
+        if not path.is_file():
+            raise RecordError("image not found", f"{where}: {path}")
+        return os.path.abspath(path)
+    if isinstance(ref, dict):
+        if ref.get("bytes"):
+            return _save_bytes(bytes(ref["bytes"]), where, images)
+        if ref.get("path"):
+            return resolve_image(ref["path"], where, images)
+        raise RecordError("bad image", f"{where}: image object has neither 'bytes' nor 'path'")
+    if isinstance(ref, (bytes, bytearray)):
+        return _save_bytes(bytes(ref), where, images)
+    if hasattr(ref, "save") and hasattr(ref, "mode"):  # a PIL image (HF `Image` feature, decoded)
+        buf = io.BytesIO()
+        ref.save(buf, format="PNG")
+        return _store(buf.getvalue(), "png", images)
+    raise RecordError("wrong type", f"{where}.image is {_tname(ref)}, expected a path or an image")
+
+
+def _save_bytes(data: bytes, where: str, images: ImageContext) -> str:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = (img.format or "png").lower()
+            img.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise RecordError("bad image", f"{where}: embedded bytes are not a readable image ({e})") from None
+    return _store(data, {"jpeg": "jpg"}.get(fmt, fmt), images)
+
+
+def _store(data: bytes, ext: str, images: ImageContext) -> str:
+    name = hashlib.blake2b(data, digest_size=16).hexdigest()
+    path = images.save_dir / f"{name}.{ext}"
+    if not path.is_file():
+        images.save_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    return os.path.abspath(path)
+
+
+def first_required(fmt: str) -> Optional[tuple]:
+    """The column sets a format needs (for file-level header checks)."""
+    if fmt == "auto":
+        return tuple(s for sets in REQUIRED_COLUMNS.values() for s in sets)
+    return REQUIRED_COLUMNS[fmt]

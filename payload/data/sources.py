@@ -1,0 +1,399 @@
+"""Readers: one source (local file or Hugging Face dataset id) -> a stream of (location, raw record).
+
+A reader never raises for a bad record: it yields a `RecordError` in place of the record, with the
+location (line number, or `row N`) it came from, so the pipeline can report `file:line: what`.
+Problems that make the whole source unusable (missing file, empty file, CSV/Parquet without the
+needed columns, unknown extension, unreachable dataset) raise `PayloadError` with the fix.
+
+Files are read as bytes and decoded line by line, so a non-UTF-8 line is reported with its number;
+lines are read with a cap (`data.max_record_bytes`) so an over-long line is skipped in chunks
+without ever holding more than the cap in memory. Everything streams: memory does not grow with the
+file (a JSON array is parsed element by element).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from payload.config import SourceConfig
+from payload.errors import PayloadError
+
+from .records import ImageContext, RecordError, first_required
+
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+_SKIP_CHUNK = 1 << 20
+
+
+@dataclass
+class Source:
+    """An opened (checked) source. `label` prefixes locations in messages: `label:line`."""
+
+    cfg: SourceConfig
+    index: int
+    label: str
+    kind: str  # jsonl | json | csv | parquet | hf
+    path: Optional[Path]
+    images: ImageContext
+    max_bytes: int
+
+    @property
+    def key(self) -> str:
+        return f"data.sources[{self.index}]"
+
+    def records(self) -> Iterator[tuple[Any, Any]]:
+        """(location, dict | RecordError) pairs, after `columns:` renames and `max_records`."""
+        reader = {"jsonl": _iter_jsonl, "json": _iter_json, "csv": _iter_csv, "parquet": _iter_parquet,
+                  "hf": _iter_hf}[self.kind]
+        renames, limit, n = self.cfg.columns, self.cfg.max_records, 0
+        for loc, rec in reader(self):
+            if renames and isinstance(rec, dict):
+                rec = {renames.get(k, k): v for k, v in rec.items()}
+            yield loc, rec
+            n += 1
+            if limit and n >= limit:
+                return
+
+    def fingerprint(self) -> dict:
+        """What identifies the input for the cache marker."""
+        if self.path is None:
+            return {"hf": self.cfg.hf_dataset, "config": self.cfg.hf_config, "split": self.cfg.hf_split}
+        st = self.path.stat()
+        return {"path": str(self.path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def open_source(cfg: SourceConfig, index: int, base: Path, out_dir: Path, max_bytes: int) -> Source:
+    """Check a source before any record is read; raise PayloadError naming the file and the fix."""
+    save_dir = out_dir / "images"
+    key = f"data.sources[{index}]"
+    if cfg.hf_dataset:
+        root = _under(base, cfg.image_root) if cfg.image_root else base
+        label = f"{cfg.hf_dataset}[{cfg.hf_split}]"
+        return Source(cfg, index, label, "hf", None, ImageContext(root, save_dir), max_bytes)
+    path = _under(base, cfg.path)
+    if not path.exists():
+        raise PayloadError(f"{cfg.name}: data file {cfg.path} not found (looked for {path}); "
+                           f"fix {key}.path or put the file there")
+    if not path.is_file():
+        raise PayloadError(f"{cfg.name}: {cfg.path} is not a file; point {key}.path at a data file")
+    kind = EXTENSIONS.get(path.suffix.lower())
+    if kind is None:
+        raise PayloadError(f"{cfg.name}: {cfg.path}: unknown file type {path.suffix!r}; "
+                           f"use one of {', '.join(EXTENSIONS)} (or convert the file)")
+    if path.stat().st_size == 0:
+        raise PayloadError(f"{cfg.name}: {cfg.path} is empty (0 bytes); "
+                           f"point {key}.path at the real file or remove the source")
+    root = _under(base, cfg.image_root) if cfg.image_root else path.parent
+    src = Source(cfg, index, cfg.path, kind, path, ImageContext(root, save_dir), max_bytes)
+    if kind == "csv":
+        _check_columns(src, _csv_header(src), "CSV header")
+    elif kind == "parquet":
+        _check_columns(src, _parquet_columns(src), "Parquet columns")
+    return src
+
+
+def _under(base: Path, p: str) -> Path:
+    path = Path(p).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _check_columns(src: Source, columns: list[str], what: str) -> None:
+    have = {src.cfg.columns.get(c, c) for c in columns}
+    sets = first_required(src.cfg.format)
+    if any(need <= have for need in sets):
+        return
+    head = f"{src.cfg.name}: {src.label}: {what} has [{', '.join(columns)}]"
+    if src.cfg.format == "auto":
+        options = ", ".join(f"[{', '.join(sorted(need))}]" for need in sets)
+        raise PayloadError(f"{head}, none of the column sets {options}; rename the columns in the file, map "
+                           f"them with {src.key}.columns, or set {src.key}.format")
+    missing = sorted(sets[0] - have)
+    raise PayloadError(
+        f"{head}, missing [{', '.join(missing)}] for format {src.cfg.format}; rename the columns in the file "
+        f"or map them with {src.key}.columns (e.g. {{your_column: {missing[0]}}})"
+    )
+
+
+# ------------------------------------------------------------------------------------ line reading
+
+
+def _lines(fh, cap: int) -> Iterator[tuple[int, Any]]:
+    """(line number, str | RecordError) for every physical line, decoded one by one."""
+    n = 0
+    while True:
+        raw = fh.readline(cap + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > cap and not raw.endswith(b"\n"):
+            size = len(raw)
+            del raw
+            while True:
+                chunk = fh.readline(_SKIP_CHUNK)
+                size += len(chunk)
+                if not chunk or chunk.endswith(b"\n"):
+                    break
+            yield n, RecordError("line too long", f"{size} bytes > data.max_record_bytes {cap}")
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield n, RecordError("not UTF-8", f"byte 0x{raw[e.start]:02x} at column {e.start + 1}")
+            continue
+        if n == 1 and text.startswith("\ufeff"):
+            text = text[1:]
+        yield n, text
+
+
+def _iter_jsonl(src: Source) -> Iterator[tuple[Any, Any]]:
+    loads = json.loads
+    with open(src.path, "rb") as fh:
+        for n, text in _lines(fh, src.max_bytes):
+            if isinstance(text, RecordError):
+                yield n, text
+                continue
+            if not text.strip():
+                continue  # a blank line is not a record
+            try:
+                yield n, loads(text)
+            except ValueError as e:
+                yield n, _json_error(e, text)
+            except RecursionError:
+                yield n, RecordError("invalid JSON", "nested too deeply")
+
+
+def _json_error(e: ValueError, text: str) -> RecordError:
+    """One-line reason; the line is re-parsed without its newline so positions and messages are exact."""
+    if not isinstance(e, json.JSONDecodeError):
+        return RecordError("invalid JSON", str(e)[:120])
+    text = text.rstrip("\r\n")
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exact:
+        e = exact
+    except ValueError:
+        pass
+    detail = f"{e.msg.removesuffix(' at')} at column {e.pos + 1}"
+    if e.msg.startswith("Unterminated string") or e.pos >= len(text.rstrip()):
+        detail += "; the line looks truncated"
+    return RecordError("invalid JSON", detail)
+
+
+# ------------------------------------------------------------------------------------- JSON array
+
+
+def _iter_json(src: Source) -> Iterator[tuple[Any, Any]]:
+    """A `.json` file: a top-level array read element by element; anything else is read as JSONL."""
+    with open(src.path, "rb") as fh:
+        head = fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not head.startswith(b"["):
+        yield from _iter_jsonl(src)
+        return
+    yield from _JsonArray(src).elements()
+
+
+class _JsonArray:
+    """Incremental parser for `[ {...}, {...} ]` that keeps only the current element in memory."""
+
+    def __init__(self, src: Source):
+        self.src, self.buf, self.pos, self.line, self.eof = src, "", 0, 1, False
+        self.decoder = json.JSONDecoder()
+
+    def elements(self) -> Iterator[tuple[int, Any]]:
+        with open(self.src.path, "rb") as fh:
+            import codecs
+
+            self.fh, self.utf8 = fh, codecs.getincrementaldecoder("utf-8")()
+            self._more(1 << 16)
+            self.pos = self.buf.index("[") + 1
+            while True:
+                ch = self._next_char()
+                if ch == "]":
+                    return
+                if ch == ",":
+                    self.pos += 1
+                    self._next_char()
+                start_line = self._line_at(self.pos)
+                yield start_line, self._element(start_line)
+
+    def _next_char(self) -> str:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if self.eof:
+                self._fail(self._line_at(self.pos), "file ends before the closing ']'")
+            self._more(1 << 16)
+
+    def _element(self, line: int) -> Any:
+        want, error = 1 << 16, None
+        while True:
+            try:
+                obj, end = self.decoder.raw_decode(self.buf, self.pos)
+                if end < len(self.buf) or self.eof:
+                    self.pos = end
+                    return obj
+            except json.JSONDecodeError as e:
+                error = (self.line + e.lineno - 1, f"invalid JSON ({e.msg})")
+                if self.eof:
+                    self._fail(*error)
+            except RecursionError:
+                self._fail(line, "invalid JSON (nested too deeply)")
+            if len(self.buf) - self.pos > self.src.max_bytes:
+                big = f"element larger than data.max_record_bytes {self.src.max_bytes}"
+                self._fail(error[0], f"{error[1]}, or {big}") if error else self._fail(line, big)
+            self._more(want)
+            want *= 2
+
+    def _more(self, size: int) -> None:
+        if self.pos > 0:  # drop what is consumed, keeping the line count right
+            self.line += self.buf.count("\n", 0, self.pos)
+            self.buf, self.pos = self.buf[self.pos:], 0
+        chunk = self.fh.read(size)
+        try:
+            self.buf += self.utf8.decode(chunk, final=not chunk)
+        except UnicodeDecodeError:
+            self._fail(self.line + self.buf.count("\n"), "not UTF-8")
+        self.eof = not chunk
+
+    def _line_at(self, pos: int) -> int:
+        return self.line + self.buf.count("\n", 0, pos)
+
+    def _fail(self, line: int, what: str) -> None:
+        raise PayloadError(
+            f"{self.src.cfg.name}: {self.src.label}:{line}: {what}; a JSON array cannot be read past this "
+            "point: fix the file (or convert it to JSONL, one record per line, so bad lines are skipped)"
+        )
+
+
+# -------------------------------------------------------------------------------------------- CSV
+
+
+def _csv_header(src: Source) -> list[str]:
+    with open(src.path, "rb") as fh:
+        for _n, text in _lines(fh, src.max_bytes):
+            if isinstance(text, RecordError):
+                raise PayloadError(f"{src.cfg.name}: {src.label}:1: CSV header: {text}; fix the file")
+            if text.strip():
+                return [c.strip() for c in next(csv.reader([text]))]
+    raise PayloadError(f"{src.cfg.name}: {src.label} has no CSV header (only blank lines); fix the file")
+
+
+def _iter_csv(src: Source) -> Iterator[tuple[Any, Any]]:
+    csv.field_size_limit(max(csv.field_size_limit(), src.max_bytes))
+    bad: dict[int, RecordError] = {}
+
+    def physical(fh):
+        for n, text in _lines(fh, src.max_bytes):
+            if isinstance(text, RecordError):
+                bad[n] = text
+                text = "\n"
+            yield text
+
+    with open(src.path, "rb") as fh:
+        reader = csv.reader(physical(fh))
+        header = []
+        while not header:
+            header = [c.strip() for c in next(reader)]
+        end = reader.line_num
+        while True:
+            start = end + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                end = reader.line_num
+                yield start, RecordError("invalid CSV", str(e))
+                continue
+            end = reader.line_num
+            if bad:
+                problem = _pop_bad(bad, start, end)
+                if problem is not None:
+                    yield start, problem
+                    continue
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) != len(header):
+                yield start, RecordError("wrong number of fields", f"{len(row)} fields, header has {len(header)}")
+                continue
+            yield start, dict(zip(header, row))
+
+
+def _pop_bad(bad: dict, start: int, end: int) -> Optional[RecordError]:
+    found = None
+    for n in sorted(k for k in bad if k <= end):
+        err = bad.pop(n)
+        if found is None and n >= start:
+            found = err
+    return found
+
+
+# ---------------------------------------------------------------------------------------- Parquet
+
+
+def _parquet_columns(src: Source) -> list[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.ParquetFile(src.path).schema_arrow.names)
+    except Exception as e:  # pyarrow raises several types for damaged files
+        raise PayloadError(f"{src.cfg.name}: {src.label} is not a readable Parquet file ({_one_line(e)}); "
+                           "fix or re-export the file") from None
+
+
+def _iter_parquet(src: Source) -> Iterator[tuple[Any, Any]]:
+    import pyarrow.parquet as pq
+
+    n = 0
+    try:
+        for batch in pq.ParquetFile(src.path).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                n += 1
+                yield f"row {n}", row
+    except OSError as e:
+        raise PayloadError(f"{src.cfg.name}: {src.label}: reading failed after row {n} ({_one_line(e)}); "
+                           "fix or re-export the file") from None
+
+
+# ----------------------------------------------------------------------------------- Hugging Face
+
+
+def _iter_hf(src: Source) -> Iterator[tuple[Any, Any]]:
+    """Stream rows of `hf_dataset` (a hub id, or a local dataset directory) with `datasets`."""
+    c = src.cfg
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(c.hf_dataset, name=c.hf_config, split=c.hf_split, streaming=True)
+    except Exception as e:  # network edge: anything `datasets` raises becomes one line with the fix
+        raise PayloadError(
+            f"{c.name}: cannot load Hugging Face dataset {c.hf_dataset!r} (config {c.hf_config}, split "
+            f"{c.hf_split}): {_one_line(e)}; check {src.key}.hf_dataset/hf_config/hf_split, HF_TOKEN for "
+            "private datasets, and network access"
+        ) from None
+    yield from iter_rows(ds, src)
+
+
+def iter_rows(rows, src: Source) -> Iterator[tuple[str, Any]]:
+    """Number the rows of any iterable of dicts (a streaming dataset) as `row N` locations."""
+    it, n = iter(rows), 0
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except Exception as e:  # network edge, as above
+            raise PayloadError(f"{src.cfg.name}: reading {src.label} failed after row {n}: {_one_line(e)}; "
+                               "retry, or check network access and HF_TOKEN") from None
+        n += 1
+        yield f"row {n}", row
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
