@@ -127,17 +127,23 @@ def plan_profile(p: Profile) -> Plan:
     """Run SkyPilot's optimizer (offline catalog) for the profile and its spot/on-demand twin."""
     if p.cluster.is_local:
         return make_plan(p, _LocalChoice(p), None, "profile (notional local price)")
-    from .catalog import PlanError, optimize
+    from .catalog import SNAPSHOT_DATE, Choice, PlanError, optimize
 
-    choice = optimize(p)
+    try:
+        choice, source = optimize(p), f"catalog snapshot {SNAPSHOT_DATE}"
+    except PlanError:
+        if p.budget.price_per_hour is None:
+            raise
+        # The catalog does not know this instance: the profile's price is the fallback.
+        choice = Choice(cloud=",".join(p.cluster.infra_list), instance_type="(not in the catalog snapshot)",
+                        region=p.cluster.region, accelerators=p.cluster.accelerators or "CPU",
+                        num_nodes=p.cluster.num_nodes, use_spot=p.cluster.use_spot,
+                        node_price_per_hour=p.budget.price_per_hour / p.cluster.num_nodes)
+        source = "profile budget.price_per_hour (fallback)"
     try:
         alternative = optimize(p, use_spot=not p.cluster.use_spot)
     except PlanError:
         alternative = None
-    source = "catalog snapshot 2026-11-21"
-    if p.budget.price_per_hour is not None:
-        choice.node_price_per_hour = p.budget.price_per_hour / p.cluster.num_nodes
-        source = "profile budget.price_per_hour"
     return make_plan(p, choice, alternative, source)
 
 

@@ -113,7 +113,8 @@ class BudgetConfig(Strict):
     max_usd: float = Field(gt=0)
     """Hard cap for the run in dollars: the payload checkpoints and stops there, `launch` tears down."""
     price_per_hour: Optional[float] = Field(default=None, ge=0)
-    """$/hour for the whole cluster. Unset: RunPod API (RUNPOD_API_KEY), else the catalog snapshot."""
+    """$/hour for the whole cluster, the fallback: the price comes from RunPod's API (RUNPOD_API_KEY),
+    else SkyPilot's catalog, else this. For `infra: local` it is the notional price of this machine."""
     warn_fraction: float = Field(default=0.9, gt=0, le=1)
 
 

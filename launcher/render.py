@@ -111,8 +111,9 @@ def task_dict(p: Profile, price_per_hour: float) -> dict:
         "FLASH_ATTN_WHEEL": FLASH_ATTN_WHEEL,
     }
     if not c.use_spot:
-        # Managed (spot) jobs use SKYPILOT_TASK_ID, stable across recoveries; clusters use this id,
-        # which `launch up` replaces with a fresh run id.
+        # For a plain `sky launch` of a cluster: a stable run dir, so a relaunch resumes. `launch up`
+        # always sets LAUNCH_RUN_ID to its run id; a plain `sky jobs launch` of a spot task falls back
+        # to SKYPILOT_TASK_ID, which is stable across managed-job recoveries.
         envs["LAUNCH_RUN_ID"] = p.name
     if c.accelerator_name and "SXM" in c.accelerator_name and c.gpus_per_node > 1:
         envs["NCCL_P2P_LEVEL"] = "NVL"  # NVLink between SXM GPUs (runbook 000)
@@ -167,12 +168,18 @@ def render_profile(name: str, price_per_hour: Optional[float] = None) -> dict[Pa
 
 
 def plan_price(p: Profile) -> float:
-    """$/h used in the rendered envs: the profile's price, else the shipped catalog (offline)."""
-    if p.budget.price_per_hour is not None or p.cluster.is_local:
+    """$/h used in the rendered envs: the shipped catalog (offline), else the profile's fallback.
+    Local profiles use their notional price. `launch up` replaces it with the live price if known."""
+    if p.cluster.is_local:
         return p.budget.price_per_hour or 0.0
-    from .catalog import catalog_price
+    from .catalog import PlanError, catalog_price
 
-    return catalog_price(p)
+    try:
+        return catalog_price(p)
+    except PlanError:
+        if p.budget.price_per_hour is None:
+            raise
+        return p.budget.price_per_hour
 
 
 def render_all(names: Optional[list[str]] = None) -> dict[Path, str]:

@@ -18,8 +18,8 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 from typing import Optional, TextIO
 
@@ -27,13 +27,11 @@ import yaml
 
 from payload import layout
 
-from ..profile import CATALOG_DIR
+from ..profile import CATALOG_DIR, REPO_ROOT
 from ..registry import ACTIVE_STATES, STATES, Run
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
 
-SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15")
-SSH_TIMEOUT_S = 60
-RSYNC_TIMEOUT_S = 3600
+PRICE_TIMEOUT_S = 120
 # RunPod datacenters with the S3-compatible API (docs.runpod.io/storage/s3-api); new volumes are
 # put in one of these when the GPU is offered there, so a managed job's results can come home.
 S3_DATACENTERS = ("US-CA-2", "EU-RO-1", "EU-CZ-1", "EUR-IS-1", "EUR-NO-1", "US-GA-2", "US-KS-2",
@@ -52,6 +50,13 @@ _METRICS = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "proj
 
 
 def _sky():
+    """`sky` for SDK calls: never with launch's offline runtime dir (fake enabled clouds, and a local
+    API server started from this process would keep its state there)."""
+    from ..catalog import offline_runtime_dir
+
+    if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
+        raise BackendError("internal: this process imported SkyPilot for offline planning "
+                           "(launcher.catalog.import_sky_offline); run SDK calls in a fresh process")
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
     import sky
     import sky.client.sdk  # noqa: F401
@@ -99,14 +104,18 @@ def credentials_message(clouds) -> str:
 
 # (SkyPilot exception class names, message; {what} is the exception's first line)
 _ERRORS = (
-    (("ApiServerAuthenticationError",), "the SkyPilot API server needs a login: {what} (`sky api login -e URL`)"),
+    (("ApiServerAuthenticationError",),
+     "the SkyPilot API server needs a login: {what} (`sky api login -e URL`)"),
     (("VolumeTopologyConflictError",), "the network volume lives in another zone than the task may run: "
      "{what}; drop cluster.region, or name a new volume (created where the GPUs are)"),
-    (("VolumeNotFoundError", "VolumeNotReadyError"), "network volume problem: {what}; see `sky volumes ls -r`"),
+    (("VolumeNotFoundError", "VolumeNotReadyError"),
+     "network volume problem: {what}; see `sky volumes ls -r`"),
     (("ClusterDoesNotExist",), "the cluster is gone: {what} (autostopped after the job, or torn down)"),
     (("ClusterNotUpError",), "the cluster is not up: {what}; see `sky status`"),
-    (("ManagedJobReachedMaxRetriesError",), "the managed job gave up after its retries: {what}; see `launch logs`"),
-    (("CommandError",), "a command failed on the cluster ({what}): see the log above, fix, then `launch up` again"),
+    (("ManagedJobReachedMaxRetriesError",),
+     "the managed job gave up after its retries: {what}; see `launch logs`"),
+    (("CommandError",),
+     "a command failed on the cluster ({what}): see the log above, fix, then `launch up` again"),
     (("RequestCancelled",), "the SkyPilot request was cancelled: {what}"),
 )
 
@@ -163,14 +172,32 @@ def hourly_price(profile) -> tuple[float, str]:
             pass
     if not c.is_local:
         try:
-            from ..catalog import SNAPSHOT_DATE, optimize
+            from ..catalog import SNAPSHOT_DATE
 
-            return optimize(profile).price_per_hour, f"catalog {SNAPSHOT_DATE}"
+            return _catalog_price(profile), f"catalog {SNAPSHOT_DATE}"
         except Exception:  # noqa: BLE001
             pass
     if profile.budget.price_per_hour is not None:
         return float(profile.budget.price_per_hour), "profile"
     return 0.0, "unknown"
+
+
+def _catalog_price(profile) -> float:
+    """SkyPilot's optimizer on the shipped snapshot, in a child process unless this one already
+    imported `sky` for offline planning: `import_sky_offline()` points SKY_RUNTIME_DIR at launch's
+    offline dir and seeds its enabled-clouds cache, which must not reach a process that goes on to
+    use the SDK (a local API server would start there), nor ~/.sky when `sky` is imported normally."""
+    from ..catalog import offline_runtime_dir, optimize
+
+    if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
+        return optimize(profile).price_per_hour
+    code = ("import json, sys; from launcher.catalog import optimize; from launcher.profile import Profile; "
+            "print(optimize(Profile.model_validate(json.load(sys.stdin))).price_per_hour)")
+    done = subprocess.run([sys.executable, "-c", code], input=profile.model_dump_json(), text=True,
+                          capture_output=True, timeout=PRICE_TIMEOUT_S, cwd=REPO_ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip()[-300:])
+    return float(done.stdout.split()[-1])
 
 
 def _runpod_api_price(profile) -> float:
@@ -490,170 +517,6 @@ def merge_status(state: Optional[str], reason: Optional[str], reported: Optional
     return RemoteStatus(state=state, reason=reason, extra=extra, **metrics)
 
 
-# ------------------------------------------------------------------------- files: ssh + rsync
-
-
-def _remote_expr(path: str) -> str:
-    """A remote path for a shell command, `~/` kept expandable."""
-    return '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
-
-
-def _ssh_cmd(host: str) -> list[str]:
-    """ssh with the per-cluster config SkyPilot writes at launch (also Included from ~/.ssh/config,
-    which ssh reads from the passwd home, so name the file: it follows $HOME like SkyPilot does)."""
-    config = Path(os.path.expanduser(f"~/.sky/generated/ssh/{host}"))
-    return ["ssh", *(["-F", str(config)] if False else []), *SSH_OPTS]
-
-
-def _ssh(host: str, command: str, check: bool = True) -> Optional[str]:
-    """Run a command on a cluster's head node; None (check=False) when it cannot be reached."""
-    try:
-        done = subprocess.run([*_ssh_cmd(host), host, command], capture_output=True, text=True,
-                              timeout=SSH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        if check:
-            raise BackendError(f"ssh {host} timed out after {SSH_TIMEOUT_S} s") from None
-        return None
-    if done.returncode != 0:
-        if check:
-            last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-            raise BackendError(f"ssh {host} failed: {last}")
-        return None
-    return done.stdout
-
-
-def _remote_sizes(host: str, run_dir: str, paths: tuple[str, ...]) -> dict[str, int]:
-    """{run-dir-relative file: bytes} for every file under `paths` on the cluster."""
-    listing = _ssh(host, f"cd {_remote_expr(run_dir)} && find {' '.join(map(shlex.quote, paths))} "
-                         "-type f -printf '%s %p\\n' 2>/dev/null; true")
-    sizes = {}
-    for line in (listing or "").splitlines():
-        size, _, rel = line.partition(" ")
-        if size.isdigit() and rel:
-            sizes[rel] = int(size)
-    return sizes
-
-
-def rsync_fetch(host: str, run_dir: str, dest: Path, paths: tuple[str, ...]) -> list[Path]:
-    """rsync each path from the cluster's run dir into dest, then check every file's size."""
-    sizes = _remote_sizes(host, run_dir, paths)
-    remote_root = run_dir[2:] if run_dir.startswith("~/") else run_dir  # rsync: relative = $HOME
-    arrived = []
-    for rel in paths:
-        is_dir = any(k.startswith(rel.rstrip("/") + "/") for k in sizes)
-        if rel not in sizes and not is_dir:
-            continue  # never produced (e.g. no loss plot): nothing to bring
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        slash = "/" if is_dir else ""
-        cmd = ["rsync", "-az", "-e", shlex.join(_ssh_cmd(host)), f"{host}:{remote_root}/{rel}{slash}",
-               f"{target}{slash}"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=RSYNC_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise BackendError(f"rsync of {rel} from {host} took more than {RSYNC_TIMEOUT_S} s") from None
-        if done.returncode != 0:
-            raise BackendError(f"rsync of {rel} from {host} failed: {done.stderr.strip()[-300:]}")
-        arrived.append(target)
-    _verify_sizes(dest, sizes)
-    return arrived
-
-
-def _verify_sizes(dest: Path, sizes: dict[str, int]) -> None:
-    for rel, size in sizes.items():
-        local = dest / rel
-        have = local.stat().st_size if local.exists() else None
-        if have != size:
-            raise BackendError(f"{rel}: {size} bytes on the machine but {have} here; fetch again")
-
-
-# ------------------------------------------------------------------------ files: RunPod S3 API
-
-
-def _s3_ready(h: dict, explain: bool = False) -> bool:
-    """Whether the run's volume is a RunPod network volume reachable through the S3 API."""
-    vol = h.get("volume") or {}
-    if vol.get("type") != "runpod-network-volume":
-        return False
-    missing = [k for k in ("RUNPOD_S3_ACCESS_KEY", "RUNPOD_S3_SECRET_KEY") if not os.environ.get(k)]
-    if missing and explain:
-        raise BackendError(f"the results are on RunPod volume {vol['name']}: set {' and '.join(missing)} "
-                           "(RunPod console > Settings > S3 API Keys) to fetch them without a GPU machine")
-    return not missing
-
-
-class _S3Volume:
-    """A RunPod network volume through its datacenter's S3-compatible endpoint (bucket = volume id)."""
-
-    def __init__(self, vol: dict):
-        try:
-            import boto3
-        except ImportError:
-            raise BackendError("fetching from a RunPod volume needs boto3: pip install boto3") from None
-        sky = _sky()
-        record = _volume_record(sky, vol["name"])
-        if record is None:
-            raise BackendError(f"SkyPilot no longer knows volume {vol['name']}: see `sky volumes ls`")
-        self.zone = _get(record, "zone") or vol.get("zone")
-        self.bucket = _runpod_volume_id(_get(record, "name_on_cloud"), self.zone)
-        self.client = boto3.client(
-            "s3", endpoint_url=f"https://s3api-{self.zone.lower()}.runpod.io", region_name=self.zone,
-            aws_access_key_id=os.environ["RUNPOD_S3_ACCESS_KEY"],
-            aws_secret_access_key=os.environ["RUNPOD_S3_SECRET_KEY"])
-
-    def objects(self, key: str) -> dict[str, int]:
-        """{key: size} for the object `key` or everything under `key/`. One level per request with
-        a delimiter: RunPod's flat listings paginate unreliably (their own example does the same)."""
-        found, prefixes = {}, [key]
-        while prefixes:
-            prefix, token = prefixes.pop(), None
-            while True:
-                args = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
-                page = self.client.list_objects_v2(**args, **({"ContinuationToken": token} if token else {}))
-                for obj in page.get("Contents", []):
-                    if obj["Key"] == key or obj["Key"].startswith(key.rstrip("/") + "/"):
-                        found[obj["Key"]] = obj["Size"]
-                prefixes += [cp["Prefix"] for cp in page.get("CommonPrefixes", [])
-                             if cp["Prefix"].startswith(key.rstrip("/") + "/")]
-                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
-                if not token:
-                    break
-        return found
-
-    def read(self, key: str) -> str:
-        return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
-
-    def fetch(self, prefix: str, dest: Path, paths: tuple[str, ...]) -> list[Path]:
-        arrived, sizes = [], {}
-        for rel in paths:
-            objects = self.objects(f"{prefix}/{rel}")
-            for key, size in objects.items():
-                local = dest / key[len(prefix) + 1:]
-                local.parent.mkdir(parents=True, exist_ok=True)
-                body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
-                tmp = local.with_name(local.name + ".part")
-                with tmp.open("wb") as f:
-                    for chunk in iter(lambda: body.read(8 << 20), b""):
-                        f.write(chunk)
-                tmp.replace(local)
-                sizes[key[len(prefix) + 1:]] = size
-            if objects:
-                arrived.append(dest / rel)
-        _verify_sizes(dest, sizes)
-        return arrived
-
-
-def _runpod_volume_id(name_on_cloud: str, zone: str) -> str:
-    """RunPod's id of a network volume (its S3 bucket), via RunPod's REST API (SkyPilot's adaptor)."""
-    from sky.adaptors import runpod as runpod_api
-
-    try:
-        listed = runpod_api.rest_request("GET", "/networkvolumes")
-    except Exception as e:  # noqa: BLE001
-        raise BackendError(f"cannot list RunPod volumes ({_first_line(e)}): set RUNPOD_API_KEY") from None
-    vols = listed if isinstance(listed, list) else next(
-        (listed[k] for k in ("items", "data", "networkVolumes") if isinstance(listed, dict) and k in listed), [])
-    match = next((v for v in vols if v.get("name") == name_on_cloud and v.get("dataCenterId") == zone), None)
-    if match is None:
-        raise BackendError(f"RunPod has no volume {name_on_cloud} in {zone} any more")
-    return match["id"]
+from .skypilot_files import (  # noqa: E402  (file transfer half, re-exported)
+    _remote_expr, _s3_ready, _S3Volume, _ssh, rsync_fetch,
+)

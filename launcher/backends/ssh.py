@@ -36,7 +36,8 @@ from ..registry import Run
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
 from .tasks import WORKDIR_INCLUDE, export_lines, load_task, node_env, node_script
 
-EXIT_BUDGET = 3
+EXIT_BUDGET = 3  # payload.errors.BudgetExhausted
+EXIT_SIGTERM = 143  # payload.checkpoints.TrainingInterrupted
 COMMAND_TIMEOUT = 60.0  # one remote command (listing, hashing, status...)
 TRANSFER_TIMEOUT = 60.0  # no progress on an upload/download/SFTP channel for this long
 HASH_TIMEOUT = 600.0  # sha256 of a whole workdir or artifact set
@@ -134,7 +135,8 @@ class Target:
         return self.hostname if self.port == DEFAULT_SSH_PORT else f"[{self.hostname}]:{self.port}"
 
     def __str__(self) -> str:
-        return f"{self.user}@{self.hostname}:{self.port}"
+        host = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
+        return f"{self.user}@{host}:{self.port}"
 
 
 def _ssh_config(host: str) -> dict:
@@ -333,10 +335,12 @@ class SSHBackend(Backend):
     def probe(self) -> dict:
         """Connect (checking the host key) and describe the host: home, GPU count, python."""
         conn = self._conn()
-        out = self._sh(conn, 'echo "$HOME"; (nvidia-smi -L 2>/dev/null || true) | grep -c "^GPU" || true; '
-                             'command -v python3 python 2>/dev/null | head -n1')
-        lines = out.splitlines() + ["", "", ""]
-        return {"host": str(conn.target), "home": lines[0], "gpus": int(lines[1] or 0), "python": lines[2]}
+        out = self._sh(conn, 'echo "home=$HOME"; echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")"; '
+                             'echo "python=$(command -v python3 python 2>/dev/null | head -n1)"')
+        facts = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        gpus = facts.get("gpus", "0").strip()
+        return {"host": str(conn.target), "home": facts.get("home", ""), "gpus": int(gpus) if gpus.isdigit() else 0,
+                "python": facts.get("python", "")}
 
     # ------------------------------------------------------------------------------------ up
 
@@ -344,10 +348,10 @@ class SSHBackend(Backend):
         run, task = spec.run, load_task(spec.task_yaml)
         conn = self._conn()
         info = self.probe()
-        home = info["home"]
-        root = _expand(self.remote_root, home)
+        home, old = info["home"], run.handle if run.handle.get("host") == str(conn.target) else {}
+        root = old.get("remote_root") or _expand(self.remote_root, home)  # a resumed run keeps its place
         run_root = f"{root}/{run.id}"
-        volume = _expand(self.volume or f"{root}/volume", home)
+        volume = old.get("volume") or _expand(self.volume or f"{root}/volume", home)
         run_dir = PurePosixPath(layout.run_dir(PurePosixPath(volume), run.id).as_posix())
         log = str(run_dir / layout.LOGS_DIR / "run.log")
         config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
@@ -379,10 +383,11 @@ class SSHBackend(Backend):
 
     def _write_files(self, conn: _Conn, directory: str, files: dict[str, str]) -> None:
         sftp = conn.sftp()  # `directory` exists: the workdir sync made it
-        for name, text in files.items():
-            with sftp.open(f"{directory}/{name}", "w") as f:
+        for name, text in files.items():  # a new inode each: a running bash keeps reading the old one
+            with sftp.open(f"{directory}/{name}.tmp", "w") as f:
                 f.write(text)
-            sftp.chmod(f"{directory}/{name}", 0o700)
+            sftp.chmod(f"{directory}/{name}.tmp", 0o700)
+            sftp.posix_rename(f"{directory}/{name}.tmp", f"{directory}/{name}")
 
     def _start(self, conn: _Conn, run_root: str, secrets: dict[str, str]) -> int:
         lines = []
@@ -401,10 +406,8 @@ class SSHBackend(Backend):
     def _sync(self, conn: _Conn, root: str, workdir: str, files: dict[str, Path]) -> dict:
         """Make `workdir` mirror `files`, sending only what differs (size+mtime, then sha256)."""
         listing = self._sh(conn, SEED_AND_LIST.format(w=shlex.quote(workdir), root=shlex.quote(root)))
-        remote = {}
-        for line in listing.splitlines():
-            rel, size, mtime = line.rsplit("\t", 2)
-            remote[rel] = (int(size), int(float(mtime)))
+        rows = [line.rsplit("\t", 2) for line in listing.splitlines() if line.count("\t") >= 2]
+        remote = {rel: (int(size), int(float(mtime))) for rel, size, mtime in rows}
         local = {rel: (p, p.stat()) for rel, p in files.items()}
         send = [rel for rel, (p, st) in local.items() if rel not in remote or remote[rel][0] != st.st_size]
         maybe = [rel for rel, (p, st) in local.items()
@@ -549,7 +552,9 @@ class SSHBackend(Backend):
         """SFTP run-dir-relative files/directories to `dest/<basename>` (like the local backend),
         each checked against the remote size and sha256. Paths the run did not produce are skipped."""
         conn, h = self._conn(run), run.handle
-        run_dir = h["run_dir"]
+        run_dir = h.get("run_dir")
+        if not run_dir or not paths:
+            return []
         quoted = " ".join(shlex.quote(p) for p in paths)
         sizes = self._sh(conn, f"cd {shlex.quote(run_dir)} && find {quoted} -type f -printf '%s\\t%p\\n' "
                                "2>/dev/null || true")
@@ -601,6 +606,9 @@ def sha256_file(path: Path) -> str:
 
 
 def _expand(path: str, home: str) -> str:
+    """A remote path made absolute (`~` and relative paths are under the remote $HOME)."""
+    if not path.startswith("/") and not home.startswith("/"):
+        raise BackendError(f"could not read $HOME on the host to place `{path}`: give an absolute path")
     if path == "~" or path.startswith("~/"):
         path = home.rstrip("/") + path[1:]
     if not path.startswith("/"):
@@ -623,12 +631,14 @@ def _state(facts: dict, reported: dict, run: Run) -> tuple[str, Optional[str]]:
         return "running", None
     if code.lstrip("-").isdigit():
         code = int(code)
-        if code == 0 and (not stopped or reported.get("state") == "completed"):
+        if code == 0:
             return "completed", None
         if stopped:
             return "stopped", None
         if code == EXIT_BUDGET:
             return "budget_exhausted", reported.get("reason") or "budget exhausted"
+        if code == EXIT_SIGTERM:  # the payload checkpointed and stopped on someone else's SIGTERM
+            return "preempted", "stopped by SIGTERM (host shutting down?): `launch up --resume` continues it"
         return "failed", reported.get("reason") or f"exit code {code}: see `launch logs`"
     if stopped:
         return "stopped", None

@@ -34,6 +34,11 @@ def import_sky_offline():
     rt = offline_runtime_dir()
     if "sky" not in sys.modules:
         os.environ["SKY_RUNTIME_DIR"] = str(rt)
+    elif not os.environ.get("SKY_RUNTIME_DIR"):
+        # sky is already live against the user's real ~/.sky: seeding fake enabled clouds or copying
+        # the snapshot there would corrupt it. Plan in a fresh process instead.
+        raise PlanError("offline planning needs its own SkyPilot runtime dir; run `launch plan` in a "
+                        "fresh process (SkyPilot was already imported against ~/.sky)")
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
     rt_used = Path(os.environ.get("SKY_RUNTIME_DIR", Path.home()))
     dest = rt_used / ".sky" / "catalogs" / "v8"

@@ -1,0 +1,549 @@
+"""The SkyPilot backend against the real `sky` package: tasks are SkyPilot's own parse of the rendered
+sky/*.yaml, the price comes from SkyPilot's optimizer on the shipped catalog, and only the calls
+that would reach an API server or a cloud (sky.launch, sky.jobs.*, sky.get, volumes...) are
+replaced by a recorder. File transfer runs real ssh + rsync against a loopback OpenSSH server."""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+# tests/conftest.py sets these before anything imports sky; kept here for a lone run of this file.
+if "SKY_RUNTIME_DIR" not in os.environ:
+    os.environ["SKY_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="sky-runtime-")
+os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+os.environ.setdefault("SKYPILOT_DISABLE_LOCAL_API_SERVER", "1")
+
+import io  # noqa: E402
+
+import pytest  # noqa: E402
+import sky  # noqa: E402
+import sky.client.sdk  # noqa: E402
+import sky.jobs  # noqa: E402
+import sky.volumes  # noqa: E402
+import yaml  # noqa: E402
+from sky import exceptions as ex  # noqa: E402
+from sky.jobs import ManagedJobStatus  # noqa: E402
+from sky.skylet.job_lib import JobStatus  # noqa: E402
+from sky.utils.status_lib import ClusterStatus  # noqa: E402
+
+from launcher import registry, render  # noqa: E402
+from launcher.backends import BackendError, LaunchSpec  # noqa: E402
+from launcher.backends import skypilot as sp  # noqa: E402
+from launcher.profile import REPO_ROOT, Profile, load_profile  # noqa: E402
+from launcher.registry import Run  # noqa: E402
+
+HF, WANDB = "hf_test_secret_value_1234", "wandb_test_secret_value_5678"
+
+
+class FakeSky:
+    """Records every SDK call that would reach the API server; answers from `results`."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[tuple[str, tuple, dict]] = []
+        self.results = {"enabled_clouds": ["RunPod", "Azure", "Kubernetes"], "volumes.ls": [],
+                        "volumes.apply": None, "launch": (7, None), "jobs.launch": ([3], None),
+                        "down": None, "jobs.cancel": None, "status": [], "job_status": {},
+                        "jobs.queue": ([], 0, {}, 0)}
+        for name, owner in [("enabled_clouds", sky.client.sdk), ("launch", sky), ("down", sky),
+                            ("status", sky), ("job_status", sky), ("tail_logs", sky), ("launch", sky.jobs),
+                            ("cancel", sky.jobs), ("queue", sky.jobs), ("tail_logs", sky.jobs),
+                            ("ls", sky.volumes), ("apply", sky.volumes)]:
+            full = name if owner in (sky, sky.client.sdk) else f"{owner.__name__.split('.')[-1]}.{name}"
+            monkeypatch.setattr(owner, name, self._recorder(full))
+        monkeypatch.setattr(sky, "get", self._resolve("get"))
+        monkeypatch.setattr(sky, "stream_and_get", self._resolve("stream_and_get"))
+
+    def _recorder(self, full):
+        def call(*args, **kwargs):
+            self.calls.append((full, args, kwargs))
+            if full.endswith("tail_logs"):
+                kwargs["output_stream"].write(f"log of {full}\n")
+                return 0
+            return f"req:{full}"
+        return call
+
+    def _resolve(self, how):
+        def resolve(request_id, **kwargs):
+            self.calls.append((how, (request_id,), kwargs))
+            value = self.results[request_id.removeprefix("req:")]
+            if isinstance(value, BaseException):
+                raise value
+            return value
+        return resolve
+
+    def names(self):
+        return [c[0] for c in self.calls]
+
+    def one(self, name):
+        found = [c for c in self.calls if c[0] == name]
+        assert len(found) == 1, (name, self.names())
+        return found[0]
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return FakeSky(monkeypatch)
+
+
+def spec_for(name, run_id, secrets=None, with_run_id_env=True):
+    profile = load_profile(name)
+    run = Run(id=run_id, profile=name, backend="skypilot")
+    envs = {"LAUNCH_PRICE_PER_HOUR": "5.3800", "LAUNCH_BUDGET_USD": "40"}
+    if with_run_id_env:
+        envs["LAUNCH_RUN_ID"] = run_id
+    return LaunchSpec(run=run, profile=profile, task_yaml=render.task_path(name),
+                      config_yaml=render.config_path(name), envs=envs, secrets=secrets or {})
+
+
+def env_secrets():
+    return {k: os.environ[k] for k in render.SECRETS if os.environ.get(k)}
+
+
+# --------------------------------------------------------------------------------------- up
+
+
+def test_sonia_cluster_volume_first_autostop_down_and_secrets_by_name_only(fake, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", HF)
+    monkeypatch.setenv("WANDB_API_KEY", WANDB)
+    rendered = render.task_path("sonia-h100").read_text()
+    run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-20260102-030405", env_secrets()))
+
+    names = fake.names()
+    assert names.index("volumes.apply") < names.index("launch")
+    assert "jobs.launch" not in names
+    (volume,), _ = fake.one("volumes.apply")[1:]
+    assert isinstance(volume, sky.volumes.Volume)
+    assert (volume.name, volume.type, volume.size) == ("sonia-workspace", "runpod-network-volume", "420")
+    # A datacenter of the snapshot with 2x H100-SXM, one with RunPod's S3 API first.
+    assert (volume.cloud, volume.region, volume.zone) == ("runpod", "US", "US-CA-2")
+    assert fake.one("volumes.ls")[2] == {"names": ["sonia-workspace"]}
+
+    (task,), kwargs = fake.one("launch")[1:]
+    assert kwargs == {"cluster_name": "sonia-h100-20260102-030405", "idle_minutes_to_autostop": 10,
+                      "down": True}
+    assert isinstance(task, sky.Task) and task.num_nodes == 1
+    (res,) = task.resources
+    assert str(res.cloud) == "RunPod" and res.accelerators == {"H100-SXM": 2} and not res.use_spot
+    assert task.volumes == {"/workspace": "sonia-workspace"}
+    assert task.envs["LAUNCH_RUN_ID"] == "sonia-h100-20260102-030405"
+    assert task.envs["LAUNCH_PRICE_PER_HOUR"] == "5.3800"
+    secrets = {k: v.get_secret_value() for k, v in task.secrets.items()}
+    assert secrets == {"HF_TOKEN": HF, "WANDB_API_KEY": WANDB}
+    assert task.managed_secret_refs == []  # else the API server refuses: "No value available for secret"
+    assert HF not in getattr(task, "_user_specified_yaml", "")  # the copy SkyPilot stores server-side
+    assert task.workdir == str(REPO_ROOT)
+    assert ("stream_and_get", ("req:launch",), {"output_stream": None}) in fake.calls
+
+    assert run.cluster == "sonia-h100-20260102-030405" and run.job_id == "7" and run.state == "starting"
+    assert run.handle["kind"] == "cluster"
+    assert run.handle["run_dir"] == "/workspace/runs/sonia-h100-20260102-030405"
+    assert run.handle["volume"]["zone"] == "US-CA-2" and run.handle["volume"]["key_prefix"] == "runs"
+
+    # Values only ever in memory: not in the rendered YAML, not in the registry.
+    assert render.task_path("sonia-h100").read_text() == rendered and HF not in rendered
+    registry.save(run)
+    db = registry.db_path().read_bytes() + b"".join(
+        p.read_bytes() for p in registry.db_path().parent.glob("runs.db*"))
+    assert HF.encode() not in db and WANDB.encode() not in db
+    assert registry.get(run.id).handle == json.loads(json.dumps(run.handle))
+
+
+def test_lovecraft_spot_is_a_managed_job_with_recovery_on_the_volume(fake, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", HF)  # WANDB_API_KEY unset: dropped, not left as a dangling ref
+    spec = spec_for("lovecraft-a100-spot", "lovecraft-a100-spot-1", env_secrets(), with_run_id_env=False)
+    run = sp.SkyPilotBackend().up(spec)
+
+    names = fake.names()
+    assert names.index("volumes.apply") < names.index("jobs.launch") and "launch" not in names
+    (volume,), _ = fake.one("volumes.apply")[1:]
+    assert (volume.name, volume.size, volume.zone) == ("lovecraft-workspace", "100", "US-CA-2")
+    (task,), kwargs = fake.one("jobs.launch")[1:]
+    assert kwargs == {"name": "lovecraft-a100-spot-1"}
+    (res,) = task.resources
+    assert res.use_spot and res.accelerators == {"A100-80GB": 1}
+    assert res.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 2}
+    assert task.volumes == {"/workspace": "lovecraft-workspace"}
+    # The run id is explicit even when the caller gave none and the rendered spot task has none:
+    # an env is part of the task, so it is the same on every recovery, and launch knows the run dir.
+    assert task.envs["LAUNCH_RUN_ID"] == "lovecraft-a100-spot-1"
+    assert {k: v.get_secret_value() for k, v in task.secrets.items()} == {"HF_TOKEN": HF}
+    assert task.managed_secret_refs == []
+    assert run.cluster is None and run.job_id == "3" and run.handle["kind"] == "managed_job"
+    assert run.handle["run_dir"] == "/workspace/runs/lovecraft-a100-spot-1"
+
+
+def test_qwen_multi_node_cluster_ordered_infra_bucket_no_volume(fake):
+    run = sp.SkyPilotBackend().up(spec_for("qwen3-32b-4x4-a100", "qwen3-32b-4x4-a100-1"))
+
+    assert "volumes.apply" not in fake.names() and "volumes.ls" not in fake.names()
+    (task,), kwargs = fake.one("launch")[1:]
+    assert kwargs == {"cluster_name": "qwen3-32b-4x4-a100-1", "idle_minutes_to_autostop": 10, "down": True}
+    assert task.num_nodes == 4
+    assert isinstance(task.resources, list)  # `ordered:` keeps the order
+    assert [str(r.cloud) for r in task.resources] == ["Kubernetes", "Azure"]
+    assert all(r.accelerators == {"A100-80GB": 4} for r in task.resources)
+    (store,) = task.storage_mounts.values()
+    assert list(task.storage_mounts) == ["/checkpoints"] and store.name == "qwen3-32b-checkpoints"
+    assert task.volumes == {} and task.secrets == {} and task.managed_secret_refs == []
+    assert run.handle["run_dir"] == "/checkpoints/runs/qwen3-32b-4x4-a100-1"
+    assert run.handle["bucket"]["name"] == "qwen3-32b-checkpoints" and run.handle["volume"] is None
+
+
+def test_existing_volume_is_reused_not_applied(fake):
+    fake.results["volumes.ls"] = [{"name": "sonia-workspace", "region": "CA", "zone": "CA-MTL-1",
+                                   "name_on_cloud": "sonia-workspace-ab12cd"}]
+    run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-2"))
+    assert "volumes.apply" not in fake.names() and "launch" in fake.names()
+    assert run.handle["volume"]["zone"] == "CA-MTL-1" and run.handle["volume"]["created"] is False
+
+
+def test_volume_in_another_region_than_the_profile_is_refused_before_launch(fake):
+    fake.results["volumes.ls"] = [{"name": "sonia-workspace", "region": "CA", "zone": "CA-MTL-1"}]
+    spec = spec_for("sonia-h100", "sonia-h100-8")
+    spec.profile = with_region(spec.profile, "US")
+    with pytest.raises(BackendError, match="sonia-workspace is in CA/CA-MTL-1 but cluster.region is US"):
+        sp.SkyPilotBackend().up(spec)
+    assert "launch" not in fake.names()
+
+
+def with_region(profile, region):
+    return profile.model_copy(update={"cluster": profile.cluster.model_copy(update={"region": region})})
+
+
+def test_new_volume_datacenter_follows_cluster_region():
+    sonia = load_profile("sonia-h100")
+    assert sp._volume_infra(with_region(sonia, "RO")) == "runpod/RO/EU-RO-1"
+    assert sp._volume_infra(with_region(sonia, "SE")) == "runpod/SE/EU-SE-1"
+    with pytest.raises(BackendError, match="snapshot offers H100-SXM:2 in region ZZ: change cluster"):
+        sp._volume_infra(with_region(sonia, "ZZ"))
+
+
+def test_no_credentials_says_what_to_run_and_launches_nothing(fake):
+    fake.results["enabled_clouds"] = []
+    with pytest.raises(BackendError) as e:
+        sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-3"))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "sky check runpod" in msg and "RUNPOD_API_KEY" in msg and "~/.runpod/config.toml" in msg
+    assert "--backend local|ssh" in msg
+    assert fake.names() == ["enabled_clouds", "get"]
+
+
+def test_without_an_api_server_the_real_sdk_error_becomes_one_line(monkeypatch):
+    # Nothing replaced: the real SDK refuses (local API server disabled) and the message says why.
+    monkeypatch.delenv("SKYPILOT_API_SERVER_ENDPOINT", raising=False)
+    with pytest.raises(BackendError, match=r"cannot reach a SkyPilot API server: start one with `sky api"):
+        sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-4"))
+
+
+def test_failed_setup_tears_the_cluster_down_capacity_failure_does_not(fake):
+    fake.results["launch"] = ex.CommandError(1, "python -m payload preflight", "HF_TOKEN missing", None)
+    with pytest.raises(BackendError, match="torn down, nothing bills"):
+        sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-5"))
+    assert fake.one("down")[1] == ("sonia-h100-5",)
+
+    fake.calls.clear()
+    fake.results["launch"] = ex.ResourcesUnavailableError("Failed to provision all launchable resources.")
+    with pytest.raises(BackendError, match=r"no capacity for H100-SXM:2 x1 on runpod"):
+        sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-6"))
+    assert "down" not in fake.names()
+
+
+def test_push_to_hub_without_hf_token_refuses_before_anything_bills(fake):
+    spec = spec_for("sonia-h100", "sonia-h100-7")
+    spec.profile = spec.profile.model_copy(update={"outputs": spec.profile.outputs.model_copy(
+        update={"push_to_hub": "me/sonia"})})
+    with pytest.raises(BackendError, match="needs HF_TOKEN"):
+        sp.SkyPilotBackend().up(spec)
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize("run_id, name", [
+    ("sonia-h100-20260102-030405", "sonia-h100-20260102-030405"),
+    ("000_Big.Run", "launch-000-big-run"),
+])
+def test_cluster_names_are_valid_for_skypilot(run_id, name):
+    from sky.utils import common_utils
+
+    assert sp.cluster_name(run_id) == name
+    common_utils.check_cluster_name_is_valid(sp.cluster_name(run_id))
+    long = sp.cluster_name("x" * 100)
+    assert len(long) <= 63 and long != sp.cluster_name("x" * 99)
+
+
+# ------------------------------------------------------------------------------- error mapping
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (ex.ResourcesUnavailableError("Failed to acquire resources in all zones in US"),
+     "no capacity for H100-SXM:2 x1 on runpod right now: Failed to acquire resources"),
+    (ex.ResourcesUnavailableError("Failed to provision", failover_history=[
+        RuntimeError("Quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0 globally.")]),
+     "quota or spend limit reached for H100-SXM:2 x1 on runpod"),
+    (ex.NoCloudAccessError("Cloud access is not set up."), "sky check runpod"),
+    (ex.VolumeTopologyConflictError("Volume sonia-workspace can only be attached on zone:CA-MTL-1"),
+     "the network volume lives in another zone"),
+    (ex.ApiServerConnectionError("http://127.0.0.1:46580"), "`sky api start`"),
+    (ex.ClusterDoesNotExist("Cluster 'x' does not exist."), "the cluster is gone"),
+    (RuntimeError("No value available for secret(s): HF_TOKEN. A secret with\nno inline value"),
+     "(export the variable before `launch up`)"),
+    (ValueError("\x1b[31mweird\x1b[0m\nsecond line"), "SkyPilot ValueError: weird"),
+])
+def test_sky_exceptions_map_to_one_line_with_the_next_step(exc, expected):
+    msg = str(sp.map_sky_error(exc, load_profile("sonia-h100")))
+    assert expected in msg
+    assert "\n" not in msg and "\x1b" not in msg
+
+
+# --------------------------------------------------------------------------------------- price
+
+
+def runpod_graphql(monkeypatch, answer):
+    """RunPod's GraphQL endpoint, replaced at the HTTP edge (`requests.post` in the runpod SDK)."""
+    import runpod.api.graphql as gql
+
+    seen = []
+
+    class Response:
+        status_code = 200
+
+        def json(self):
+            return answer
+
+    def post(url, headers, data, timeout):
+        seen.append((url, headers["Authorization"], json.loads(data)["query"]))
+        if isinstance(answer, BaseException):
+            raise answer
+        return Response()
+
+    monkeypatch.setattr(gql.requests, "post", post)
+    return seen
+
+
+def test_price_from_runpod_api_then_catalog_then_profile(monkeypatch):
+    sonia = load_profile("sonia-h100")
+    gpu = {"id": "NVIDIA H100 80GB HBM3", "securePrice": 2.99, "secureSpotPrice": 1.75,
+           "lowestPrice": {"minimumBidPrice": 1.5, "uninterruptablePrice": 2.69}}
+    seen = runpod_graphql(monkeypatch, {"data": {"gpuTypes": [gpu]}})
+    monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
+    assert sp.hourly_price(sonia) == (5.98, "runpod-api")  # 2.99 x 2 GPUs
+    (url, auth, query), = seen
+    assert url == "https://api.runpod.io/graphql" and auth == "Bearer rp_key"
+    assert 'id: "NVIDIA H100 80GB HBM3"' in query and "gpuCount: 2" in query
+    assert sp.hourly_price(load_profile("lovecraft-a100-spot")) == (1.75, "runpod-api")  # spot price
+
+    # SkyPilot's optimizer on the snapshot (in a child process: see sp._catalog_price).
+    runpod_graphql(monkeypatch, ConnectionError("api.runpod.io unreachable"))
+    assert sp.hourly_price(sonia) == (5.38, "catalog 2026-11-21")
+    monkeypatch.delenv("RUNPOD_API_KEY")
+    assert sp.hourly_price(load_profile("lovecraft-a100-spot")) == (0.82, "catalog 2026-11-21")
+
+    # No instance in the snapshot for 3 GPUs: the profile's own price is the last resort.
+    body = yaml.safe_load((REPO_ROOT / "clusters/sonia-h100.yaml").read_text())
+    body["cluster"]["accelerators"] = "H100-SXM:3"
+    body["train"].pop("effective_batch_size")
+    body["budget"]["price_per_hour"] = 9.0
+    assert sp.hourly_price(Profile.model_validate(body)) == (9.0, "profile")
+
+
+def test_sdk_refuses_launchs_offline_planning_runtime_dir(monkeypatch):
+    from launcher.catalog import offline_runtime_dir
+
+    monkeypatch.setenv("SKY_RUNTIME_DIR", str(offline_runtime_dir()))
+    with pytest.raises(BackendError, match="imported SkyPilot for offline planning"):
+        sp.SkyPilotBackend().status(cluster_run())
+
+
+# ---------------------------------------------------------------------------- logs/status/down
+
+
+def cluster_run(run_dir="/workspace/runs/r1", state="running"):
+    return Run(id="r1", profile="sonia-h100", backend="skypilot", cluster="r1", job_id="7", state=state,
+               handle={"kind": "cluster", "cluster": "r1", "job_id": 7, "job_name": "r1", "run_dir": run_dir,
+                       "volume": None, "bucket": None, "push_to_hub": None})
+
+
+def managed_run():
+    return Run(id="m1", profile="lovecraft-a100-spot", backend="skypilot", job_id="3", state="running",
+               handle={"kind": "managed_job", "job_id": 3, "job_name": "m1", "run_dir": "/workspace/runs/m1",
+                       "volume": {"name": "lovecraft-workspace", "type": "runpod-network-volume",
+                                  "zone": "US-CA-2", "key_prefix": "runs"}})
+
+
+def test_logs_tail_the_cluster_job_or_the_managed_job(fake):
+    out = io.StringIO()
+    assert sp.SkyPilotBackend().logs(cluster_run(), follow=True, out=out) == 0
+    assert fake.one("tail_logs")[1:] == (("r1", 7, True), {"output_stream": out})
+    assert sp.SkyPilotBackend().logs(managed_run(), follow=False, out=out) == 0
+    assert fake.one("jobs.tail_logs")[1:] == ((), {"job_id": 3, "follow": False, "output_stream": out})
+    assert out.getvalue() == "log of tail_logs\nlog of jobs.tail_logs\n"
+
+
+def test_managed_job_states(fake):
+    rec = {"job_id": 3, "job_name": "m1", "status": ManagedJobStatus.RECOVERING, "recovery_count": 1}
+    fake.results["jobs.queue"] = ([rec], 1, {}, 1)
+    st = sp.SkyPilotBackend().status(managed_run())
+    assert st.state == "starting" and "preempted" in st.reason and "recovery 2" in st.reason
+    assert fake.one("jobs.queue")[2] == {"refresh": False, "job_ids": [3], "version": 2}
+
+    rec.update(status=ManagedJobStatus.FAILED_NO_RESOURCE, failure_reason="no A100 anywhere")
+    st = sp.SkyPilotBackend().status(managed_run())
+    assert (st.state, st.reason) == ("failed", "FAILED_NO_RESOURCE: no A100 anywhere")
+    rec.update(status=ManagedJobStatus.SUCCEEDED)
+    assert sp.SkyPilotBackend().status(managed_run()).state == "completed"
+
+
+def test_cluster_gone_and_unreachable_api(fake):
+    st = sp.SkyPilotBackend().status(cluster_run())  # status [] = no such cluster any more
+    assert st.state == "stopped" and "is gone" in st.reason
+    fake.results["status"] = ex.ApiServerConnectionError("http://127.0.0.1:46580")
+    st = sp.SkyPilotBackend().status(cluster_run(state="running"))
+    assert st.state == "running" and "SkyPilot not reachable" in st.reason
+
+
+def test_merge_keeps_the_runs_own_reason_for_ending():
+    st = sp.merge_status("failed", "job FAILED", {"state": "budget_exhausted", "reason": "spent $40.01",
+                                                  "step": 120, "loss": 0.8, "cost_usd": 40.01}, "running")
+    assert (st.state, st.reason, st.step, st.cost_usd) == ("budget_exhausted", "spent $40.01", 120, 40.01)
+    st = sp.merge_status("running", None, {"state": "training", "step": 5}, "starting")
+    assert st.state == "running" and st.extra["payload_state"] == "training"
+    assert sp.merge_status(None, "gone", {"state": "completed"}, "running").state == "completed"
+
+
+def test_down_clusters_and_managed_jobs(fake):
+    sp.SkyPilotBackend().down(cluster_run())
+    assert fake.one("down")[1] == ("r1",) and ("get", ("req:down",), {}) in fake.calls
+    fake.results["down"] = ex.ClusterDoesNotExist("Cluster 'r1' does not exist.")
+    sp.SkyPilotBackend().down(cluster_run())  # already gone: nothing to do
+    sp.SkyPilotBackend().down(managed_run())
+    assert fake.one("jobs.cancel")[2] == {"job_ids": [3]}
+
+
+# ------------------------------------------------------------------ files: real ssh + rsync
+
+
+@pytest.fixture
+def cluster_ssh(tmp_path):
+    """A loopback OpenSSH server, reachable as host `r1` through the per-cluster SSH config file
+    SkyPilot writes at launch (~/.sky/generated/ssh/<cluster>)."""
+    try:
+        from sshd import SSHServer, ensure_sshd
+    except ImportError:
+        from tests.sshd import SSHServer, ensure_sshd
+
+    ensure_sshd()
+    server = SSHServer(tmp_path / "sshd").start()
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    config = Path.home() / ".sky" / "generated" / "ssh" / "r1"
+    config.parent.mkdir(parents=True)
+    config.write_text(f"Host r1\n  HostName 127.0.0.1\n  Port {server.port}\n  User {server.user}\n"
+                      f"  IdentityFile {server.client_key}\n  IdentitiesOnly yes\n"
+                      f"  UserKnownHostsFile {known}\n  StrictHostKeyChecking yes\n")
+    yield server
+    server.stop()
+
+
+def test_fetch_and_status_from_a_live_cluster(fake, cluster_ssh, tmp_path):
+    run_dir = tmp_path / "volume" / "runs" / "r1"
+    (run_dir / "outputs" / "adapter").mkdir(parents=True)
+    (run_dir / "outputs" / "adapter" / "adapter_model.safetensors").write_bytes(os.urandom(300_000))
+    (run_dir / "outputs" / "adapter" / "adapter_config.json").write_text('{"r": 32}')
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    (run_dir / "status.json").write_text(json.dumps({"state": "training", "step": 40, "max_steps": 600,
+                                                     "loss": 1.25, "cost_usd": 3.5}))
+    fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
+    fake.results["job_status"] = {7: JobStatus.RUNNING}
+
+    st = sp.SkyPilotBackend().status(cluster_run(str(run_dir)))
+    assert (st.state, st.step, st.max_steps, st.loss, st.cost_usd) == ("running", 40, 600, 1.25, 3.5)
+    assert fake.one("job_status")[1:] == (("r1",), {"job_ids": [7]})
+
+    dest = tmp_path / "artifacts"
+    paths = ("outputs/adapter", "outputs/training_summary.json", "metrics.jsonl")
+    got = sp.SkyPilotBackend().fetch(cluster_run(str(run_dir)), dest, paths)
+    assert got == [dest / "outputs/adapter", dest / "metrics.jsonl"]  # the summary was never written
+    for rel in ("outputs/adapter/adapter_model.safetensors", "outputs/adapter/adapter_config.json",
+                "metrics.jsonl"):
+        assert (dest / rel).read_bytes() == (run_dir / rel).read_bytes()
+
+
+def test_fetch_detects_a_short_copy(cluster_ssh, tmp_path, monkeypatch):
+    run_dir = tmp_path / "volume" / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("x" * 1000)
+    real_run = sp.subprocess.run
+
+    def truncating_run(cmd, **kw):  # the transfer "succeeds" but leaves half a file
+        done = real_run(cmd, **kw)
+        if cmd[0] == "rsync":
+            target = Path(cmd[-1])
+            target.write_text(target.read_text()[:500])
+        return done
+
+    monkeypatch.setattr(sp.subprocess, "run", truncating_run)
+    with pytest.raises(BackendError, match=r"metrics.jsonl: 1000 bytes on the machine but 500 here"):
+        sp.rsync_fetch("r1", str(run_dir), tmp_path / "dest", ("metrics.jsonl",))
+
+
+# --------------------------------------------------------------- files: RunPod volume via S3 API
+
+
+def test_managed_job_fetch_from_the_runpod_volume_s3_api(fake, monkeypatch, tmp_path):
+    import requests
+    from botocore.stub import Stubber
+
+    monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
+    monkeypatch.setenv("RUNPOD_S3_ACCESS_KEY", "user_abc")
+    monkeypatch.setenv("RUNPOD_S3_SECRET_KEY", "rps_def")
+    fake.results["volumes.ls"] = [{"name": "lovecraft-workspace", "zone": "US-CA-2", "region": "US",
+                                   "name_on_cloud": "lovecraft-workspace-1a2b3c"}]
+
+    class Listing:  # RunPod's REST API, at the HTTP edge of SkyPilot's RunPod adaptor
+        status_code, text = 200, "[...]"
+
+        def json(self):
+            return [{"id": "other", "name": "x", "dataCenterId": "US-CA-2"},
+                    {"id": "vol123", "name": "lovecraft-workspace-1a2b3c", "dataCenterId": "US-CA-2"}]
+
+    monkeypatch.setattr(requests, "request", lambda method, url, **kw: Listing())
+    clients = []
+    real_init = sp._S3Volume.__init__
+
+    def init_with_stub(self, vol):  # botocore's Stubber answers the S3 HTTP calls
+        real_init(self, vol)
+        stub = Stubber(self.client)
+        clients.append((self.client, stub))
+        prefix = "runs/m1/"
+        stub.add_response("list_objects_v2", {"CommonPrefixes": [{"Prefix": prefix + "outputs/adapter/"}],
+                                              "IsTruncated": False},
+                          {"Bucket": "vol123", "Prefix": prefix + "outputs/adapter", "Delimiter": "/"})
+        stub.add_response("list_objects_v2", {"Contents": [{"Key": prefix + "outputs/adapter/a.safetensors",
+                                                            "Size": 5}], "IsTruncated": False},
+                          {"Bucket": "vol123", "Prefix": prefix + "outputs/adapter/", "Delimiter": "/"})
+        stub.add_response("get_object", {"Body": _body(b"12345"), "ContentLength": 5},
+                          {"Bucket": "vol123", "Key": prefix + "outputs/adapter/a.safetensors"})
+        stub.add_response("list_objects_v2", {"IsTruncated": False},
+                          {"Bucket": "vol123", "Prefix": prefix + "outputs/loss.png", "Delimiter": "/"})
+        stub.activate()
+
+    monkeypatch.setattr(sp._S3Volume, "__init__", init_with_stub)
+    got = sp.SkyPilotBackend().fetch(managed_run(), tmp_path / "a", ("outputs/adapter", "outputs/loss.png"))
+    assert got == [tmp_path / "a" / "outputs/adapter"]
+    assert (tmp_path / "a" / "outputs/adapter/a.safetensors").read_bytes() == b"12345"
+    (client, stub), = clients
+    stub.assert_no_pending_responses()
+    assert client.meta.endpoint_url == "https://s3api-us-ca-2.runpod.io"
+    assert client.meta.region_name == "US-CA-2"
+
+
+def _body(data: bytes):
+    from botocore.response import StreamingBody
+
+    return StreamingBody(io.BytesIO(data), len(data))
+
+
+def test_managed_job_fetch_without_s3_keys_says_which(fake):
+    with pytest.raises(BackendError, match="set RUNPOD_S3_ACCESS_KEY and RUNPOD_S3_SECRET_KEY"):
+        sp.SkyPilotBackend().fetch(managed_run(), Path("unused"), ("metrics.jsonl",))
