@@ -197,7 +197,7 @@ def _refresh(run):
         changes["state"] = st.state
         if st.state not in registry.ACTIVE_STATES and not run.ended_at:
             changes["ended_at"] = time.time()
-    if st.reason and st.reason != run.reason:
+    if st.reason and st.reason != run.reason and not st.extra.get("unreachable"):
         changes["reason"] = st.reason
     if changes:
         run = registry.update(run.id, **changes)

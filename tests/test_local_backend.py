@@ -129,3 +129,17 @@ def test_multi_node_task_runs_as_two_local_nodes(tmp_path):
     # Node 1 ran the same script and joined the job (the driver records the first non-zero exit).
     assert "launch: run on node 1" in (home / "node1.log").read_text()
     assert (home / "exit_code").read_text().strip() == "0"
+
+
+def test_down_stops_every_process_of_the_run():
+    from launcher.backends.local import _run_processes
+
+    rid = started_id(launch("up", "local-demo", "--set", "train.max_steps=500", "--set", "outputs.merge=false"))
+    deadline = time.time() + 120
+    while not _run_processes(rid) or json.loads(launch("status", rid, "--json").output).get("step") is None:
+        assert time.time() < deadline, "training never started"
+        time.sleep(0.5)
+    r = launch("down", rid)
+    assert r.exit_code == 0 and f"{rid} is down (stopped)" in r.output
+    assert _run_processes(rid) == []
+    assert registry.get(rid).state == "stopped"

@@ -172,14 +172,15 @@ class LocalBackend(Backend):
 
     def down(self, run: Run) -> None:
         pgid = run.handle.get("pgid")
-        if not pgid or not self._alive(run):
+        if not pgid:
             return
         _signal_group(pgid, signal.SIGTERM)
+        _signal_run_processes(run.id, signal.SIGTERM)  # torchrun workers live in their own sessions
         deadline = time.time() + 15
-        while time.time() < deadline and self._alive(run):
+        while time.time() < deadline and (self._alive(run) or _run_processes(run.id)):
             time.sleep(0.2)
-        if self._alive(run):
-            _signal_group(pgid, signal.SIGKILL)
+        _signal_group(pgid, signal.SIGKILL)
+        _signal_run_processes(run.id, signal.SIGKILL)
 
     # --------------------------------------------------------------------------------- fetch
 
@@ -205,6 +206,27 @@ def _signal_group(pgid: int, sig) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+def _run_processes(run_id: str) -> list[int]:
+    """Pids of this user's processes whose environment carries LAUNCH_RUN_ID=<run_id>."""
+    needle = f"LAUNCH_RUN_ID={run_id}".encode()
+    pids = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in env.read_bytes().split(b"\0"):
+                pids.append(int(env.parent.name))
+        except OSError:
+            continue
+    return [p for p in pids if p != os.getpid()]
+
+
+def _signal_run_processes(run_id: str, sig) -> None:
+    for pid in _run_processes(run_id):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _read_json(path: Path) -> dict:

@@ -129,11 +129,6 @@ class Target:
                    hostname=conf.get("hostname", host),
                    port=int(port or conf.get("port") or DEFAULT_SSH_PORT))
 
-    @property
-    def key_name(self) -> str:
-        """The name known_hosts uses for this host (`[host]:port` off the default port)."""
-        return self.hostname if self.port == DEFAULT_SSH_PORT else f"[{self.hostname}]:{self.port}"
-
     def __str__(self) -> str:
         host = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
         return f"{self.user}@{host}:{self.port}"
@@ -166,8 +161,10 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
                 f"own (`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` there, or your provider's console), "
                 f"then re-run with --accept-new-host-key to trust it")
         self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        old = self.known_hosts.read_bytes() if self.known_hosts.is_file() else b""
         with open(self.known_hosts, "a") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            f.write(("\n" if old and not old.endswith(b"\n") else "") +
+                    f"{hostname} {key.get_name()} {key.get_base64()}\n")
         self.known_hosts.chmod(0o600)
 
 
@@ -190,6 +187,8 @@ class _Conn:
             client.load_host_keys(str(self.known_hosts))
         client.set_missing_host_key_policy(_HostKeyPolicy(self.known_hosts, self.accept))
         t, ident = self.timeout, self.identity
+        if ident and not Path(ident).expanduser().is_file():
+            raise BackendError(f"identity file {ident} does not exist")
         try:
             client.connect(self.target.hostname, self.target.port, self.target.user,
                            key_filename=str(Path(ident).expanduser()) if ident else None,
@@ -206,7 +205,7 @@ class _Conn:
         except paramiko.AuthenticationException as e:
             client.close()
             raise BackendError(f"{self.target} refused our key ({e}): add your public key to the host's "
-                               f"~/.ssh/authorized_keys or pass --identity-file") from None
+                               f"~/.ssh/authorized_keys or pass --identity KEYFILE") from None
         except BaseException:
             client.close()
             raise
@@ -368,7 +367,7 @@ class SSHBackend(Backend):
         pid = self._start(conn, run_root, spec.secrets)
         run.state, run.cluster, run.job_id = "running", conn.target.hostname, str(pid)
         run.handle = {**run.handle, "host": str(conn.target), "known_hosts": str(conn.known_hosts),
-                      "identity_file": self.identity_file, "remote_root": root, "run_root": run_root,
+                      "identity_file": conn.identity, "remote_root": root, "run_root": run_root,
                       "volume": volume, "run_dir": str(run_dir), "log": log, "pid": pid, "pgid": pid,
                       "gpus_per_node": gpus, "upload": self.last_upload}
         return run
