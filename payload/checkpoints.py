@@ -1,0 +1,314 @@
+"""Checkpoints on the volume: completion marker, resume, retention, time-based saves, SIGTERM.
+
+Layout: `{run_dir}/checkpoints/checkpoint-<step>/` as the Trainer writes it, plus the resolved
+`config.yaml` and a `COMPLETE` marker written LAST (after every file and the directory were
+fsynced). A directory without the marker is a save that was cut off: resume ignores it and removes
+it. Deleting a checkpoint removes its marker first, so a kill during deletion leaves a directory
+that the next start cleans up, never a "complete" one with files missing.
+
+Decisions that depend on clocks or signals (time-based save, SIGTERM, budget) are all-reduced
+across ranks every step, so every process saves and stops at the same step (no DDP deadlock).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+from payload import layout
+from payload.errors import PayloadError
+
+log = logging.getLogger("payload.train")
+
+_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+SIGTERM_SAVE_BUDGET_S = 2.5
+"""RunPod sends SIGKILL 5 s after SIGTERM: save on SIGTERM only when a save measured faster than this."""
+INITIAL_SAVE_ESTIMATE_S = 60.0
+"""Save time assumed by Young's formula until the first save has been timed."""
+
+
+class TrainingInterrupted(PayloadError):
+    """SIGTERM/SIGINT (spot preemption, `launch down`): stopped at a step boundary; restart resumes."""
+
+    exit_code = 143
+
+
+# ------------------------------------------------------------------------------------ on-disk state
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / layout.CHECKPOINTS_DIR
+
+
+def step_of(path: Path) -> Optional[int]:
+    m = _CKPT_RE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / layout.COMPLETE_MARKER).is_file()
+
+
+def read_marker(path: Path) -> dict:
+    try:
+        return json.loads((Path(path) / layout.COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path, bool]]:
+    """(step, path, complete) for every checkpoint-N directory, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(step_of(p), p) for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
+    return [(s, p, is_complete(p)) for s, p in sorted(found)]
+
+
+def latest_complete(root: Path) -> Optional[Path]:
+    done = [p for _, p, ok in list_checkpoints(root) if ok]
+    return done[-1] if done else None
+
+
+def clean_incomplete(root: Path) -> list[Path]:
+    """Remove half-written checkpoints (no marker) and leftovers of interrupted deletions."""
+    removed = []
+    for _, path, ok in list_checkpoints(root):
+        if not ok:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if Path(root).is_dir():
+        for p in Path(root).glob(".trash-*"):
+            shutil.rmtree(p, ignore_errors=True)
+    for p in removed:
+        log.warning("removed incomplete checkpoint %s (its save was cut off)", p.name)
+    return removed
+
+
+def _fsync_path(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file and directory under `path` (the data must be on disk before the marker)."""
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            _fsync_path(Path(dirpath) / f)
+        _fsync_path(Path(dirpath), directory=True)
+
+
+def write_marker(path: Path, info: dict) -> None:
+    """Write the COMPLETE marker atomically and durably (tmp file, fsync, rename, fsync dir)."""
+    path = Path(path)
+    tmp = path / f".{layout.COMPLETE_MARKER}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(info, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path / layout.COMPLETE_MARKER)
+    _fsync_path(path, directory=True)
+    _fsync_path(path.parent, directory=True)
+
+
+def finalize_checkpoint(path: Path, config_yaml: str, info: dict) -> None:
+    """Called after the Trainer wrote a checkpoint: config beside it, fsync, then the marker."""
+    path = Path(path)
+    (path / layout.RESOLVED_CONFIG).write_text(config_yaml, encoding="utf-8")
+    fsync_tree(path)
+    write_marker(path, info)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Marker first, then rename out of the way, then delete: never a marked, partial checkpoint."""
+    path = Path(path)
+    (path / layout.COMPLETE_MARKER).unlink(missing_ok=True)
+    trash = path.parent / f".trash-{path.name}"
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+_NOT_ADAPTER = {"optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin",
+                layout.COMPLETE_MARKER, layout.RESOLVED_CONFIG, "README.md"}
+
+
+def export_adapter(checkpoint: Path, dest: Path) -> Path:
+    """Copy the weights + tokenizer files of a checkpoint (no optimizer/RNG state) to `dest` atomically."""
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for p in checkpoint.iterdir():
+        if p.is_file() and p.name not in _NOT_ADAPTER and not p.name.startswith(("rng_state", ".")):
+            shutil.copy2(p, tmp / p.name)
+    (tmp / "source_checkpoint.txt").write_text(checkpoint.name + "\n")
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
+
+
+def apply_retention(root: Path, keep_best: int, keep_recent: int) -> list[Path]:
+    """Keep the `keep_best` lowest-eval-loss and the `keep_recent` newest complete checkpoints."""
+    done = [(s, p, read_marker(p)) for s, p, ok in list_checkpoints(root) if ok]
+    keep = {p for _, p, _ in done[-max(keep_recent, 1):]}
+    scored = [(m["eval_loss"], s, p) for s, p, m in done if m.get("eval_loss") is not None]
+    keep |= {p for _, _, p in sorted(scored)[:keep_best]}
+    removed = [p for _, p, _ in done if p not in keep]
+    for p in removed:
+        remove_checkpoint(p)
+        log.info("retention: removed %s", p.name)
+    return removed
+
+
+def best_checkpoint(root: Path) -> Optional[Path]:
+    """Lowest eval loss among complete checkpoints (earliest on ties); the newest if none has one."""
+    done = [(s, p, read_marker(p)) for s, p, ok in list_checkpoints(root) if ok]
+    scored = [(m["eval_loss"], s, p) for s, p, m in done if m.get("eval_loss") is not None]
+    if scored:
+        return min(scored)[2]
+    return done[-1][1] if done else None
+
+
+# ------------------------------------------------------------------------------- save-time policy
+
+
+def young_interval_s(save_seconds: float, mtbf_hours: float) -> float:
+    """Young's optimal checkpoint interval sqrt(2 * save_time * MTBF), in seconds."""
+    return math.sqrt(2.0 * max(save_seconds, 1e-3) * mtbf_hours * 3600.0)
+
+
+def save_interval_s(ck_cfg, measured_save_s: Optional[float]) -> Optional[float]:
+    """Seconds between time-based saves: explicit minutes, else Young's formula (spot), else None."""
+    if ck_cfg.save_every_minutes:
+        return ck_cfg.save_every_minutes * 60.0
+    if ck_cfg.expected_preemption_hours:
+        est = measured_save_s if measured_save_s is not None else INITIAL_SAVE_ESTIMATE_S
+        return young_interval_s(est, ck_cfg.expected_preemption_hours)
+    return None
+
+
+class StopSignal:
+    """SIGTERM/SIGINT set a flag; the training loop stops at the next step boundary."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._previous = {}
+
+    def install(self) -> "StopSignal":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not in the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # second Ctrl-C: stop now
+        self.signum = signum
+        log.warning("received %s: stopping at the next step boundary", signal.Signals(signum).name)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+def all_reduce_max(values: list[float], device=None) -> list[float]:
+    """Element-wise max over all ranks (identity in a single process)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device or "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+# ------------------------------------------------------------------------------- trainer callback
+
+
+def _noop(*args, **kwargs):
+    return None
+
+
+class Callback:
+    """A transformers TrainerCallback by duck typing: every `on_*` event not defined is a no-op.
+
+    Subclassing the real `TrainerCallback` would import transformers when this module loads, before
+    the payload has set HF_HOME; the Trainer only ever calls `getattr(callback, event)(...)`.
+    """
+
+    def __getattr__(self, name):
+        if name.startswith("on_"):
+            return _noop
+        raise AttributeError(name)
+
+
+class RunControl(Callback):
+    """Per-step decisions the step schedule cannot make: time-based saves (snapped to the next
+    logging boundary, so logged loss windows stay identical across restarts), a save + eval at the
+    last step, stop + save on budget exhaustion, stop on SIGTERM (saving only if a save is fast)."""
+
+    def __init__(self, ck_cfg, stop: StopSignal, tracker=None, logging_steps: int = 1, has_eval: bool = False):
+        self.ck = ck_cfg
+        self.stop = stop
+        self.tracker = tracker
+        self.logging_steps = max(int(logging_steps), 1)
+        self.has_eval = has_eval
+        self.measured_save_s: Optional[float] = None
+        self.save_history: list[float] = []  # seconds of every save of this session
+        self.last_save_t = time.monotonic()
+        self.pending_time_save = False
+        self.reason: Optional[str] = None  # "interrupted" | "budget_exhausted"
+        self.device = None
+
+    def note_save(self, seconds: float) -> None:
+        self.measured_save_s = seconds
+        self.save_history.append(seconds)
+        self.last_save_t = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.last_save_t = time.monotonic()
+        self.device = args.device if args.device.type == "cuda" else None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        interval = save_interval_s(self.ck, self.measured_save_s)
+        due = interval is not None and time.monotonic() - self.last_save_t >= interval
+        over = bool(self.tracker and self.tracker.exhausted())
+        sig = self.stop.signum is not None
+        save_s = self.measured_save_s if self.measured_save_s is not None else 1e9
+        sig, over, due, save_s = all_reduce_max([float(sig), float(over), float(due), save_s], self.device)
+        step = state.global_step
+        if due and not self.pending_time_save:
+            self.pending_time_save = True
+            log.info("time-based save due (every %.0f s): at the next logging boundary", interval or 0)
+        if self.pending_time_save and step % self.logging_steps == 0:
+            control.should_save, self.pending_time_save = True, False
+        if step >= state.max_steps:
+            control.should_save = True
+            control.should_evaluate = control.should_evaluate or self.has_eval
+        if sig:
+            self.reason = "interrupted"
+            control.should_training_stop = True
+            control.should_save = control.should_save or save_s < SIGTERM_SAVE_BUDGET_S
+            log.warning("stopping at step %d (%s)", step, "saving first" if control.should_save else
+                        f"no save: a save takes {save_s:.1f}s, more than the {SIGTERM_SAVE_BUDGET_S}s allowed")
+        elif over:
+            self.reason = "budget_exhausted"
+            control.should_training_stop = True
+            control.should_save = True
+        return control

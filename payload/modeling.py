@@ -1,0 +1,295 @@
+"""Tokenizer/processor and model for training: Auto classes, dtype, attention fallback, LoRA/QLoRA/full.
+
+Everything goes through `from_pretrained`, also for the tiny demo model (materialized once into
+`{run_dir}/base_model/` by `payload.tiny`), so the code path on CPU is the one a GPU run takes.
+The LoRA adapter itself is created by TRL's SFTTrainer from `lora_config()`; `check_vision_frozen`
+asserts afterwards that nothing under a vision tower trains.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+
+from payload.errors import PayloadError
+
+log = logging.getLogger("payload.train")
+
+VISION_PREFIXES = ("visual", "vision_tower", "vision_model", "vision_encoder")
+_VISION_RE = r"(^|\.)(" + "|".join(VISION_PREFIXES) + r")\."
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_dtype(model_cfg):
+    """`auto`: bf16 on a GPU that supports it, fp32 on CPU; otherwise what the config says."""
+    import torch
+
+    if model_cfg.dtype == "bfloat16":
+        return torch.bfloat16
+    if model_cfg.dtype == "float32":
+        return torch.float32
+    if on_gpu() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def base_model_path(cfg) -> str:
+    """Where the base model loads from: the hub id / local path, or the materialized tiny model."""
+    if cfg.model.tiny is not None:
+        from payload.tiny import BASE_MODEL_DIR, materialize_tiny
+
+        return str(materialize_tiny(cfg, cfg.run_dir / BASE_MODEL_DIR))
+    return cfg.model.name_or_path
+
+
+# ------------------------------------------------------------------------------ tokenizer/processor
+
+
+def load_processing_class(path: str, kind: str, trust_remote_code: bool = False, revision=None):
+    """AutoTokenizer for causal LMs; AutoProcessor for image-text-to-text (image-only fallback)."""
+    from transformers import AutoTokenizer, ProcessorMixin
+
+    kw = dict(trust_remote_code=trust_remote_code, revision=revision)
+    if kind == "causal_lm":
+        tok = AutoTokenizer.from_pretrained(path, **kw)
+        _ensure_pad(tok)
+        return tok
+    proc = None
+    try:
+        from transformers import AutoProcessor
+
+        proc = AutoProcessor.from_pretrained(path, **kw)
+    except (ImportError, ValueError, OSError, AttributeError, TypeError) as e:
+        log.info("AutoProcessor failed (%s); using the image-only processor", str(e).strip().splitlines()[0])
+    if not isinstance(proc, ProcessorMixin):
+        proc = _image_only_processor(path, kw)
+    _ensure_pad(proc.tokenizer)
+    return proc
+
+
+def _image_only_processor(path: str, kw: dict):
+    """Qwen-VL processor without the video processor (that one needs torchvision, missing on CPU)."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    from payload.tiny import image_only_processor
+
+    tok = AutoTokenizer.from_pretrained(path, **kw)
+    return image_only_processor(AutoImageProcessor.from_pretrained(path, **kw), tok)
+
+
+def _ensure_pad(tok) -> None:
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+
+
+# -------------------------------------------------------------------------------------------- model
+
+
+def _auto_class(kind: str):
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForCausalLM if kind == "causal_lm" else AutoModelForImageTextToText
+
+
+def _attn_unavailable(impl: str) -> str | None:
+    """Why an attention implementation cannot work here (None if it may)."""
+    if impl == "flash_attention_2":
+        if not on_gpu():
+            return "needs a CUDA GPU"
+        if importlib.util.find_spec("flash_attn") is None:
+            return "package flash-attn is not installed"
+    return None
+
+
+def load_model(cfg, path: str, dtype=None):
+    """Load the base model, trying `model.attn_implementation` in order; logs and returns the winner.
+
+    Returns (model, attn_implementation).
+    """
+    dtype = dtype or resolve_dtype(cfg.model)
+    kwargs = dict(dtype=dtype, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
+    if cfg.train.method == "qlora":
+        kwargs["quantization_config"] = quantization_config(cfg.train.quantization)
+    cls = _auto_class(cfg.model.kind)
+    errors = []
+    for impl in cfg.model.attn_implementation:
+        why = _attn_unavailable(impl)
+        if why:
+            errors.append(f"{impl}: {why}")
+            log.info("attention %s skipped: %s", impl, why)
+            continue
+        try:
+            model = cls.from_pretrained(path, attn_implementation=impl, **kwargs)
+        except (ImportError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            errors.append(f"{impl}: {first}")
+            log.info("attention %s failed: %s", impl, first)
+            continue
+        log.info("model %s loaded: %s, dtype %s, attention %s", cfg.model.name_or_path,
+                 type(model).__name__, str(dtype).replace("torch.", ""), impl)
+        return model, impl
+    raise PayloadError(
+        f"no attention implementation in model.attn_implementation {cfg.model.attn_implementation} "
+        f"could load the model ({'; '.join(errors)}); add `sdpa` or `eager` to the list"
+    )
+
+
+def quantization_config(q):
+    """BitsAndBytesConfig for QLoRA; clear errors where it cannot run (CPU, no bitsandbytes)."""
+    import torch
+
+    if not on_gpu():
+        raise PayloadError("train.method qlora needs a CUDA GPU (bitsandbytes 4-bit); on CPU use method: lora")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise PayloadError("train.method qlora needs the bitsandbytes package; pip install bitsandbytes")
+    from transformers import BitsAndBytesConfig
+
+    compute = torch.bfloat16 if q.compute_dtype == "bfloat16" else torch.float16
+    if q.bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=q.quant_type,
+        bnb_4bit_use_double_quant=q.double_quant,
+        bnb_4bit_compute_dtype=compute,
+        bnb_4bit_quant_storage=compute,
+    )
+
+
+# ------------------------------------------------------------------------------------- LoRA / full
+
+
+def is_vision_param(name: str) -> bool:
+    return re.search(_VISION_RE, name) is not None
+
+
+def _linear_leaf_names(model) -> set[str]:
+    """Last name components of the Linear layers outside any vision tower, lm_head excluded."""
+    import torch
+
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not is_vision_param(name + "."):
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf != "lm_head":
+                names.add(leaf)
+    return names
+
+
+def lora_target_modules(cfg, model):
+    """`target_modules` for peft. For VL models with `language_only`: a regex that excludes the
+    vision tower (peft full-matches a string against module names)."""
+    lc = cfg.train.lora
+    vl = cfg.model.kind == "image_text_to_text"
+    if not (vl and lc.language_only):
+        return lc.target_modules
+    leaves = sorted(_linear_leaf_names(model)) if lc.target_modules == "all-linear" else list(lc.target_modules)
+    alternatives = "|".join(re.escape(x) for x in leaves)
+    prefixes = "|".join(VISION_PREFIXES)
+    return rf"^(?!(.*\.)?({prefixes})\.).*\.({alternatives})$"
+
+
+def lora_config(cfg, model):
+    """peft.LoraConfig from `train.lora` (handed to SFTTrainer, which wraps the model)."""
+    from peft import LoraConfig
+
+    lc = cfg.train.lora
+    return LoraConfig(
+        r=lc.r,
+        lora_alpha=lc.alpha,
+        lora_dropout=lc.dropout,
+        target_modules=lora_target_modules(cfg, model),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+
+
+def freeze_vision(model) -> int:
+    """Set requires_grad=False on every vision-tower parameter; returns how many tensors."""
+    n = 0
+    for name, p in model.named_parameters():
+        if is_vision_param(name):
+            p.requires_grad_(False)
+            n += 1
+    return n
+
+
+def check_vision_frozen(cfg, model) -> dict:
+    """Assert nothing under the vision tower trains (VL + language_only). Returns param counts."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    vision_trainable = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and is_vision_param(n))
+    counts = {"trainable_params": trainable, "total_params": total, "vision_trainable_params": vision_trainable}
+    if cfg.model.kind == "image_text_to_text" and cfg.train.lora.language_only and vision_trainable:
+        raise RuntimeError(f"vision tower must be frozen but {vision_trainable} of its parameters are trainable")
+    if trainable == 0:
+        raise PayloadError("no trainable parameters: check train.lora.target_modules against the model's layer names")
+    log.info("trainable parameters: %d of %d (%.3f%%); vision tower trainable: %d",
+             trainable, total, 100.0 * trainable / max(total, 1), vision_trainable)
+    return counts
+
+
+def prepare_for_method(cfg, model):
+    """Method-specific preparation before the trainer: returns (model, peft_config or None)."""
+    method = cfg.train.method
+    vl_language_only = cfg.model.kind == "image_text_to_text" and cfg.train.lora.language_only
+    if method == "full":
+        if vl_language_only:
+            log.info("full fine-tuning: froze %d vision-tower tensors", freeze_vision(model))
+        return model, None
+    if method == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=cfg.train.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    return model, lora_config(cfg, model)
+
+
+def deepspeed_config(ds) -> dict:
+    """A ZeRO config dict for transformers' `deepspeed=` argument ("auto" values filled by the Trainer)."""
+    zero = {
+        "stage": ds.zero_stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": "auto",
+    }
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if ds.zero_stage == 3:
+        zero.update({
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+            "stage3_max_live_parameters": 1e9,
+            "stage3_max_reuse_distance": 1e9,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        })
+        if ds.offload_params:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "zero_optimization": zero,
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def check_deepspeed_available(cfg) -> None:
+    if cfg.train.deepspeed is None:
+        return
+    if importlib.util.find_spec("deepspeed") is None:
+        raise PayloadError("train.deepspeed is set but the deepspeed package is not installed; pip install deepspeed")
+    if not on_gpu():
+        raise PayloadError("train.deepspeed needs CUDA GPUs; remove `train.deepspeed` to train on CPU")

@@ -1,0 +1,135 @@
+"""What the run costs: elapsed wall time x price, accumulated across restarts in `{run_dir}/cost.json`.
+
+The price is the whole cluster's dollars per hour (`runtime.price_per_hour`). Every session adds
+its own wall time (model loading and evaluation included: the machine is billed for them too), so
+a job that was preempted and resumed shows the money of all its attempts. At 90% of
+`runtime.budget_usd` a warning is logged once; at 100% `exhausted()` turns true and the training
+loop saves a checkpoint and stops (state `budget_exhausted`, exit code `BudgetExhausted.exit_code`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Optional
+
+from payload import layout
+from payload.checkpoints import Callback
+
+log = logging.getLogger("payload.train")
+
+WARN_FRACTION = 0.9
+
+
+def atomic_write_json(path: Path, data: dict) -> None:
+    """Write JSON to a temp file and rename it into place (readers never see half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class CostTracker:
+    """Seconds and dollars of this run so far; `clock` is injectable for tests of the arithmetic."""
+
+    def __init__(self, run_dir: Path, price_per_hour: float, budget_usd: Optional[float],
+                 clock: Callable[[], float] = time.monotonic, write: bool = True):
+        self.path = Path(run_dir) / layout.COST
+        self.price = float(price_per_hour)
+        self.budget = budget_usd
+        self.clock = clock
+        self.write = write
+        prior = _read(self.path)
+        self.prior_seconds = float(prior.get("seconds", 0.0))
+        self.prior_usd = float(prior.get("usd", 0.0))
+        self.sessions = int(prior.get("sessions", 0)) + 1
+        self.start = clock()
+        self.warned = False
+        self._last_write = -1e9
+
+    # ------------------------------------------------------------------------------- arithmetic
+
+    def session_seconds(self) -> float:
+        return max(self.clock() - self.start, 0.0)
+
+    def seconds(self) -> float:
+        return self.prior_seconds + self.session_seconds()
+
+    def usd(self) -> float:
+        return self.prior_usd + self.session_seconds() * self.price / 3600.0
+
+    def fraction(self) -> Optional[float]:
+        return None if not self.budget else self.usd() / self.budget
+
+    def exhausted(self) -> bool:
+        """True at or past 100% of the budget; logs the 90% warning once on the way."""
+        frac = self.fraction()
+        if frac is None:
+            return False
+        if frac >= WARN_FRACTION and not self.warned:
+            self.warned = True
+            log.warning("cost $%.4f is %.0f%% of the $%.2f budget", self.usd(), 100 * frac, self.budget)
+        return frac >= 1.0
+
+    def eta_s(self, step: int, max_steps: int, session_steps: int, session_train_s: float) -> Optional[float]:
+        """Remaining seconds at this session's pace (None until a step was timed)."""
+        if session_steps <= 0 or session_train_s <= 0:
+            return None
+        return max(max_steps - step, 0) * session_train_s / session_steps
+
+    def projected_usd(self, eta_s: Optional[float]) -> Optional[float]:
+        return None if eta_s is None else self.usd() + eta_s * self.price / 3600.0
+
+    # ---------------------------------------------------------------------------------- persist
+
+    def snapshot(self) -> dict:
+        return {
+            "seconds": round(self.seconds(), 3),
+            "usd": round(self.usd(), 6),
+            "price_per_hour": self.price,
+            "budget_usd": self.budget,
+            "sessions": self.sessions,
+            "updated_at": now_iso(),
+        }
+
+    def save(self, min_interval_s: float = 0.0) -> None:
+        """Persist to cost.json (rank 0 only; throttled by `min_interval_s`)."""
+        if not self.write:
+            return
+        t = self.clock()
+        if t - self._last_write < min_interval_s:
+            return
+        self._last_write = t
+        atomic_write_json(self.path, self.snapshot())
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class CostCallback(Callback):
+    """Keeps cost.json current (every step, at most every 5 s) and at the end of training."""
+
+    def __init__(self, tracker: CostTracker):
+        self.tracker = tracker
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.tracker.save(min_interval_s=5.0)
+
+    def on_log(self, args, state, control, **kwargs):
+        self.tracker.save()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.tracker.save()

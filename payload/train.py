@@ -1,0 +1,468 @@
+"""Training stage: `python -m payload train --config RUN.yaml`, or `payload.train.main(cfg)`.
+
+Same entry point for one process, `torchrun --nproc_per_node N`, and several nodes. The phases are
+plain functions, in the order torchtune's recipes use (setup, load_checkpoint, train, save,
+cleanup); the work is TRL's `SFTTrainer` (assistant-only loss, packing, PEFT) on transformers'
+`Trainer` (resume with RNG/optimizer/scheduler/data position, DDP, DeepSpeed). What is added here:
+checkpoint markers and retention, time/budget/SIGTERM stops, cost, metrics and the outputs.
+
+Inputs: `{run_dir}/data/{train,val}.jsonl` with canonical records
+`{"messages": [{"role", "content": str | [{"type": "text", "text"} | {"type": "image", "image": path}]}],
+"source": ...}` (written by `python -m payload data`; run here first if missing).
+Outputs: layout.ADAPTER_DIR, SUMMARY, METRICS, LOSS_PLOT, HIGH_LOSS, STATUS, COST.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from payload import checkpoints as ck
+from payload import layout, modeling, observe
+from payload.config import dump_run_config
+from payload.errors import BudgetExhausted, PayloadError
+from payload.money import CostCallback, CostTracker
+
+log = logging.getLogger("payload.train")
+
+@dataclass
+class Run:
+    """Everything the phases share."""
+
+    cfg: Any
+    run_dir: Path
+    t0: float = field(default_factory=time.monotonic)
+    stop: ck.StopSignal = field(default_factory=ck.StopSignal)
+    tracker: Optional[CostTracker] = None
+    control: Optional[ck.RunControl] = None
+    trainer: Any = None
+    attn: Optional[str] = None
+    counts: dict = field(default_factory=dict)
+    val_records: list = field(default_factory=list)
+    resume: Optional[Path] = None
+    state: str = "starting"
+
+    @property
+    def main(self) -> bool:
+        return observe.rank() == 0
+
+
+def main(cfg) -> dict:
+    """Train (or resume) the run described by `cfg`; returns the training summary."""
+    observe.setup_logging()
+    run = Run(cfg=cfg, run_dir=cfg.run_dir)
+    try:
+        done = already_trained(run)
+        if done is not None:
+            return done
+        setup(run)
+        load_checkpoint(run)
+        train(run)
+        summary = save(run)
+    except PayloadError:
+        observe.write_status(run.run_dir, state="failed")
+        raise
+    except BaseException:
+        observe.write_traceback(run.run_dir)
+        observe.write_status(run.run_dir, state="failed")
+        raise
+    finally:
+        cleanup(run)
+    if run.state == "budget_exhausted":
+        raise BudgetExhausted(
+            f"budget of ${cfg.runtime.budget_usd:.2f} reached at step {summary['steps']} "
+            f"(spent ${summary['cost_usd']:.2f}); a checkpoint was saved: raise runtime.budget_usd "
+            "(LAUNCH_BUDGET_USD) and rerun to resume")
+    if run.state == "interrupted":
+        raise ck.TrainingInterrupted(f"stopped by a signal at step {summary['steps']}; rerun to resume")
+    return summary
+
+
+# -------------------------------------------------------------------------------------------- setup
+
+
+def already_trained(run: Run) -> Optional[dict]:
+    """A finished run with the same config hash is not trained again (a restarted job moves on)."""
+    path = run.run_dir / layout.SUMMARY
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("state") in ("completed", "stopped_early") and \
+            summary.get("config_hash") == run.cfg.config_hash() and (run.run_dir / layout.ADAPTER_DIR).is_dir():
+        log.info("training already finished (%s); nothing to do", path)
+        return summary
+    return None
+
+
+def setup(run: Run) -> None:
+    """Directories, signals, cost, data, tokenizer, model and the trainer."""
+    cfg, rd = run.cfg, run.run_dir
+    _set_env(cfg)
+    observe.quiet_libraries()
+    if run.main:
+        (rd / layout.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+        (rd / layout.RESOLVED_CONFIG).write_text(dump_run_config(cfg), encoding="utf-8")
+    observe.write_status(rd, state="loading", step=0, max_steps=cfg.train.max_steps)
+    run.stop.install()
+    run.tracker = CostTracker(rd, cfg.runtime.price_per_hour, cfg.runtime.budget_usd, write=run.main)
+    modeling.check_deepspeed_available(cfg)
+    if cfg.train.method == "qlora":
+        modeling.quantization_config(cfg.train.quantization)  # fail fast, before any download
+    dtype = modeling.resolve_dtype(cfg.model)
+    # The TrainingArguments set up the process group (torchrun), so they come first; without
+    # validation data they are rebuilt with evaluation off (dataclasses.replace re-validates).
+    args = sft_config(cfg, has_eval=True, dtype=dtype)
+    with args.main_process_first(local=False, desc="base model and data"):
+        path = modeling.base_model_path(cfg)
+        processing = modeling.load_processing_class(path, cfg.model.kind, cfg.model.trust_remote_code,
+                                                    cfg.model.revision)
+        train_records, run.val_records = ensure_data(cfg, _tokenizer_of(processing))
+    model, run.attn = modeling.load_model(cfg, path, dtype)
+    model, peft_config = modeling.prepare_for_method(cfg, model)
+    vl = cfg.model.kind == "image_text_to_text"
+    train_ds = build_dataset(train_records, vl, "train.jsonl")
+    eval_ds = build_dataset(run.val_records, vl, "val.jsonl") if run.val_records else None
+    if eval_ds is None:
+        args = dataclasses.replace(args, eval_strategy="no", metric_for_best_model=None, greater_is_better=None)
+    run.control = ck.RunControl(cfg.train.checkpoints, run.stop, run.tracker, cfg.train.logging_steps,
+                                has_eval=eval_ds is not None)
+    run.trainer = trainer_class()(
+        model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=processing,
+        peft_config=peft_config, callbacks=_callbacks(run, eval_ds is not None),
+    )
+    run.trainer.launch_run = run
+    observe.quiet_trainer(run.trainer)
+    run.counts = modeling.check_vision_frozen(cfg, run.trainer.model)
+
+
+def _set_env(cfg) -> None:
+    os.environ.setdefault("HF_HOME", cfg.runtime.hf_home or str(Path(cfg.runtime.volume) / ".hf"))
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(cfg.run_dir / layout.LOGS_DIR / "tensorboard"))
+    os.environ.setdefault("WANDB_PROJECT", "launch")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in cfg.train.report_to:
+        pkg = "tensorboard" if name == "tensorboard" else "wandb"
+        import importlib.util
+
+        if importlib.util.find_spec(pkg) is None:
+            raise PayloadError(f"train.report_to lists `{name}` but the {pkg} package is not installed")
+
+
+def _tokenizer_of(processing):
+    return getattr(processing, "tokenizer", processing)
+
+
+def _callbacks(run: Run, has_eval: bool) -> list:
+    cbs = [run.control, CostCallback(run.tracker),
+           observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
+    patience = run.cfg.train.early_stopping_patience
+    if patience:
+        if not has_eval:
+            raise PayloadError("train.early_stopping_patience needs validation data (a `val` split in data sources)")
+        from transformers import EarlyStoppingCallback
+
+        cbs.append(EarlyStoppingCallback(early_stopping_patience=patience))
+    return cbs
+
+
+def sft_config(cfg, has_eval: bool, dtype):
+    """TRL SFTConfig (a transformers TrainingArguments) from the run config."""
+    import torch
+    from trl import SFTConfig
+
+    t = cfg.train
+    vl = cfg.model.kind == "image_text_to_text"
+    return SFTConfig(
+        output_dir=str(ck.checkpoints_dir(cfg.run_dir)),
+        run_name=cfg.runtime.run_id,
+        per_device_train_batch_size=t.per_device_batch_size,
+        per_device_eval_batch_size=t.per_device_eval_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        num_train_epochs=t.epochs,
+        max_steps=t.max_steps or -1,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=t.warmup_ratio,  # < 1: a fraction of the total steps
+        weight_decay=t.weight_decay,
+        optim=t.optimizer,
+        max_grad_norm=t.max_grad_norm,
+        activation_checkpointing=t.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False},
+        bf16=dtype == torch.bfloat16 and modeling.on_gpu(),
+        fp16=False,
+        use_cpu=not modeling.on_gpu(),
+        seed=t.seed,
+        logging_strategy="steps",
+        logging_steps=t.logging_steps,
+        eval_strategy="steps" if has_eval else "no",
+        eval_steps=t.eval_steps,
+        save_strategy="steps",
+        save_steps=t.checkpoints.save_steps,
+        save_total_limit=None,  # retention is ours (best-K + recent-K), see checkpoints.apply_retention
+        metric_for_best_model="eval_loss" if has_eval else None,
+        greater_is_better=False if has_eval else None,
+        report_to=list(t.report_to) or "none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        max_length=t.max_seq_length,
+        packing=t.packing,
+        packing_strategy="bfd",
+        eval_packing=False,  # per-sample eval losses (high-loss samples) need unpacked rows
+        assistant_only_loss=t.assistant_only_loss,
+        ddp_find_unused_parameters=None if vl else False,
+        deepspeed=modeling.deepspeed_config(t.deepspeed) if t.deepspeed else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+def ensure_data(cfg, tokenizer) -> tuple[list, list]:
+    """Read train/val JSONL; run the data stage first when the data directory has no train.jsonl."""
+    data_dir = cfg.run_dir / layout.DATA_DIR
+    if not (data_dir / "train.jsonl").is_file():
+        try:
+            import payload.data as data_stage
+        except ImportError:
+            raise PayloadError(f"{data_dir}/train.jsonl is missing: run `python -m payload data --config ...` first")
+        log.info("no prepared data in %s: running the data stage", data_dir)
+        data_stage.main(cfg, tokenizer=tokenizer)
+    train = read_jsonl(data_dir / "train.jsonl")
+    if not train:
+        raise PayloadError(f"{data_dir}/train.jsonl has no records: check data.sources and their splits")
+    val_path = data_dir / "val.jsonl"
+    return train, read_jsonl(val_path) if val_path.is_file() else []
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                raise PayloadError(f"{path}:{n}: not valid JSON ({e.msg}); rerun the data stage") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
+                raise PayloadError(f"{path}:{n}: a record needs a `messages` list; rerun the data stage")
+            records.append(rec)
+    return records
+
+
+def _parts(content, where: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise PayloadError(f"{where}: `content` must be a string or a list of parts")
+    return content
+
+
+def _text_row(rec: dict, where: str) -> dict:
+    messages = []
+    for m in rec["messages"]:
+        texts = []
+        for p in _parts(m.get("content", ""), where):
+            if p.get("type") == "image":
+                raise PayloadError(f"{where}: the record has an image but model.kind is causal_lm; "
+                                   "use kind: image_text_to_text with a vision-language model")
+            texts.append(p.get("text") or "")
+        messages.append({"role": m["role"], "content": "".join(texts)})
+    return {"messages": messages}
+
+
+def _vl_row(rec: dict, where: str, base: Path) -> dict:
+    messages, images = [], []
+    for m in rec["messages"]:
+        parts = []
+        for p in _parts(m.get("content", ""), where):
+            if p.get("type") == "image":
+                img = Path(str(p.get("image") or ""))
+                img = img if img.is_absolute() or img.exists() else base / img
+                if not img.is_file():
+                    raise PayloadError(f"{where}: image {p.get('image')!r} not found; set image_root of the source")
+                images.append(str(img))
+                parts.append({"type": "image", "text": None})
+            else:
+                parts.append({"type": "text", "text": p.get("text") or ""})
+        messages.append({"role": m["role"], "content": parts})
+    return {"messages": messages, "images": images}
+
+
+def build_dataset(records: list[dict], vl: bool, name: str):
+    """A datasets.Dataset TRL understands: text `messages`; for VL also `images` (decoded lazily)."""
+    from datasets import Dataset, Image, List
+
+    base = Path(".")
+    rows = []
+    for i, rec in enumerate(records):
+        where = f"{name} record {i + 1}"
+        row = _vl_row(rec, where, base) if vl else _text_row(rec, where)
+        row["record_index"] = i
+        rows.append(row)
+    ds = Dataset.from_list(rows)
+    if vl:
+        ds = ds.cast_column("images", List(Image()))
+    return ds
+
+
+# -------------------------------------------------------------------------------------------- trainer
+
+
+_TRAINER_CLASS = None
+
+
+def trainer_class():
+    """LaunchTrainer = LaunchTrainerMixin + TRL's SFTTrainer (built lazily: importing this module
+    must not import trl/transformers before `_set_env` ran)."""
+    global _TRAINER_CLASS
+    if _TRAINER_CLASS is None:
+        from trl import SFTTrainer
+
+        _TRAINER_CLASS = type("LaunchTrainer", (LaunchTrainerMixin, SFTTrainer), {})
+    return _TRAINER_CLASS
+
+
+class LaunchTrainerMixin:
+    """SFTTrainer plus: the real-token fraction of every batch, and checkpoint finalization
+    (config + fsync + COMPLETE marker + retention) right after each save, timed."""
+
+    launch_run: Optional[Run] = None
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training:
+            import torch
+
+            ids = inputs["input_ids"]
+            real = inputs["attention_mask"].sum() if "attention_mask" in inputs else torch.tensor(ids.numel())
+            pair = torch.stack([real.to(ids.device), torch.tensor(ids.numel(), device=ids.device)]).float()
+            pair = self.accelerator.gather_for_metrics(pair[None]).sum(0)
+            self._metrics["train"]["real_token_fraction"].append((pair[0] / pair[1]).item())
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _save_checkpoint(self, model, trial):
+        t = time.monotonic()
+        super()._save_checkpoint(model, trial)
+        self.accelerator.wait_for_everyone()  # every rank's files (rng_state_N.pth, shards) are written
+        run = self.launch_run
+        path = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+        if self.args.should_save and run is not None:
+            ck.finalize_checkpoint(path, dump_run_config(run.cfg), self._marker_info(run))
+            c = run.cfg.train.checkpoints
+            ck.apply_retention(path.parent, c.keep_best, c.keep_recent)
+        seconds = time.monotonic() - t
+        if run is not None:
+            run.control.note_save(seconds)
+        log.info("saved %s in %.2fs", path.name, seconds)
+
+    def _marker_info(self, run: Run) -> dict:
+        step = self.state.global_step
+        evals = [h["eval_loss"] for h in self.state.log_history if h.get("step") == step and "eval_loss" in h]
+        losses = [h["loss"] for h in self.state.log_history if "loss" in h]
+        return {"step": step, "eval_loss": evals[-1] if evals else None, "loss": losses[-1] if losses else None,
+                "epoch": self.state.epoch, "config_hash": run.cfg.config_hash(), "saved_at": observe.now_iso()}
+
+
+# ------------------------------------------------------------------------------------ resume / train
+
+
+def load_checkpoint(run: Run) -> None:
+    """Pick the newest complete checkpoint (half-written ones are removed first)."""
+    root = ck.checkpoints_dir(run.run_dir)
+    with run.trainer.args.main_process_first(local=False, desc="checkpoint cleanup"):
+        if run.main:
+            ck.clean_incomplete(root)
+    run.resume = ck.latest_complete(root)
+    step = ck.step_of(run.resume) if run.resume else 0
+    dropped = observe.truncate_metrics(run.run_dir / layout.METRICS, step)
+    if run.resume:
+        marker = ck.read_marker(run.resume)
+        if marker.get("config_hash") not in (None, run.cfg.config_hash()):
+            log.warning("resuming %s, saved with a different config (hash %s, now %s)",
+                        run.resume.name, marker.get("config_hash"), run.cfg.config_hash())
+        log.info("resuming from %s (dropped %d metric lines logged after it)", run.resume.name, dropped)
+
+
+def train(run: Run) -> None:
+    observe.write_status(run.run_dir, state="training", resumed_from=run.resume.name if run.resume else None)
+    result = run.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
+    run.counts["train_runtime_s"] = round(result.metrics.get("train_runtime", 0.0), 3)
+    st = run.trainer.state
+    if run.control.reason:
+        run.state = run.control.reason
+    elif st.max_steps and st.global_step < st.max_steps:
+        run.state = "stopped_early"
+    else:
+        run.state = "completed"
+
+
+# ------------------------------------------------------------------------------------- save/cleanup
+
+
+def save(run: Run) -> dict:
+    """Best adapter (or final full weights), high-loss samples, plot, summary, final status."""
+    cfg, rd, trainer = run.cfg, run.run_dir, run.trainer
+    finished = run.state in ("completed", "stopped_early")
+    root = ck.checkpoints_dir(rd)
+    best = ck.latest_complete(root) if cfg.train.method == "full" else ck.best_checkpoint(root)
+    if run.main:
+        if finished and best is not None:
+            ck.export_adapter(best, rd / layout.ADAPTER_DIR)
+        if finished and trainer.eval_dataset is not None and not _zero3(cfg):
+            observe.write_high_loss(trainer, trainer.eval_dataset, run.val_records, cfg.train.high_loss_samples,
+                                    rd / layout.HIGH_LOSS)
+        observe.plot_losses(rd / layout.METRICS, rd / layout.LOSS_PLOT, title=f"{cfg.name} ({cfg.runtime.run_id})")
+    summary = _summary(run, best)
+    if run.main:
+        observe.write_summary(rd, summary)
+    observe.write_status(rd, state=run.state, step=summary["steps"], cost_usd=summary["cost_usd"],
+                         eta_s=0 if finished else None, loss=summary["final_loss"],
+                         eval_loss=summary["final_eval_loss"])
+    log.info("training %s at step %d: best %s, cost $%.4f", run.state, summary["steps"],
+             summary["best_checkpoint"], summary["cost_usd"])
+    return summary
+
+
+def _zero3(cfg) -> bool:
+    return bool(cfg.train.deepspeed and cfg.train.deepspeed.zero_stage == 3)
+
+
+def _summary(run: Run, best: Optional[Path]) -> dict:
+    records = observe.read_metrics(run.run_dir / layout.METRICS)
+    losses = [r["loss"] for r in records if r.get("loss") is not None]
+    evals = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
+    rates = [r["tokens_per_s"] for r in records if r.get("tokens_per_s")]
+    real = [r["real_token_fraction"] for r in records if r.get("real_token_fraction") is not None]
+    st, cfg = run.trainer.state, run.cfg
+    return {
+        "state": run.state, "run_id": cfg.runtime.run_id, "config_hash": cfg.config_hash(),
+        "model": cfg.model.name_or_path, "kind": cfg.model.kind, "method": cfg.train.method,
+        "attn_implementation": run.attn, "steps": st.global_step, "max_steps": st.max_steps,
+        "epoch": st.epoch, "best_checkpoint": best.name if best else None,
+        "best_eval_loss": ck.read_marker(best).get("eval_loss") if best else None,
+        "final_loss": losses[-1] if losses else None, "final_eval_loss": evals[-1] if evals else None,
+        "first_loss": losses[0] if losses else None, "resumed_from": run.resume.name if run.resume else None,
+        "duration_s": round(time.monotonic() - run.t0, 3), "total_seconds": round(run.tracker.seconds(), 3),
+        "cost_usd": round(run.tracker.usd(), 6), "sessions": run.tracker.sessions,
+        "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
+        "real_token_fraction": round(sum(real) / len(real), 4) if real else None,
+        "adapter_dir": layout.ADAPTER_DIR if run.state in ("completed", "stopped_early") else None,
+        **run.counts, "finished_at": observe.now_iso(),
+    }
+
+
+def cleanup(run: Run) -> None:
+    run.stop.restore()
+    if run.tracker is not None:
+        run.tracker.save()
+    run.trainer = None
+    import gc
+
+    gc.collect()
