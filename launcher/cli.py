@@ -23,6 +23,9 @@ class LaunchGroup(click.Group):
             raise
         except Exception as e:  # noqa: BLE001 - mapped below, re-raised when unknown or debugging
             if os.environ.get("LAUNCH_DEBUG"):
+                # SkyPilot's print_exception_no_traceback leaks sys.tracebacklimit = 0 on errors.
+                if hasattr(sys, "tracebacklimit"):
+                    del sys.tracebacklimit
                 raise
             lines = user_error_lines(e)
             if lines is None:

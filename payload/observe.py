@@ -283,7 +283,8 @@ def write_traceback(run_dir: Path) -> Optional[Path]:
     try:
         path = Path(run_dir) / layout.LOGS_DIR / f"rank_{rank()}_traceback.log"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{now_iso()} rank {rank()} pid {os.getpid()}\n{traceback.format_exc()}")
+        # An explicit limit: a library may have left sys.tracebacklimit = 0 (SkyPilot's ux_utils does).
+        path.write_text(f"{now_iso()} rank {rank()} pid {os.getpid()}\n{traceback.format_exc(limit=1000)}")
         return path
     except OSError:
         return None

@@ -3,6 +3,7 @@ test reads or writes the user's ~/.launch or ~/.sky. SkyPilot fixes its runtime 
 one session-wide SKY_RUNTIME_DIR is set here, before anything imports `sky`."""
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,3 +26,7 @@ def isolated_state(tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "launch-home"))
     monkeypatch.chdir(REPO)
     yield
+    # SkyPilot's ux_utils.print_exception_no_traceback sets sys.tracebacklimit = 0 and does not
+    # restore it when the body raises; don't let one test's SkyPilot error hide later tracebacks.
+    if hasattr(sys, "tracebacklimit"):
+        del sys.tracebacklimit
