@@ -206,13 +206,15 @@ def _refresh(run):
 
 
 def _row(run) -> dict:
+    """One run for status/cost. `cost_usd` is what the machine bills: elapsed x price while the run
+    was active (setup and downloads included); `train_cost_usd` is what the payload measured while
+    training (accumulated across restarts), when known."""
     st = getattr(run, "_remote", None)
-    computed = run.elapsed_s() / 3600 * run.price_per_hour
-    cost = st.cost_usd if st and st.cost_usd is not None else computed
     row = {"id": run.id, "profile": run.profile, "backend": run.backend, "state": run.state,
            "reason": run.reason, "price_per_hour": run.price_per_hour, "budget_usd": run.budget_usd,
-           "elapsed_s": round(run.elapsed_s(), 1), "cost_usd": round(cost, 4),
-           "cost_source": "payload" if st and st.cost_usd is not None else "elapsed x price",
+           "elapsed_s": round(run.elapsed_s(), 1),
+           "cost_usd": round(run.elapsed_s() / 3600 * run.price_per_hour, 6),
+           "train_cost_usd": st.cost_usd if st else None,
            "started_at": run.started_at, "ended_at": run.ended_at, "artifacts": run.artifacts}
     if st:
         row.update(step=st.step, max_steps=st.max_steps, loss=st.loss, eval_loss=st.eval_loss,
@@ -293,10 +295,11 @@ def status(run_id, all_, as_json):
     for run in runs:
         run = _refresh(run) if run.active else run
         row = _row(run)
-        if run.active and run.budget_usd and row["cost_usd"] >= run.budget_usd:
+        spent = max(row["cost_usd"], row["train_cost_usd"] or 0.0)
+        if run.active and run.budget_usd and spent >= run.budget_usd:
             backend_for(run).down(run)
             run = registry.update(run.id, state="budget_exhausted", ended_at=time.time(),
-                                  reason=f"spend ${row['cost_usd']:.2f} reached the ${run.budget_usd:g} budget")
+                                  reason=f"spend ${spent:.2f} reached the ${run.budget_usd:g} budget")
             err_console().print(f"[red]✗[/] {run.id}: spend reached the budget; torn down "
                             f"(resume with a higher budget.max_usd and `launch up {run.profile} --resume`)")
             row = _row(run)
@@ -323,7 +326,7 @@ def cost(as_json):
     from .ui import console, duration, money
 
     rows = [_row(_refresh(r) if r.active else r) for r in registry.all_runs()]
-    total = round(sum(r["cost_usd"] for r in rows), 4)
+    total = round(sum(r["cost_usd"] for r in rows), 6)
     if as_json:
         click.echo(json.dumps({"runs": rows, "total_usd": total}, indent=2, default=str))
         return
@@ -412,6 +415,7 @@ def print_summary(run, target: Path) -> None:
     c.print(f"[bold]{run.id}[/]: {s.get('state', run.state)}")
     c.print(f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss {s.get('final_train_loss', s.get('final_loss', '-'))}, "
             f"eval loss {s.get('final_eval_loss', s.get('best_eval_loss', '-'))}")
-    c.print(f"  {duration(s.get('duration_s', run.elapsed_s()))}, {money(s.get('cost_usd', run.elapsed_s() / 3600 * run.price_per_hour))} "
-            f"at ${run.price_per_hour:.2f}/h")
+    c.print(f"  {duration(run.elapsed_s())} on the machine, {money(run.elapsed_s() / 3600 * run.price_per_hour)} "
+            f"at ${run.price_per_hour:.2f}/h ({duration(s.get('duration_s'))} and "
+            f"{money(s.get('cost_usd'))} of it training)")
     c.print(f"  artifacts: {target.resolve()}" + ("  (loss plot: loss.png)" if (target / "loss.png").exists() else ""))

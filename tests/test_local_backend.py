@@ -131,9 +131,11 @@ def test_multi_node_task_runs_as_two_local_nodes(tmp_path):
     assert (home / "exit_code").read_text().strip() == "0"
 
 
-def test_down_stops_every_process_of_the_run():
+def test_down_stops_every_process_of_the_run(monkeypatch, tmp_path):
     from launcher.backends.local import _run_processes
 
+    secret = "hf_local_secret_value_4711"
+    monkeypatch.setenv("HF_TOKEN", secret)
     rid = started_id(launch("up", "local-demo", "--set", "train.max_steps=500", "--set", "outputs.merge=false"))
     deadline = time.time() + 120
     while not _run_processes(rid) or json.loads(launch("status", rid, "--json").output).get("step") is None:
@@ -143,3 +145,6 @@ def test_down_stops_every_process_of_the_run():
     assert r.exit_code == 0 and f"{rid} is down (stopped)" in r.output
     assert _run_processes(rid) == []
     assert registry.get(rid).state == "stopped"
+    # The secret reached the run only through its environment: no file launch or the run wrote has it.
+    written = [f for f in (tmp_path / "launch-home").rglob("*") if f.is_file()]
+    assert written and not [f for f in written if secret.encode() in f.read_bytes()]
