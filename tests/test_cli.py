@@ -159,3 +159,18 @@ def test_status_tears_down_a_run_past_its_budget():
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_up_ssh_needs_a_host():
+    r = invoke("up", "local-demo", "--backend", "ssh")
+    assert r.exit_code == 1 and "✗ --backend ssh needs --host user@host[:port]" in r.output
+
+
+def test_set_is_refused_for_cloud_runs():
+    r = invoke("up", "sonia-h100", "--set", "train.max_steps=5")
+    assert r.exit_code == 1 and "--set works with the local and ssh backends" in r.output
+
+
+def test_bad_set_value_names_the_key(tmp_path):
+    r = invoke("up", "local-demo", "--set", "train.max_steps=lots")
+    assert r.exit_code == 1 and "train.max_steps: Input should be a valid integer" in r.output
