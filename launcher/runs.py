@@ -51,7 +51,10 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     if backend == "local":
         _require_training_extras()
     run, resuming = _pick_run(p, backend, resume, force_new)
-    task_yaml, config_yaml = _render_for_run(p, run, backend)
+    source = "registry"
+    if not resuming:
+        run.price_per_hour, source = _price(p, backend)
+    task_yaml, config_yaml = _render_for_run(p, run, backend, source)
     options = {"local": {"num_nodes": nodes}, "skypilot": {},
                "ssh": {"host": host, "accept_new_host_key": accept_new_host_key, "identity_file": identity_file}}
     be = get_backend(backend, **{k: v for k, v in options[backend].items() if v is not None})
@@ -139,36 +142,39 @@ def _pick_run(p, backend: str, resume, force_new):
 
             console().print(f"[yellow]![/] last run {latest.id} ended {latest.state}; starting a new one "
                             f"(continue it instead with `launch up {p.name} --resume {latest.id}`)")
+    return registry.Run(id=registry.new_run_id(p.name), profile=p.name, backend=backend,
+                        config_hash=p.config_hash(), budget_usd=p.budget.max_usd), False
+
+
+def _price(p, backend: str) -> tuple[float, str]:
+    """($/h, source) for a new run: RunPod's API (skypilot backend), else the catalog snapshot, else
+    the profile's price. Local profiles use their notional price."""
+    if backend == "skypilot":
+        from .backends.skypilot import hourly_price
+
+        return hourly_price(p)
     from .render import plan_price
 
-    price = p.budget.price_per_hour if p.cluster.is_local else _cloud_price(p, backend, plan_price)
-    return registry.Run(id=registry.new_run_id(p.name), profile=p.name, backend=backend,
-                        config_hash=p.config_hash(), price_per_hour=price or 0.0,
-                        budget_usd=p.budget.max_usd), False
+    return plan_price(p), "catalog or profile"
 
 
-def _cloud_price(p, backend, fallback):
-    if backend == "skypilot":
-        try:
-            from .backends.skypilot import hourly_price
-
-            return hourly_price(p)[0]
-        except ImportError:
-            pass
-    if p.budget.price_per_hour is not None:
-        return p.budget.price_per_hour
-    return fallback(p)
-
-
-def _render_for_run(p, run, backend: str):
+def _render_for_run(p, run, backend: str, price_source: str):
     """Cloud: the committed sky/ files (re-rendered if stale). Local/ssh: per-run copies."""
     from .render import config_path, render_text, task_path, write
     from .state import state_dir
 
-    task_text, config_text = render_text(p, run.price_per_hour)
     if backend == "skypilot":
+        # sky/ is committed and CI runs `launch render --check`: render it with the offline price, as
+        # `launch render` does. A live price reaches the run through LAUNCH_PRICE_PER_HOUR instead.
+        price = run.price_per_hour
+        if price_source in ("runpod-api", "registry"):
+            from .backends.skypilot import hourly_price
+
+            price = hourly_price(p, live=False)[0]
+        task_text, config_text = render_text(p, price)
         write({task_path(p.name): task_text, config_path(p.name): config_text})
         return task_path(p.name), config_path(p.name)
+    task_text, config_text = render_text(p, run.price_per_hour)
     d = state_dir() / "rendered" / run.id
     d.mkdir(parents=True, exist_ok=True)
     (d / "task.yaml").write_text(task_text)

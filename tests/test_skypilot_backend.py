@@ -547,3 +547,26 @@ def _body(data: bytes):
 def test_managed_job_fetch_without_s3_keys_says_which(fake):
     with pytest.raises(BackendError, match="set RUNPOD_S3_ACCESS_KEY and RUNPOD_S3_SECRET_KEY"):
         sp.SkyPilotBackend().fetch(managed_run(), Path("unused"), ("metrics.jsonl",))
+
+
+def test_launch_up_with_a_live_price_keeps_the_committed_tasks_fresh(fake, monkeypatch):
+    """The live RunPod price reaches the run (envs, registry); sky/ keeps the offline price, so
+    `launch render --check` stays clean after a launch."""
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+
+    gpu = {"id": "NVIDIA H100 80GB HBM3", "securePrice": 2.99, "secureSpotPrice": 1.75, "lowestPrice": {}}
+    runpod_graphql(monkeypatch, {"data": {"gpuTypes": [gpu]}})
+    monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
+    committed = {p: p.read_text() for p in (render.task_path("sonia-h100"), render.config_path("sonia-h100"))}
+    try:
+        r = CliRunner().invoke(cli, ["up", "sonia-h100"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        assert {p: p.read_text() for p in committed} == committed
+    finally:
+        for p, text in committed.items():
+            p.write_text(text)
+    (task,), _ = fake.one("launch")[1:]
+    assert task.envs["LAUNCH_PRICE_PER_HOUR"] == "5.9800"  # 2.99 x 2 GPUs, live
+    assert registry.get().price_per_hour == pytest.approx(5.98)

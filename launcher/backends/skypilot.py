@@ -161,11 +161,11 @@ def _nothing_launched(e: BaseException) -> bool:
 # ------------------------------------------------------------------------------------ price
 
 
-def hourly_price(profile) -> tuple[float, str]:
-    """($/h for the whole cluster, where it came from): RunPod's API, else the catalog snapshot
-    through SkyPilot's optimizer, else the profile's budget.price_per_hour."""
+def hourly_price(profile, live: bool = True) -> tuple[float, str]:
+    """($/h for the whole cluster, where it came from): RunPod's API (unless `live` is False), else
+    the catalog snapshot through SkyPilot's optimizer, else the profile's budget.price_per_hour."""
     c = profile.cluster
-    if os.environ.get("RUNPOD_API_KEY") and any(i.split("/")[0] == "runpod" for i in c.infra_list):
+    if live and os.environ.get("RUNPOD_API_KEY") and any(i.split("/")[0] == "runpod" for i in c.infra_list):
         try:
             return _runpod_api_price(profile), "runpod-api"
         except Exception:  # noqa: BLE001 - any API problem falls through to the catalog
