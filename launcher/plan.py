@@ -23,10 +23,6 @@ class DataEstimate:
     tokens_per_record: float
     source: str
 
-    @property
-    def tokens(self) -> float:
-        return self.records * self.tokens_per_record
-
 
 @dataclass
 class Plan:
@@ -59,16 +55,13 @@ class Plan:
 
 def estimate_data(p: Profile) -> DataEstimate:
     """Train records and tokens per record: counted from local files, else the profile's estimate."""
-    train_share, records, nbytes = 0.0, 0, 0
-    local = [s for s in p.data.sources if s.path]
-    if local and all((REPO_ROOT / s.path).exists() or Path(s.path).exists() for s in local) and len(local) == len(p.data.sources):
-        for s in local:
-            path = REPO_ROOT / s.path if (REPO_ROOT / s.path).exists() else Path(s.path)
+    records, nbytes = 0, 0.0
+    paths = [_local_path(s.path) if s.path else None for s in p.data.sources]
+    if all(paths):
+        for s, path in zip(p.data.sources, paths):
             share = (1.0 if s.split == "train" else 0.0) if isinstance(s.split, str) else s.split.get("train", 0.0)
-            n = _count_records(path)
-            records += int(n * share)
+            records += int(_count_records(path) * share)
             nbytes += path.stat().st_size * share
-            train_share += share
         tpr = (nbytes / max(records, 1)) / BYTES_PER_TOKEN
         return DataEstimate(records, tpr, f"counted in local files, ~{BYTES_PER_TOKEN:g} bytes/token")
     e = p.estimate
@@ -77,6 +70,14 @@ def estimate_data(p: Profile) -> DataEstimate:
         how = "profile estimate" if e.mean_tokens_per_record else "profile estimate; tokens/record = max_seq_length/2"
         return DataEstimate(e.train_records, float(tpr), how)
     return DataEstimate(0, 0.0, "unknown: add `estimate.train_records` to the profile")
+
+
+def _local_path(rel: str) -> Optional[Path]:
+    """A source path as the payload will see it (relative to the workdir = repo root), if it exists."""
+    for path in (REPO_ROOT / rel, Path(rel)):
+        if path.exists():
+            return path
+    return None
 
 
 def _count_records(path: Path) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import difflib
 import functools
-import math
 from pathlib import Path
 from typing import Literal, Optional, Union
 
@@ -253,8 +252,3 @@ _SKY_CANONICAL = {
 
 def total_gpus(p: Profile) -> int:
     return max(1, p.cluster.gpus_per_node) * p.cluster.num_nodes
-
-
-def steps_per_epoch(records: int, p: Profile) -> int:
-    t = p.train
-    return max(1, math.ceil(records / (t.per_device_batch_size * t.gradient_accumulation_steps * total_gpus(p))))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 
 import click
 
@@ -122,7 +121,3 @@ def status_table(rows: list[dict]):
                   duration(r.get("elapsed_s")), money(r.get("cost_usd")), duration(r.get("eta_s")),
                   money(r.get("projected_cost_usd")))
     return t
-
-
-def now() -> float:
-    return time.time()

@@ -12,7 +12,7 @@ import contextlib
 import io
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -74,9 +74,6 @@ class Choice:
     @property
     def price_per_hour(self) -> float:
         return round(self.node_price_per_hour * self.num_nodes, 4)
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "price_per_hour": self.price_per_hour}
 
 
 def task_from_profile(p, use_spot: Optional[bool] = None):
