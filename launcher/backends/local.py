@@ -22,11 +22,10 @@ from typing import TextIO
 
 from payload import layout
 
-from ..profile import REPO_ROOT
 from ..registry import Run
 from ..state import state_dir
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
-from .tasks import WORKDIR_INCLUDE, load_task, node_env, node_script
+from .tasks import load_task, node_env, node_script, workdir_files
 
 EXIT_BUDGET = 3
 
@@ -246,15 +245,10 @@ def _status_from(reported: dict, state: str) -> RemoteStatus:
 def _copy_workdir(dest: Path, config_yaml: Path, config_rel: str | None) -> None:
     """What SkyPilot uploads as the workdir: payload/, sky/ and data/ of the repo, with the run's
     resolved config at the path the task's LAUNCH_CONFIG names."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in WORKDIR_INCLUDE:
-        src = REPO_ROOT / name
-        if src.exists():
-            shutil.copytree(src, dest / name, dirs_exist_ok=True, ignore=ignore)
-    target = dest / (config_rel or f"sky/config/{config_yaml.name}")
-    if config_yaml.resolve() != target.resolve():
+    for rel, src in workdir_files(config_yaml, config_rel or f"sky/config/{config_yaml.name}").items():
+        target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(config_yaml, target)
+        shutil.copy2(src, target)
 
 
 def _check_disk(path: Path, need_mb: int = 200) -> None:

@@ -29,13 +29,12 @@ import paramiko
 
 from payload import layout
 
-from ..profile import REPO_ROOT
 from ..registry import Run
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
 from .sshconn import (
     TRANSFER_TIMEOUT, CommandTimeout, Target, _collect, _Conn,
 )
-from .tasks import WORKDIR_INCLUDE, export_lines, load_task, node_env, node_script
+from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
 EXIT_BUDGET = 3  # payload.errors.BudgetExhausted
 EXIT_SIGTERM = 143  # payload.checkpoints.TrainingInterrupted
@@ -424,20 +423,6 @@ class SSHBackend(Backend):
 
 
 # ------------------------------------------------------------------------------------ helpers
-
-
-def workdir_files(config_yaml: Path, config_rel: str) -> dict[str, Path]:
-    """What SkyPilot uploads as the workdir (payload/, sky/, data/ of the repo, no caches), with the
-    run's resolved config at the path the task's LAUNCH_CONFIG names."""
-    files: dict[str, Path] = {}
-    for name in WORKDIR_INCLUDE:
-        top = REPO_ROOT / name
-        for p in sorted(top.rglob("*")) if top.is_dir() else []:
-            rel = p.relative_to(REPO_ROOT)
-            if p.is_file() and "__pycache__" not in rel.parts and p.suffix != ".pyc":
-                files[rel.as_posix()] = p
-    files[PurePosixPath(config_rel).as_posix()] = config_yaml
-    return files
 
 
 def sha256_file(path: Path) -> str:

@@ -9,10 +9,12 @@ so the exact script that runs in the cloud is the one exercised here.
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Optional
 
 import yaml
+
+from ..profile import REPO_ROOT
 
 # What is uploaded as the workdir (the rest of the repo stays home). Mirrors `.skyignore`.
 WORKDIR_INCLUDE = ("payload", "sky", "data")
@@ -55,3 +57,17 @@ def export_lines(env: dict[str, str], skip: Optional[set[str]] = None) -> str:
     """`export K=V` lines for non-secret variables (secrets never go into a script file)."""
     skip = skip or set()
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()) if k not in skip)
+
+
+def workdir_files(config_yaml: Path, config_rel: str) -> dict[str, Path]:
+    """What SkyPilot uploads as the workdir (payload/, sky/, data/ of the repo, no caches), with the
+    run's resolved config at the path the task's LAUNCH_CONFIG names."""
+    files: dict[str, Path] = {}
+    for name in WORKDIR_INCLUDE:
+        top = REPO_ROOT / name
+        for p in sorted(top.rglob("*")) if top.is_dir() else []:
+            rel = p.relative_to(REPO_ROOT)
+            if p.is_file() and "__pycache__" not in rel.parts and p.suffix != ".pyc":
+                files[rel.as_posix()] = p
+    files[PurePosixPath(config_rel).as_posix()] = config_yaml
+    return files
