@@ -48,6 +48,19 @@ class RemoteStatus:
     reason: Optional[str] = None
     extra: dict = field(default_factory=dict)
 
+    METRICS = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
+
+    @classmethod
+    def from_report(cls, state: str, reported: Optional[dict], reason: Optional[str] = None) -> "RemoteStatus":
+        """The backend's `state`/`reason` plus the run's own status.json: numeric metrics as fields,
+        everything else in `extra` (the payload's own state as `payload_state`)."""
+        rs = reported or {}
+        extra = {k: v for k, v in rs.items() if k not in cls.METRICS and k not in ("state", "reason")}
+        if "state" in rs:
+            extra["payload_state"] = rs["state"]
+        metrics = {k: rs[k] for k in cls.METRICS if isinstance(rs.get(k), (int, float))}
+        return cls(state=state, reason=reason, extra=extra, **metrics)
+
 
 class Backend(abc.ABC):
     name: str = "base"

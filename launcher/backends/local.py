@@ -165,7 +165,7 @@ class LocalBackend(Backend):
             state = "stopped"
         else:
             state = "preempted"  # killed without recording an exit code
-        return _status_from(reported, state)
+        return RemoteStatus.from_report(state, reported, reported.get("reason") if state != "running" else None)
 
     # ---------------------------------------------------------------------------------- down
 
@@ -233,13 +233,6 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-def _status_from(reported: dict, state: str) -> RemoteStatus:
-    keys = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
-    extra = {k: v for k, v in reported.items() if k not in keys and k != "state"}
-    reason = reported.get("reason") if state != "running" else None
-    return RemoteStatus(state=state, reason=reason, extra=extra, **{k: reported.get(k) for k in keys})
 
 
 def _copy_workdir(dest: Path, config_yaml: Path, config_rel: str | None) -> None:

@@ -46,9 +46,6 @@ _JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "startin
 _MANAGED_STATES = {"PENDING": "starting", "SUBMITTED": "starting", "STARTING": "starting",
                    "RECOVERING": "starting", "RUNNING": "running", "WINDING_DOWN": "running",
                    "CANCELLING": "stopped", "CANCELLED": "stopped", "SUCCEEDED": "completed"}
-_METRICS = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
-
-
 def _sky():
     """`sky` for SDK calls: never with launch's offline runtime dir (fake enabled clouds, and a local
     API server started from this process would keep its state there)."""
@@ -510,11 +507,7 @@ def merge_status(state: Optional[str], reason: Optional[str], reported: Optional
     elif state in ("completed", "failed", "stopped") and said in ("completed", "failed", "budget_exhausted"):
         state = said  # the run knows why it ended (budget, its own failure reason)
     reason = rs.get("reason") if state == said and rs.get("reason") else reason
-    extra = {k: v for k, v in rs.items() if k not in _METRICS and k not in ("state", "reason")}
-    if "state" in rs:
-        extra["payload_state"] = rs["state"]
-    metrics = {k: rs[k] for k in _METRICS if isinstance(rs.get(k), (int, float))}
-    return RemoteStatus(state=state, reason=reason, extra=extra, **metrics)
+    return RemoteStatus.from_report(state, rs, reason)
 
 
 from .skypilot_files import (  # noqa: E402  (file transfer half, re-exported)

@@ -374,7 +374,8 @@ class SSHBackend(Backend):
             reported = json.loads(body) if body.strip() else {}
         except ValueError:
             reported = {}
-        return _status_from(reported, *_state(facts, reported, run))
+        state, reason = _state(facts, reported, run)
+        return RemoteStatus.from_report(state, reported, reason)
 
     # ---------------------------------------------------------------------------------- down
 
@@ -474,11 +475,3 @@ def _state(facts: dict, reported: dict, run: Run) -> tuple[str, Optional[str]]:
         return "failed", "the driver never started (no pid file)"
     return "preempted", ("the run's processes are gone without an exit code (host rebooted or "
                          "processes killed): `launch up --resume` continues from the last checkpoint")
-
-
-def _status_from(reported: dict, state: str, reason: Optional[str]) -> RemoteStatus:
-    keys = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
-    extra = {k: v for k, v in reported.items() if k not in keys and k not in ("state", "reason")}
-    if "state" in reported:
-        extra["payload_state"] = reported["state"]
-    return RemoteStatus(state=state, reason=reason, extra=extra, **{k: reported.get(k) for k in keys})
