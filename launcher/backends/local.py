@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import TextIO
 
 from payload import layout
+from payload.errors import BudgetExhausted
 
 from ..registry import Run
 from ..state import state_dir
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
 from .tasks import load_task, node_env, node_script, workdir_files
 
-EXIT_BUDGET = 3
+EXIT_BUDGET = BudgetExhausted.exit_code
 
 DRIVER = """\
 #!/usr/bin/env bash

@@ -28,6 +28,7 @@ from typing import Callable, Optional, TextIO
 import paramiko
 
 from payload import layout
+from payload.errors import BudgetExhausted
 
 from ..registry import Run
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
@@ -36,7 +37,7 @@ from .sshconn import (
 )
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
-EXIT_BUDGET = 3  # payload.errors.BudgetExhausted
+EXIT_BUDGET = BudgetExhausted.exit_code
 EXIT_SIGTERM = 143  # payload.checkpoints.TrainingInterrupted
 COMMAND_TIMEOUT = 60.0  # one remote command (listing, hashing, status...)
 HASH_TIMEOUT = 600.0  # sha256 of a whole workdir or artifact set
