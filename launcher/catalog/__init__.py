@@ -9,6 +9,7 @@ credential check is the one thing that needs the network). The user's own `~/.sk
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import shutil
@@ -27,8 +28,10 @@ def offline_runtime_dir() -> Path:
     return state_dir() / "sky-offline"
 
 
+@functools.cache
 def import_sky_offline():
-    """Import `sky` configured for offline planning; returns the module."""
+    """Import `sky` configured for offline planning; returns the module. Once per process: SkyPilot
+    fixes its runtime dir at import, so the catalog copy and the seeded clouds cannot change after."""
     import sys
 
     rt = offline_runtime_dir()
