@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from payload import layout
-from payload.errors import PayloadError
+from payload.errors import EXIT_INTERRUPTED, PayloadError
 
 log = logging.getLogger("payload.train")
 
@@ -38,7 +38,7 @@ INITIAL_SAVE_ESTIMATE_S = 60.0
 class TrainingInterrupted(PayloadError):
     """SIGTERM/SIGINT (spot preemption, `launch down`): stopped at a step boundary; restart resumes."""
 
-    exit_code = 143
+    exit_code = EXIT_INTERRUPTED
 
 
 # ------------------------------------------------------------------------------------ on-disk state

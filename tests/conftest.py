@@ -17,6 +17,12 @@ os.environ["SKYPILOT_DISABLE_LOCAL_API_SERVER"] = "1"
 for _secret in ("HF_TOKEN", "WANDB_API_KEY", "RUNPOD_API_KEY", "LAUNCH_DEBUG"):
     os.environ.pop(_secret, None)
 
+# SkyPilot downloads a catalog it does not have (no network here): give the session's runtime dir
+# the shipped snapshot, so any test that parses or validates a task works alone and in any order.
+from launcher.catalog import install_snapshot  # noqa: E402  (light: imports no SkyPilot)
+
+install_snapshot(Path(os.environ["SKY_RUNTIME_DIR"]))
+
 
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path, monkeypatch):

@@ -278,6 +278,6 @@ def test_cli_exit_code_and_single_stderr_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCH_", "SKYPILOT_"))}
     proc = subprocess.run([sys.executable, "-m", "payload", "data", "--config", str(cfg)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # EXIT_CONFIG: the user must fix the input
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "bad: 13 of 63 records invalid" in err[0] and "Traceback" not in proc.stderr

@@ -21,14 +21,12 @@ from pathlib import Path
 from typing import TextIO
 
 from payload import layout
-from payload.errors import BudgetExhausted
+from payload.errors import state_for_exit
 
 from ..registry import Run
 from ..state import state_dir
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
 from .tasks import load_task, node_env, node_script, workdir_files
-
-EXIT_BUDGET = BudgetExhausted.exit_code
 
 DRIVER = """\
 #!/usr/bin/env bash
@@ -161,7 +159,7 @@ class LocalBackend(Backend):
             state = "running"
         elif code_file.exists():
             code = int(code_file.read_text().strip() or 1)
-            state = {0: "completed", EXIT_BUDGET: "budget_exhausted"}.get(code, "failed")
+            state = state_for_exit(code)
         elif run.state == "stopped":
             state = "stopped"
         else:

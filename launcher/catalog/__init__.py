@@ -28,6 +28,19 @@ def offline_runtime_dir() -> Path:
     return state_dir() / "sky-offline"
 
 
+def install_snapshot(runtime_dir: Path) -> Path:
+    """Copy the shipped catalog CSVs to where SkyPilot reads them under `runtime_dir` (its
+    SKY_RUNTIME_DIR). Files without a `.meta/*.md5` beside them count as user-made, so SkyPilot
+    never tries to download over them. Returns the catalog dir."""
+    dest = Path(runtime_dir) / ".sky" / "catalogs" / "v8"
+    for src in SNAPSHOT.rglob("*.csv"):
+        target = dest / src.relative_to(SNAPSHOT)
+        if not target.exists() or target.read_bytes() != src.read_bytes():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
+    return dest
+
+
 @functools.cache
 def import_sky_offline():
     """Import `sky` configured for offline planning; returns the module. Once per process: SkyPilot
@@ -43,13 +56,7 @@ def import_sky_offline():
         raise PlanError("offline planning needs its own SkyPilot runtime dir; run `launch plan` in a "
                         "fresh process (SkyPilot was already imported against ~/.sky)")
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
-    rt_used = Path(os.environ.get("SKY_RUNTIME_DIR", Path.home()))
-    dest = rt_used / ".sky" / "catalogs" / "v8"
-    for src in SNAPSHOT.rglob("*.csv"):
-        target = dest / src.relative_to(SNAPSHOT)
-        if not target.exists() or target.read_bytes() != src.read_bytes():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, target)
+    install_snapshot(Path(os.environ.get("SKY_RUNTIME_DIR", Path.home())))
     import logging
 
     import sky

@@ -1,0 +1,226 @@
+"""GPU-memory estimate of a training run, from the model's shape: pure Python, no torch.
+
+Used by the payload's preflight (before any GPU minute is spent) and by `launch plan`/`validate` on
+the user's machine (the launcher may import this module, like `payload.config`: it imports neither
+torch nor transformers).
+
+Model size comes from a `config.json` dict (`dims_from_config`) or, when none is at hand, from a
+table of known Qwen shapes looked up by name ("Qwen3-VL-32B-Instruct" -> qwen3-vl/32), else the
+size in the name ("70B" -> 70e9 parameters, shape of the nearest known row).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+GIB = 2**30
+
+
+# ------------------------------------------------------------------------------------ model shape
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Decoder shape; parameter counts are derived from it (Qwen2/Qwen3 blocks, SwiGLU MLP)."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    vision_params: float = 0.0
+    source: str = ""
+
+    @property
+    def module_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of one decoder block, by PEFT target-module name."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    @property
+    def block_params(self) -> int:
+        return sum(a * b for a, b in self.module_shapes.values()) + 2 * self.hidden
+
+    @property
+    def linear_params(self) -> int:
+        """Parameters in decoder-block linear layers (what 4-bit quantization shrinks)."""
+        return self.layers * sum(a * b for a, b in self.module_shapes.values())
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    @property
+    def params(self) -> float:
+        return self.layers * self.block_params + self.embed_params + self.hidden + self.vision_params
+
+
+# family/size -> (hidden, layers, intermediate, heads, kv_heads, head_dim, vocab, tied, vision params).
+# From the models' config.json files; vision params approximate (Qwen3-VL-32B: 33.3B total, runbook 000).
+KNOWN_QWEN = {
+    "qwen2.5/0.5": (896, 24, 4864, 14, 2, 64, 151936, True, 0),
+    "qwen2.5/1.5": (1536, 28, 8960, 12, 2, 128, 151936, True, 0),
+    "qwen2.5/3": (2048, 36, 11008, 16, 2, 128, 151936, True, 0),
+    "qwen2.5/7": (3584, 28, 18944, 28, 4, 128, 152064, False, 0),
+    "qwen2.5/14": (5120, 48, 13824, 40, 8, 128, 152064, False, 0),
+    "qwen2.5/32": (5120, 64, 27648, 40, 8, 128, 152064, False, 0),
+    "qwen2.5/72": (8192, 80, 29568, 64, 8, 128, 152064, False, 0),
+    "qwen3/0.6": (1024, 28, 3072, 16, 8, 128, 151936, True, 0),
+    "qwen3/1.7": (2048, 28, 6144, 16, 8, 128, 151936, True, 0),
+    "qwen3/4": (2560, 36, 9728, 32, 8, 128, 151936, True, 0),
+    "qwen3/8": (4096, 36, 12288, 32, 8, 128, 151936, False, 0),
+    "qwen3/14": (5120, 40, 17408, 40, 8, 128, 151936, False, 0),
+    "qwen3/32": (5120, 64, 25600, 64, 8, 128, 151936, False, 0),
+    "qwen3-vl/8": (4096, 36, 12288, 32, 8, 128, 151936, False, 0.58e9),
+    "qwen3-vl/32": (5120, 64, 25600, 64, 8, 128, 151936, False, 0.54e9),
+}
+
+
+def dims_from_config(data: dict, source: str = "config.json") -> ModelDims:
+    """ModelDims from a transformers config dict (text_config for vision-language models)."""
+    text = data.get("text_config") or data
+    heads = text["num_attention_heads"]
+    vision = data.get("vision_config") or {}
+    vparams = 0.0
+    if vision:
+        vh, vi = vision.get("hidden_size", 0), vision.get("intermediate_size", 0)
+        vparams = vision.get("depth", 0) * (4 * vh * vh + 2 * vh * vi)
+    tied = data.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    return ModelDims(
+        hidden=text["hidden_size"], layers=text["num_hidden_layers"], intermediate=text["intermediate_size"],
+        heads=heads, kv_heads=text.get("num_key_value_heads") or heads,
+        head_dim=text.get("head_dim") or text["hidden_size"] // heads, vocab=text["vocab_size"],
+        tied=bool(tied), vision_params=vparams, source=source,
+    )
+
+
+def dims_from_name(name: str) -> Optional[ModelDims]:
+    """Known Qwen shape by name, else the "<N>B" in the name with the nearest known shape."""
+    base = name.rstrip("/").split("/")[-1].lower().replace("_", ".")
+    size = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)b(?![a-z])", base)
+    if size is None:
+        return None
+    family = "qwen3-vl" if re.search(r"qwen3-?vl", base) else "qwen3" if "qwen3" in base else (
+        "qwen2.5" if re.search(r"qwen2\.?5", base) else None)
+    key = f"{family}/{size.group(1)}"
+    if key in KNOWN_QWEN:
+        return ModelDims(*KNOWN_QWEN[key], source=f"known shape {key}")
+    want = float(size.group(1)) * 1e9
+    nearest = min(KNOWN_QWEN, key=lambda k: abs(math.log(ModelDims(*KNOWN_QWEN[k]).params / want)))
+    d = ModelDims(*KNOWN_QWEN[nearest])
+    scale = want / d.params  # keep the nearest shape, scale the depth to the named size
+    return ModelDims(**{**asdict(d), "layers": max(1, round(d.layers * scale)),
+                        "source": f"{size.group(1)}B from the name, shape of {nearest}"})
+
+
+# ---------------------------------------------------------------------------------- GPU memory
+
+
+def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims: Optional[ModelDims] = None) -> dict:
+    """Peak GPU memory per GPU, in GiB (2**30 bytes, as torch and nvidia-smi count), by component.
+
+    P = parameters, N = `num_gpus` (all GPUs of the job), B = per-device batch, S = max_seq_length,
+    H/I/L/V = hidden, intermediate, layers, vocab; Q = heads x head_dim, K = kv_heads x head_dim.
+
+    weights      lora: 2P (bf16; 4P if model.dtype float32). qlora: 0.55 B/param for the block
+                 linears (NF4 + scales), bf16 for embeddings/lm_head/vision. ZeRO-3: divided by N.
+    train_state  lora: T x 16 B, T = L x sum(r x (in + out)) over the targeted block linears (PEFT
+                 keeps adapters in fp32: weight 4 + grad 4 + AdamW m,v 8; 8-bit Adam: 10 B).
+                 full: 16 B/param (bf16 weight 2 + grad 2 + fp32 master/m/v 12, ZeRO paper's K=12);
+                 ZeRO-2 shards the 14 B of grads+optimizer over N, ZeRO-3 all 16 B; offload_optimizer
+                 moves the 12 B to CPU, offload_params the 2 B. ZeRO-3 adds a working set: 3 x the
+                 largest gathered unit (a block or the embedding) x 2 B (current + prefetch + grads).
+    activations  checkpointing on: L x B x S x H x 2 B (each block's bf16 input) + 2 x one block
+                 recomputed in backward, B x S x (4H + 4Q + 4K + 4I [+ 5H + Q + I copies when LoRA
+                 dropout > 0]) x 2 B; off: L x that block set. Flash/SDPA attention assumed (no S^2).
+    logits       B x S x V x 10 B: bf16 logits, fp32 upcast for the loss, fp32 log-softmax/grad.
+    overhead     1.5 GiB (CUDA context, NCCL, cuBLAS workspace) + 5 % (allocator fragmentation).
+
+    Assumptions: sequences padded to S (worst case), no CPU-offloaded activations, no Liger/fused
+    cross-entropy, vision-tower activations ignored. It is an estimate for a go/no-go before paying:
+    expect the real peak within about +-20 %.
+    """
+    dims = dims or dims_from_name(cfg.model.name_or_path)
+    if dims is None:
+        return {"known": False, "detail": f"unknown size of `{cfg.model.name_or_path}`"}
+    t, n = cfg.train, max(1, int(num_gpus))
+    ds = t.deepspeed
+    comp = {
+        "weights": _weights_bytes(cfg, dims, n),
+        "train_state": _train_state_bytes(cfg, dims, n),
+        "activations": _activation_bytes(cfg, dims),
+        "logits": t.per_device_batch_size * t.max_seq_length * dims.vocab * 10,
+    }
+    if ds and ds.zero_stage == 3:
+        comp["zero3_working"] = 3 * max(dims.block_params, dims.vocab * dims.hidden) * 2
+    subtotal = sum(comp.values())
+    comp["overhead"] = 1.5 * GIB + 0.05 * subtotal
+    total = sum(comp.values()) / GIB
+    out = {
+        "known": True, "model": cfg.model.name_or_path, "params_b": round(dims.params / 1e9, 2),
+        "shape_source": dims.source, "method": t.method, "num_gpus": n,
+        "zero_stage": ds.zero_stage if ds else None, "batch": t.per_device_batch_size, "seq": t.max_seq_length,
+        "components_gb": {k: round(v / GIB, 2) for k, v in comp.items()},
+        "total_gb": round(total, 1), "gpu_mem_gb": gpu_mem_gb,
+        "fraction": round(total / gpu_mem_gb, 3) if gpu_mem_gb else None,
+    }
+    if t.method in ("lora", "qlora"):
+        out["trainable_params_m"] = round(lora_trainable_params(cfg, dims) / 1e6, 1)
+    return out
+
+
+def lora_trainable_params(cfg, dims: ModelDims) -> int:
+    """LoRA parameters over the decoder blocks: sum of r x (in + out) of the targeted linears."""
+    targets = cfg.train.lora.target_modules
+    shapes = dims.module_shapes
+    names = shapes if targets == "all-linear" else [m for m in targets if m in shapes]
+    return dims.layers * sum(cfg.train.lora.r * sum(shapes[m]) for m in names)
+
+
+def _weights_bytes(cfg, dims: ModelDims, n: int) -> float:
+    t = cfg.train
+    if t.method == "full":
+        return 0.0  # counted in train_state (16 B/param)
+    per = 4 if cfg.model.dtype == "float32" else 2
+    if t.method == "qlora":
+        w = 0.55 * dims.linear_params + per * (dims.params - dims.linear_params)
+    else:
+        w = per * dims.params
+    return w / n if t.deepspeed and t.deepspeed.zero_stage == 3 else w
+
+
+def _train_state_bytes(cfg, dims: ModelDims, n: int) -> float:
+    t, ds = cfg.train, cfg.train.deepspeed
+    if t.method == "full":
+        weights, grads, optim = 2 * dims.params, 2 * dims.params, 12 * dims.params
+    else:
+        trainable = lora_trainable_params(cfg, dims)
+        optim_b = 2 if t.optimizer == "paged_adamw_8bit" else 8
+        weights, grads, optim = 4 * trainable, 4 * trainable, optim_b * trainable
+    if ds:
+        optim = 0 if ds.offload_optimizer else optim / n
+        grads /= n
+        if ds.zero_stage == 3:
+            weights = 0 if ds.offload_params else weights / n
+    return weights + grads + optim
+
+
+def _activation_bytes(cfg, dims: ModelDims) -> float:
+    t = cfg.train
+    tokens = t.per_device_batch_size * t.max_seq_length
+    h, i = dims.hidden, dims.intermediate
+    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    per_token = 4 * h + 4 * q + 4 * kv + 4 * i
+    if t.method != "full" and t.lora.dropout > 0:
+        per_token += 5 * h + q + i  # PEFT applies dropout per adapted linear: one input copy each
+    block = tokens * per_token * 2
+    if t.gradient_checkpointing:
+        return dims.layers * tokens * h * 2 + 2 * block
+    return dims.layers * block
