@@ -47,6 +47,10 @@ class RemoteStatus:
     projected_cost_usd: Optional[float] = None
     reason: Optional[str] = None
     extra: dict = field(default_factory=dict)
+    billing: Optional[bool] = None
+    """Whether a machine bills for this run right now, when the backend knows (False while a managed
+    job waits for capacity or recovers from a preemption, and once its machines are gone). None:
+    unknown; the launcher then counts the run's active time as billed."""
 
     METRICS = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
 
