@@ -3,6 +3,13 @@
 Stages: preflight, data, train, merge, export, post (merge/export/push as the config asks).
 Each stage is a module with `main(cfg) -> dict`, callable from Python too. A user-fixable problem
 prints one line (`payload: ...`) and exits non-zero; LAUNCH_DEBUG=1 shows the traceback.
+
+Exit codes (payload/errors.py): 0 done, 1 crash (traceback in the log and in
+`logs/rank_<N>_traceback.log`), 2 config/data error, 3 budget exhausted, 4 the run's lease is held by
+a live trainer, 75 transient (network, NCCL: worth a fresh machine), 143 stopped by SIGTERM/SIGINT.
+A failed stage also records `state`, `exit_code` and `reason` in the run's status.json (the train
+stage does it itself, for every end). The stages that write outputs after training (post, merge,
+export) hold the run's lease (payload/lease.py) while they run.
 """
 
 from __future__ import annotations
@@ -12,7 +19,10 @@ import importlib
 import json
 import os
 import sys
+import signal
+import traceback
 
+LEASED = ("post", "merge", "export")  # `train` takes the lease itself (rank 0 only)
 STAGES = {
     "preflight": "payload.preflight",
     "data": "payload.data",
@@ -41,35 +51,91 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def die_with_parent() -> bool:
+    """Under torchrun, end with the agent that started this worker.
+
+    torchrun starts each worker in a session of its own (`start_new_session=True`), out of reach of
+    a signal to the run's process group: when the agent is SIGKILLed (`launch down` escalating, a
+    simulated preemption, the OOM killer), the worker would go on training beside the next attempt.
+    PR_SET_PDEATHSIG makes the kernel SIGKILL it when its parent dies. Only under torchrun: a payload
+    started by hand (nohup, screen) must survive its shell."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID") or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG = 1
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # the agent died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def run_stage(stage: str, cfg) -> dict:
+    from payload import lease
+    from payload.observe import rank
+
+    held = lease.acquire(cfg.run_dir, cfg.runtime.run_id) if stage in LEASED and rank() == 0 else None
+    try:
+        return post(cfg) if stage == "post" else importlib.import_module(STAGES[stage]).main(cfg)
+    finally:
+        if held is not None:
+            held.release()
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from payload.config import ConfigError, load_run_config
-    from payload.errors import PayloadError
-
+    from payload.errors import EXIT_CONFIG, EXIT_CRASH, exit_code_for, one_line
     from payload.observe import setup_logging
 
     setup_logging()
+    die_with_parent()
+    cfg = None
     try:
         cfg = load_run_config(args.config)
-        if args.stage == "post":
-            summary = post(cfg)
-        else:
-            summary = importlib.import_module(STAGES[args.stage]).main(cfg)
+        summary = run_stage(args.stage, cfg)
     except ConfigError as e:
         for line in e.problems:
             print(f"payload: {line}", file=sys.stderr)
-        return 2
-    except PayloadError as e:
+        return EXIT_CONFIG
+    except Exception as e:  # noqa: BLE001 - every failure ends as one exit code and one line
+        code = exit_code_for(e)
         if os.environ.get("LAUNCH_DEBUG"):
             raise
-        print(f"payload {args.stage}: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
+        _record(args.stage, cfg, e, code)
+        if code == EXIT_CRASH:
+            traceback.print_exc()
+        print(f"payload {args.stage}: {one_line(e)}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt as e:
+        code = exit_code_for(e)
+        _record(args.stage, cfg, e, code)
         print(f"payload {args.stage}: interrupted", file=sys.stderr)
-        return 130
+        return code
     if args.json:
         print(json.dumps(summary, default=str))
     return 0
+
+
+def _record(stage: str, cfg, exc: BaseException, code: int) -> None:
+    """status.json for a failed stage other than train (which records its own ends), unless the
+    failure is that another trainer holds the run."""
+    from payload import lease, observe
+    from payload.errors import EXIT_CRASH, one_line
+
+    if cfg is None or stage == "train" or isinstance(exc, lease.LeaseHeld):
+        return
+    if code == EXIT_CRASH:
+        observe.write_traceback(cfg.run_dir)
+    try:
+        observe.write_end(cfg.run_dir, code, f"{stage}: {one_line(exc)}")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -1,13 +1,20 @@
-"""Checkpoints on the volume: completion marker, resume, retention, time-based saves, SIGTERM.
+"""Checkpoints on the volume: completion marker with checksums, verified resume, retention,
+time-based saves, SIGTERM.
 
 Layout: `{run_dir}/checkpoints/checkpoint-<step>/` as the Trainer writes it, plus the resolved
-`config.yaml` and a `COMPLETE` marker written LAST (after every file and the directory were
-fsynced). A directory without the marker is a save that was cut off: resume ignores it and removes
-it. Deleting a checkpoint removes its marker first, so a kill during deletion leaves a directory
-that the next start cleans up, never a "complete" one with files missing.
+`config.yaml`, one `loss_state_<rank>.json` per rank (the loss accumulated since the last log, so
+the first loss logged after a resume is the uninterrupted run's), and a `COMPLETE` marker written
+LAST: it lists every file with its size and sha256, computed while saving (each file is streamed
+once after the Trainer wrote it, then fsynced; ranks share the work). A directory without the marker
+is a save that was cut off: resume ignores it and removes it. Deleting a checkpoint removes its
+marker first, so a kill during deletion never leaves a "complete" checkpoint with files missing.
 
-Decisions that depend on clocks or signals (time-based save, SIGTERM, budget) are all-reduced
-across ranks every step, so every process saves and stops at the same step (no DDP deadlock).
+Before use, a checkpoint is verified against its marker (`payload/verify.py`); a damaged one is
+moved to `checkpoints/quarantine/`, which nothing here lists, so retention never counts it.
+
+Decisions that depend on clocks or signals (time-based save, SIGTERM, budget, a lost lease) are
+all-reduced across ranks every step, so every process saves and stops at the same step (no DDP
+deadlock).
 """
 
 from __future__ import annotations
@@ -23,22 +30,32 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from payload import layout
+from payload import checksums, layout
 from payload.errors import EXIT_INTERRUPTED, PayloadError
 
 log = logging.getLogger("payload.train")
 
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+LOSS_STATE = "loss_state_{rank}.json"
 SIGTERM_SAVE_BUDGET_S = 2.5
-"""RunPod sends SIGKILL 5 s after SIGTERM: save on SIGTERM only when a save measured faster than this."""
+"""RunPod sends SIGKILL 5 s after SIGTERM: save on SIGTERM only when a save should take less than this."""
 INITIAL_SAVE_ESTIMATE_S = 60.0
 """Save time assumed by Young's formula until the first save has been timed."""
+ASSUMED_WRITE_MB_S = 200.0
+"""Before the first save was timed, a SIGTERM save is estimated at this rate (the slow end of a RunPod
+network volume, FIELD-NOTES) plus SAVE_OVERHEAD_S."""
+SAVE_OVERHEAD_S = 0.5
 
 
 class TrainingInterrupted(PayloadError):
     """SIGTERM/SIGINT (spot preemption, `launch down`): stopped at a step boundary; restart resumes."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class TrainingFinished(Exception):
+    """Raised at train begin when the resumed checkpoint is already at max_steps: nothing to train
+    (training on would add a step the uninterrupted run never took)."""
 
 
 # ------------------------------------------------------------------------------------ on-disk state
@@ -65,7 +82,7 @@ def read_marker(path: Path) -> dict:
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path, bool]]:
-    """(step, path, complete) for every checkpoint-N directory, oldest first."""
+    """(step, path, complete) for every checkpoint-N directory, oldest first (quarantine excluded)."""
     root = Path(root)
     if not root.is_dir():
         return []
@@ -101,10 +118,10 @@ def _fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
-def fsync_tree(path: Path) -> None:
-    """fsync every file and directory under `path` (the data must be on disk before the marker)."""
-    for dirpath, _, files in os.walk(path):
-        for f in files:
+def fsync_tree(path: Path, files: bool = True) -> None:
+    """fsync every file (unless `files` is False: already done) and directory under `path`."""
+    for dirpath, _, names in os.walk(path):
+        for f in names if files else ():
             _fsync_path(Path(dirpath) / f)
         _fsync_path(Path(dirpath), directory=True)
 
@@ -122,12 +139,52 @@ def write_marker(path: Path, info: dict) -> None:
     _fsync_path(path.parent, directory=True)
 
 
-def finalize_checkpoint(path: Path, config_yaml: str, info: dict) -> None:
-    """Called after the Trainer wrote a checkpoint: config beside it, fsync, then the marker."""
+def prepare_checkpoint(path: Path, config_yaml: str, base_model: Optional[str] = None) -> None:
+    """Rank 0, after the Trainer wrote a checkpoint: the resolved config beside it, and a
+    deterministic adapter_config.json (before anything is hashed)."""
     path = Path(path)
     (path / layout.RESOLVED_CONFIG).write_text(config_yaml, encoding="utf-8")
-    fsync_tree(path)
-    write_marker(path, info)
+    if base_model is not None:
+        normalize_adapter_config(path / "adapter_config.json", base_model)
+
+
+def normalize_adapter_config(path: Path, base_model: str) -> bool:
+    """PEFT writes `target_modules` from a set (order changes with the hash seed) and the base
+    model's resolved path (absolute for local models): sort the lists, name the base model as the
+    config gives it, sort the keys. Returns False when there is no adapter config."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    data["base_model_name_or_path"] = base_model
+    for key in ("target_modules", "modules_to_save", "exclude_modules"):
+        if isinstance(data.get(key), list) and all(isinstance(x, str) for x in data[key]):
+            data[key] = sorted(data[key])
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return True
+
+
+def digest_checkpoint(path: Path, rank: int = 0, world: int = 1) -> dict[str, dict]:
+    """Every file of a checkpoint with size and sha256, each streamed once and fsynced; the files
+    are shared out over the ranks (a ZeRO-3 checkpoint is hundreds of GB) and the parts gathered."""
+    sizes = checksums.list_files(path, skip=(layout.COMPLETE_MARKER,))
+    part = checksums.digest(path, checksums.share(sizes, rank, world), fsync=True)
+    files: dict[str, dict] = {}
+    for p in gather_objects(part):
+        files.update(p)
+    if rank == 0:
+        fsync_tree(path, files=False)
+    return dict(sorted(files.items()))
+
+
+def finalize_checkpoint(path: Path, config_yaml: str, info: dict, base_model: Optional[str] = None) -> dict:
+    """One process: config beside the checkpoint, checksums (+ fsync), then the marker listing them."""
+    prepare_checkpoint(path, config_yaml, base_model)
+    files = digest_checkpoint(path)
+    write_marker(path, {**info, "files": files})
+    return files
 
 
 def remove_checkpoint(path: Path) -> None:
@@ -137,26 +194,6 @@ def remove_checkpoint(path: Path) -> None:
     trash = path.parent / f".trash-{path.name}"
     os.replace(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
-
-
-_NOT_ADAPTER = {"optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin",
-                layout.COMPLETE_MARKER, layout.RESOLVED_CONFIG, "README.md"}
-
-
-def export_adapter(checkpoint: Path, dest: Path) -> Path:
-    """Copy the weights + tokenizer files of a checkpoint (no optimizer/RNG state) to `dest` atomically."""
-    dest = Path(dest)
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for p in checkpoint.iterdir():
-        if p.is_file() and p.name not in _NOT_ADAPTER and not p.name.startswith(("rng_state", ".")):
-            shutil.copy2(p, tmp / p.name)
-    (tmp / "source_checkpoint.txt").write_text(checkpoint.name + "\n")
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
-    return dest
 
 
 def apply_retention(root: Path, keep_best: int, keep_recent: int) -> list[Path]:
@@ -179,6 +216,24 @@ def best_checkpoint(root: Path) -> Optional[Path]:
     if scored:
         return min(scored)[2]
     return done[-1][1] if done else None
+
+
+# ----------------------------------------------------------------------------- per-rank loss state
+
+
+def write_loss_state(path: Path, rank: int, state: dict) -> None:
+    """This rank's logging accumulators at save time (see LaunchTrainerMixin.loss_state)."""
+    target = Path(path) / LOSS_STATE.format(rank=rank)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(json.dumps(state, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def read_loss_state(path: Path, rank: int) -> Optional[dict]:
+    try:
+        return json.loads((Path(path) / LOSS_STATE.format(rank=rank)).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 # ------------------------------------------------------------------------------- save-time policy
@@ -226,16 +281,44 @@ class StopSignal:
         self._previous.clear()
 
 
-def all_reduce_max(values: list[float], device=None) -> list[float]:
-    """Element-wise max over all ranks (identity in a single process)."""
-    import torch
+def _distributed():
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
+
+
+def all_reduce_max(values: list[float], device=None) -> list[float]:
+    """Element-wise max over all ranks (identity in a single process)."""
+    dist = _distributed()
+    if dist is None:
         return list(values)
+    import torch
+
     t = torch.tensor(values, dtype=torch.float64, device=device or "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
+
+
+def gather_objects(obj) -> list:
+    """`obj` of every rank, in rank order, on every rank ([obj] in a single process)."""
+    if "torch" not in __import__("sys").modules:  # nothing distributed can be running without torch
+        return [obj]
+    dist = _distributed()
+    if dist is None:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def estimate_save_s(model) -> float:
+    """Seconds a first save should take: trainable weights plus two AdamW moments (fp32) at
+    ASSUMED_WRITE_MB_S (DeepSpeed ZeRO-3 partitions report their full size as `ds_numel`)."""
+    total = 0
+    for p in model.parameters() if model is not None else ():
+        if p.requires_grad:
+            total += getattr(p, "ds_numel", p.numel()) * (p.element_size() + 8)
+    return SAVE_OVERHEAD_S + total / 1e6 / ASSUMED_WRITE_MB_S
 
 
 # ------------------------------------------------------------------------------- trainer callback
@@ -261,19 +344,26 @@ class Callback:
 class RunControl(Callback):
     """Per-step decisions the step schedule cannot make: time-based saves (snapped to the next
     logging boundary, so logged loss windows stay identical across restarts), a save + eval at the
-    last step, stop + save on budget exhaustion, stop on SIGTERM (saving only if a save is fast)."""
+    last step, stop + save on budget exhaustion, stop on SIGTERM (saving only if a save is fast:
+    measured, or estimated from the trainable size before the first save), stop at once without
+    saving when the run's lease was taken over (another trainer owns the run directory)."""
 
-    def __init__(self, ck_cfg, stop: StopSignal, tracker=None, logging_steps: int = 1, has_eval: bool = False):
+    def __init__(self, ck_cfg, stop: StopSignal, tracker=None, logging_steps: int = 1, has_eval: bool = False,
+                 lease=None):
         self.ck = ck_cfg
         self.stop = stop
         self.tracker = tracker
+        self.lease = lease
         self.logging_steps = max(int(logging_steps), 1)
         self.has_eval = has_eval
         self.measured_save_s: Optional[float] = None
+        self.estimated_save_s: float = 1e9
         self.save_history: list[float] = []  # seconds of every save of this session
         self.last_save_t = time.monotonic()
         self.pending_time_save = False
-        self.reason: Optional[str] = None  # "interrupted" | "budget_exhausted"
+        self.reason: Optional[str] = None  # "stopped" | "budget_exhausted" | "lease_lost"
+        self.stop_saved: Optional[bool] = None  # on a signal: whether the stop saved a checkpoint
+        self.stop_save_s: Optional[float] = None
         self.device = None
 
     def note_save(self, seconds: float) -> None:
@@ -281,17 +371,22 @@ class RunControl(Callback):
         self.save_history.append(seconds)
         self.last_save_t = time.monotonic()
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if state.max_steps and state.global_step >= state.max_steps:
+            raise TrainingFinished(f"the resumed checkpoint is at step {state.global_step} of {state.max_steps}")
         self.last_save_t = time.monotonic()
         self.device = args.device if args.device.type == "cuda" else None
+        self.estimated_save_s = estimate_save_s(model)
 
     def on_step_end(self, args, state, control, **kwargs):
         interval = save_interval_s(self.ck, self.measured_save_s)
         due = interval is not None and time.monotonic() - self.last_save_t >= interval
         over = bool(self.tracker and self.tracker.exhausted())
         sig = self.stop.signum is not None
-        save_s = self.measured_save_s if self.measured_save_s is not None else 1e9
-        sig, over, due, save_s = all_reduce_max([float(sig), float(over), float(due), save_s], self.device)
+        lost = bool(self.lease is not None and self.lease.lost)
+        save_s = self.measured_save_s if self.measured_save_s is not None else self.estimated_save_s
+        sig, over, due, save_s, lost = all_reduce_max(
+            [float(sig), float(over), float(due), save_s, float(lost)], self.device)
         step = state.global_step
         if due and not self.pending_time_save:
             self.pending_time_save = True
@@ -301,10 +396,16 @@ class RunControl(Callback):
         if step >= state.max_steps:
             control.should_save = True
             control.should_evaluate = control.should_evaluate or self.has_eval
-        if sig:
-            self.reason = "interrupted"
+        if lost:
+            self.reason = "lease_lost"
+            control.should_training_stop = True
+            control.should_save = control.should_evaluate = False
+            log.error("stopping at step %d without saving: another trainer took over this run's lease", step)
+        elif sig:
+            self.reason = "stopped"
             control.should_training_stop = True
             control.should_save = control.should_save or save_s < SIGTERM_SAVE_BUDGET_S
+            self.stop_saved, self.stop_save_s = bool(control.should_save), save_s
             log.warning("stopping at step %d (%s)", step, "saving first" if control.should_save else
                         f"no save: a save takes {save_s:.1f}s, more than the {SIGTERM_SAVE_BUDGET_S}s allowed")
         elif over:

@@ -57,3 +57,48 @@ class TransientError(PayloadError):
     """A failure worth retrying on a fresh machine (network after bounded retries, NCCL, lost node)."""
 
     exit_code = EXIT_TRANSIENT
+
+
+# Exceptions that mean "the machine or its network failed", not "the job is wrong": by class name,
+# so this module needs neither torch nor an HTTP client (torch.distributed, requests, httpx).
+_TRANSIENT_NAMES = frozenset({
+    "DistBackendError", "DistNetworkError", "DistStoreError",
+    "ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "ChunkedEncodingError",
+    "ConnectError", "ReadError", "WriteError", "RemoteProtocolError", "TimeoutException", "NetworkError",
+})
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in _TRANSIENT_NAMES:
+        return True
+    if type(exc).__name__ == "HfHubHTTPError":
+        status = getattr(getattr(exc, "response", None), "status_code", 0) or 0
+        return status >= 500 or status == 429
+    text = str(exc)
+    return "NCCL" in text and "out of memory" not in text.lower()
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code a stage ends with for `exc`: a PayloadError's own, 143 for an interrupt,
+    75 for a transient failure (anywhere in the cause chain), 1 for anything else (a crash)."""
+    if isinstance(exc, PayloadError):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    seen, e = 0, exc
+    while e is not None and seen < 10:
+        if _is_transient(e):
+            return EXIT_TRANSIENT
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return EXIT_CRASH
+
+
+def one_line(exc: BaseException) -> str:
+    """The last line of a traceback for `exc` (`Type: first line of the message`); a PayloadError's
+    own message is already that line."""
+    msg = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, PayloadError):
+        return msg
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__

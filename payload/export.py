@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from payload import layout
+from payload import layout, verify
 from payload.errors import PayloadError
 
 log = logging.getLogger("payload.export")
@@ -189,6 +189,8 @@ def main(cfg) -> dict:
             f"weights in {cfg.run_dir / layout.ADAPTER_DIR} with `mlx_lm.convert --hf-path` instead"
         )
     adapter_dir = cfg.run_dir / layout.ADAPTER_DIR
+    if adapter_dir.is_dir():  # checked against its SHA256SUMS; a damaged one is exported again
+        verify.ensure_export(cfg.run_dir, "best")
     num_layers = base_num_layers(cfg)
     if num_layers is None:
         log.warning("base model config not found locally: num_layers inferred from the adapter")

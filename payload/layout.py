@@ -14,6 +14,7 @@ COMPLETE_MARKER = "COMPLETE"
 LOGS_DIR = "logs"  # run.log (launcher), rank_<N>_traceback.log
 METRICS = "metrics.jsonl"
 COST = "cost.json"  # accumulated seconds and dollars across restarts
+LEASE = "lease.json"  # who trains the run now (payload/lease.py)
 STATUS = "status.json"  # state, step, loss, cost_usd, eta_s, updated_at: read by `launch status`
 OUTPUTS_DIR = "outputs"
 ADAPTER_DIR = "outputs/adapter"  # best adapter (or final full weights for method: full)

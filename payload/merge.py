@@ -2,12 +2,12 @@
 
     python -m payload merge --config run.yaml
 
-Reads `{run_dir}/outputs/adapter` (PEFT), writes `{run_dir}/outputs/merged` (safetensors,
-tokenizer and the base's processor/chat-template files). Safe to re-run: the merged directory is
-written into a temporary sibling and swapped in with a `MERGED` marker (adapter hash, base model,
-smoke text) written before the swap; a later run that finds the marker for the same adapter and
-base says "already merged" and does nothing (as litgpt's merge_lora.py does). A re-trained adapter
-changes the hash, so it is merged again.
+Reads `{run_dir}/outputs/adapter` (PEFT; verified against its SHA256SUMS first, payload/verify.py),
+writes `{run_dir}/outputs/merged` (safetensors, tokenizer and the base's processor/chat-template
+files). Safe to re-run: the merged directory is written into a temporary sibling and swapped in with
+a `MERGED` marker (adapter hash, base model, smoke text) written before the swap; a later run that
+finds the marker for the same adapter and base says "already merged" and does nothing (as litgpt's
+merge_lora.py does). A re-trained adapter changes the hash, so it is merged again.
 
 The smoke test loads the merged model back from disk (the files that will be pushed, not the
 in-memory copy) and generates a few greedy tokens from `outputs.smoke_prompt`.
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from payload import layout
+from payload import layout, verify
 from payload.errors import PayloadError
 
 log = logging.getLogger("payload.merge")
@@ -49,6 +49,8 @@ def main(cfg, env=None) -> dict:
     env = os.environ if env is None else env
     token = push_token(cfg, env)  # fail before the slow part, not after it
     adapter_dir, merged_dir = cfg.run_dir / layout.ADAPTER_DIR, cfg.run_dir / layout.MERGED_DIR
+    if adapter_dir.is_dir():  # checked against its SHA256SUMS; a damaged one is exported again
+        verify.ensure_export(cfg.run_dir, "latest" if cfg.train.method == "full" else "best")
     if cfg.train.method == "full" or not cfg.outputs.merge:
         what = "full weights" if cfg.train.method == "full" else "adapter"
         if not adapter_dir.is_dir():

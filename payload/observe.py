@@ -4,9 +4,11 @@
   fraction, cost_usd, epoch; eval: step, eval_loss). Lines past the resumed step are dropped on
   resume, so the file reads like one uninterrupted run.
 - console progress lines through the `payload.train` logger,
-- `status.json` (layout.STATUS, written atomically) for `launch status`,
+- `status.json` (layout.STATUS, written atomically) for `launch status`; every end of a stage
+  records `state` (errors.END_STATES), `exit_code` and a one-line `reason` there (`write_end`),
+  because torchrun exits 1 whatever its workers did,
 - after training: the loss-curve PNG, the N highest-loss eval samples, `training_summary.json`,
-- on a crash: `logs/rank_<N>_traceback.log` (one file per rank, runbook 000).
+- on a crash: `logs/rank_<N>_traceback.log` (one file per rank, runbook 000; appended across restarts).
 """
 
 from __future__ import annotations
@@ -81,6 +83,14 @@ def write_status(run_dir: Path, **fields) -> dict:
     status["updated_at"] = now_iso()
     atomic_write_json(path, status)
     return status
+
+
+def write_end(run_dir: Path, exit_code: int, reason: Optional[str], **fields) -> dict:
+    """Record how a stage ended: `state` from the exit code, the code itself and one line why."""
+    from payload.errors import state_for_exit
+
+    return write_status(run_dir, state=state_for_exit(exit_code), exit_code=exit_code, reason=reason,
+                        ended_at=now_iso(), **fields)
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -284,7 +294,8 @@ def write_traceback(run_dir: Path) -> Optional[Path]:
         path = Path(run_dir) / layout.LOGS_DIR / f"rank_{rank()}_traceback.log"
         path.parent.mkdir(parents=True, exist_ok=True)
         # An explicit limit: a library may have left sys.tracebacklimit = 0 (SkyPilot's ux_utils does).
-        path.write_text(f"{now_iso()} rank {rank()} pid {os.getpid()}\n{traceback.format_exc(limit=1000)}")
+        with open(path, "a", encoding="utf-8") as f:  # appended: a restart keeps the earlier crash
+            f.write(f"{now_iso()} rank {rank()} pid {os.getpid()}\n{traceback.format_exc(limit=1000)}\n")
         return path
     except OSError:
         return None

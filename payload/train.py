@@ -4,7 +4,8 @@ Same entry point for one process, `torchrun --nproc_per_node N`, and several nod
 plain functions, in the order torchtune's recipes use (setup, load_checkpoint, train, save,
 cleanup); the work is TRL's `SFTTrainer` (assistant-only loss, packing, PEFT) on transformers'
 `Trainer` (resume with RNG/optimizer/scheduler/data position, DDP, DeepSpeed). What is added here:
-checkpoint markers and retention, time/budget/SIGTERM stops, cost, metrics and the outputs.
+checkpoint markers with checksums and retention, verified resume, the run's lease, time/budget/SIGTERM
+stops with a named end (state, exit code and reason in status.json), cost, metrics and the outputs.
 
 Inputs: `{run_dir}/data/{train,val}.jsonl` with canonical records
 `{"messages": [{"role", "content": str | [{"type": "text", "text"} | {"type": "image", "image": path}]}],
@@ -24,9 +25,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from payload import checkpoints as ck
-from payload import layout, modeling, observe
+from payload import layout, lease, modeling, observe, trainset, verify
 from payload.config import dump_run_config
-from payload.errors import BudgetExhausted, PayloadError
+from payload.errors import (
+    EXIT_BUDGET, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, BudgetExhausted, PayloadError, exit_code_for, one_line,
+)
 from payload.money import CostCallback, CostTracker
 
 log = logging.getLogger("payload.train")
@@ -47,6 +50,8 @@ class Run:
     val_records: list = field(default_factory=list)
     resume: Optional[Path] = None
     state: str = "starting"
+    reason: Optional[str] = None
+    lease: Optional[lease.Lease] = None
 
     @property
     def main(self) -> bool:
@@ -54,9 +59,12 @@ class Run:
 
 
 def main(cfg) -> dict:
-    """Train (or resume) the run described by `cfg`; returns the training summary."""
+    """Train (or resume) the run described by `cfg`; returns the training summary. Every end is
+    recorded in status.json (state, exit_code, reason) before this returns or raises."""
     observe.setup_logging()
     run = Run(cfg=cfg, run_dir=cfg.run_dir)
+    if run.main:  # before anything is written: a live trainer elsewhere means exit 4, nothing touched
+        run.lease = lease.acquire(run.run_dir, cfg.runtime.run_id)
     try:
         done = already_trained(run)
         if done is not None:
@@ -65,23 +73,29 @@ def main(cfg) -> dict:
         load_checkpoint(run)
         train(run)
         summary = save(run)
-    except PayloadError:
-        observe.write_status(run.run_dir, state="failed")
-        raise
-    except BaseException:
-        observe.write_traceback(run.run_dir)
-        observe.write_status(run.run_dir, state="failed")
+    except BaseException as e:
+        record_failure(run, e)
         raise
     finally:
         cleanup(run)
     if run.state == "budget_exhausted":
-        raise BudgetExhausted(
-            f"budget of ${cfg.runtime.budget_usd:.2f} reached at step {summary['steps']} "
-            f"(spent ${summary['cost_usd']:.2f}); a checkpoint was saved: raise runtime.budget_usd "
-            "(LAUNCH_BUDGET_USD) and rerun to resume")
-    if run.state == "interrupted":
-        raise ck.TrainingInterrupted(f"stopped by a signal at step {summary['steps']}; rerun to resume")
+        raise BudgetExhausted(run.reason)
+    if run.state == "stopped":
+        raise ck.TrainingInterrupted(run.reason)
     return summary
+
+
+def record_failure(run: Run, exc: BaseException) -> None:
+    """status.json says how the run failed (not when the lease was another trainer's: its run)."""
+    if isinstance(exc, lease.LeaseHeld):
+        return
+    code = exit_code_for(exc)
+    if not isinstance(exc, (PayloadError, KeyboardInterrupt)):
+        observe.write_traceback(run.run_dir)
+    step = run.trainer.state.global_step if run.trainer is not None else None
+    observe.write_end(run.run_dir, code, one_line(exc), step=step)
+    if code == EXIT_CRASH:
+        log.error("crashed at step %s: %s", step, one_line(exc))
 
 
 # -------------------------------------------------------------------------------------------- setup
@@ -109,7 +123,8 @@ def setup(run: Run) -> None:
     if run.main:
         (rd / layout.LOGS_DIR).mkdir(parents=True, exist_ok=True)
         (rd / layout.RESOLVED_CONFIG).write_text(dump_run_config(cfg), encoding="utf-8")
-    observe.write_status(rd, state="loading", step=0, max_steps=cfg.train.max_steps)
+    observe.write_status(rd, state="loading", step=0, max_steps=cfg.train.max_steps, exit_code=None, reason=None,
+                         ended_at=None)
     run.stop.install()
     run.tracker = CostTracker(rd, cfg.runtime.price_per_hour, cfg.runtime.budget_usd, write=run.main)
     modeling.check_deepspeed_available(cfg)
@@ -123,16 +138,16 @@ def setup(run: Run) -> None:
         path = modeling.base_model_path(cfg)
         processing = modeling.load_processing_class(path, cfg.model.kind, cfg.model.trust_remote_code,
                                                     cfg.model.revision)
-        train_records, run.val_records = ensure_data(cfg, _tokenizer_of(processing))
+        train_records, run.val_records = trainset.ensure_data(cfg, _tokenizer_of(processing))
     model, run.attn = modeling.load_model(cfg, path, dtype)
     model, peft_config = modeling.prepare_for_method(cfg, model)
     vl = cfg.model.kind == "image_text_to_text"
-    train_ds = build_dataset(train_records, vl, "train.jsonl")
-    eval_ds = build_dataset(run.val_records, vl, "val.jsonl") if run.val_records else None
+    train_ds = trainset.build_dataset(train_records, vl, "train.jsonl")
+    eval_ds = trainset.build_dataset(run.val_records, vl, "val.jsonl") if run.val_records else None
     if eval_ds is None:
         args = dataclasses.replace(args, eval_strategy="no", metric_for_best_model=None, greater_is_better=None)
     run.control = ck.RunControl(cfg.train.checkpoints, run.stop, run.tracker, cfg.train.logging_steps,
-                                has_eval=eval_ds is not None)
+                                has_eval=eval_ds is not None, lease=run.lease)
     run.trainer = trainer_class()(
         model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=processing,
         peft_config=peft_config, callbacks=_callbacks(run, eval_ds is not None),
@@ -160,7 +175,7 @@ def _tokenizer_of(processing):
 
 
 def _callbacks(run: Run, has_eval: bool) -> list:
-    cbs = [run.control, CostCallback(run.tracker),
+    cbs = [run.control, ResumeLossState(run), CostCallback(run.tracker),
            observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
     patience = run.cfg.train.early_stopping_patience
     if patience:
@@ -221,98 +236,6 @@ def sft_config(cfg, has_eval: bool, dtype):
     )
 
 
-# --------------------------------------------------------------------------------------------- data
-
-
-def ensure_data(cfg, tokenizer) -> tuple[list, list]:
-    """Read train/val JSONL; run the data stage first when the data directory has no train.jsonl."""
-    data_dir = cfg.run_dir / layout.DATA_DIR
-    if not (data_dir / "train.jsonl").is_file():
-        try:
-            import payload.data as data_stage
-        except ImportError:
-            raise PayloadError(f"{data_dir}/train.jsonl is missing: run `python -m payload data --config ...` first")
-        log.info("no prepared data in %s: running the data stage", data_dir)
-        data_stage.main(cfg, tokenizer=tokenizer)
-    train = read_jsonl(data_dir / "train.jsonl")
-    if not train:
-        raise PayloadError(f"{data_dir}/train.jsonl has no records: check data.sources and their splits")
-    val_path = data_dir / "val.jsonl"
-    return train, read_jsonl(val_path) if val_path.is_file() else []
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as e:
-                raise PayloadError(f"{path}:{n}: not valid JSON ({e.msg}); rerun the data stage") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
-                raise PayloadError(f"{path}:{n}: a record needs a `messages` list; rerun the data stage")
-            records.append(rec)
-    return records
-
-
-def _parts(content, where: str) -> list[dict]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        raise PayloadError(f"{where}: `content` must be a string or a list of parts")
-    return content
-
-
-def _text_row(rec: dict, where: str) -> dict:
-    messages = []
-    for m in rec["messages"]:
-        texts = []
-        for p in _parts(m.get("content", ""), where):
-            if p.get("type") == "image":
-                raise PayloadError(f"{where}: the record has an image but model.kind is causal_lm; "
-                                   "use kind: image_text_to_text with a vision-language model")
-            texts.append(p.get("text") or "")
-        messages.append({"role": m["role"], "content": "".join(texts)})
-    return {"messages": messages}
-
-
-def _vl_row(rec: dict, where: str, base: Path) -> dict:
-    messages, images = [], []
-    for m in rec["messages"]:
-        parts = []
-        for p in _parts(m.get("content", ""), where):
-            if p.get("type") == "image":
-                img = Path(str(p.get("image") or ""))
-                img = img if img.is_absolute() or img.exists() else base / img
-                if not img.is_file():
-                    raise PayloadError(f"{where}: image {p.get('image')!r} not found; set image_root of the source")
-                images.append(str(img))
-                parts.append({"type": "image", "text": None})
-            else:
-                parts.append({"type": "text", "text": p.get("text") or ""})
-        messages.append({"role": m["role"], "content": parts})
-    return {"messages": messages, "images": images}
-
-
-def build_dataset(records: list[dict], vl: bool, name: str):
-    """A datasets.Dataset TRL understands: text `messages`; for VL also `images` (decoded lazily)."""
-    from datasets import Dataset, Image, List
-
-    base = Path(".")
-    rows = []
-    for i, rec in enumerate(records):
-        where = f"{name} record {i + 1}"
-        row = _vl_row(rec, where, base) if vl else _text_row(rec, where)
-        row["record_index"] = i
-        rows.append(row)
-    ds = Dataset.from_list(rows)
-    if vl:
-        ds = ds.cast_column("images", List(Image()))
-    return ds
-
-
 # -------------------------------------------------------------------------------------------- trainer
 
 
@@ -331,8 +254,9 @@ def trainer_class():
 
 
 class LaunchTrainerMixin:
-    """SFTTrainer plus: the real-token fraction of every batch, and checkpoint finalization
-    (config + fsync + COMPLETE marker + retention) right after each save, timed."""
+    """SFTTrainer plus: the real-token fraction of every batch, checkpoint finalization (config +
+    checksums + fsync + COMPLETE marker + retention) right after each save, timed, and the logging
+    accumulators saved with each checkpoint and restored on resume."""
 
     launch_run: Optional[Run] = None
 
@@ -350,13 +274,21 @@ class LaunchTrainerMixin:
     def _save_checkpoint(self, model, trial):
         t = time.monotonic()
         super()._save_checkpoint(model, trial)
+        path = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+        path.mkdir(parents=True, exist_ok=True)
+        rank, world = self.args.process_index, self.args.world_size
+        ck.write_loss_state(path, rank, self.loss_state())
         self.accelerator.wait_for_everyone()  # every rank's files (rng_state_N.pth, shards) are written
         run = self.launch_run
-        path = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
-        if self.args.should_save and run is not None:
-            ck.finalize_checkpoint(path, dump_run_config(run.cfg), self._marker_info(run))
-            c = run.cfg.train.checkpoints
-            ck.apply_retention(path.parent, c.keep_best, c.keep_recent)
+        if run is not None:
+            if self.args.should_save:
+                ck.prepare_checkpoint(path, dump_run_config(run.cfg), run.cfg.model.name_or_path)
+            self.accelerator.wait_for_everyone()
+            files = ck.digest_checkpoint(path, rank, world)
+            if self.args.should_save:
+                ck.write_marker(path, {**self._marker_info(run), "files": files})
+                c = run.cfg.train.checkpoints
+                ck.apply_retention(path.parent, c.keep_best, c.keep_recent)
         seconds = time.monotonic() - t
         if run is not None:
             run.control.note_save(seconds)
@@ -369,17 +301,57 @@ class LaunchTrainerMixin:
         return {"step": step, "eval_loss": evals[-1] if evals else None, "loss": losses[-1] if losses else None,
                 "epoch": self.state.epoch, "config_hash": run.cfg.config_hash(), "saved_at": observe.now_iso()}
 
+    def loss_state(self) -> dict:
+        """What the Trainer and TRL accumulate between two logs, on this rank: a checkpoint saved
+        between logging steps (a SIGTERM, a budget stop) carries it so the next logged loss averages
+        the same steps, in the same float32 order, as an uninterrupted run."""
+        metrics = getattr(self, "_metrics", {}).get("train", {})
+        return {"step": self.state.global_step, "tr_loss": float(self._tr_loss.item()),
+                "last_logged": self._globalstep_last_logged,
+                "metrics": {k: list(v) for k, v in metrics.items()},
+                "total_train_tokens": getattr(self, "_total_train_tokens", None)}
+
+    def restore_loss_state(self, checkpoint: Path) -> bool:
+        import torch
+
+        st = ck.read_loss_state(checkpoint, self.args.process_index)
+        if st is None or st.get("step") != self.state.global_step:
+            log.warning("%s has no logging state for rank %d: the first loss logged after the resume averages "
+                        "fewer steps", checkpoint.name, self.args.process_index)
+            return False
+        self._tr_loss = torch.tensor(st["tr_loss"], dtype=self._tr_loss.dtype, device=self._tr_loss.device)
+        self._globalstep_last_logged = st["last_logged"]
+        if hasattr(self, "_metrics"):
+            self._metrics["train"].clear()
+            self._metrics["train"].update({k: list(v) for k, v in st["metrics"].items()})
+        if st.get("total_train_tokens") is not None and hasattr(self, "_total_train_tokens"):
+            self._total_train_tokens = st["total_train_tokens"]
+        return True
+
+
+class ResumeLossState(ck.Callback):
+    """On a resume, put the checkpoint's logging accumulators back once the Trainer has reset them."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.run.resume is not None and self.run.trainer is not None:
+            self.run.trainer.restore_loss_state(self.run.resume)
+
 
 # ------------------------------------------------------------------------------------ resume / train
 
 
 def load_checkpoint(run: Run) -> None:
-    """Pick the newest complete checkpoint (half-written ones are removed first)."""
+    """Pick the newest complete checkpoint that verifies (half-written ones are removed first,
+    damaged ones are quarantined on the way)."""
     root = ck.checkpoints_dir(run.run_dir)
-    with run.trainer.args.main_process_first(local=False, desc="checkpoint cleanup"):
+    args = run.trainer.args
+    with args.main_process_first(local=False, desc="checkpoint cleanup"):
         if run.main:
             ck.clean_incomplete(root)
-    run.resume = ck.latest_complete(root)
+    run.resume = verify.pick_resume(root, args.process_index, args.world_size)
     step = ck.step_of(run.resume) if run.resume else 0
     dropped = observe.truncate_metrics(run.run_dir / layout.METRICS, step)
     if run.resume:
@@ -392,29 +364,62 @@ def load_checkpoint(run: Run) -> None:
 
 def train(run: Run) -> None:
     observe.write_status(run.run_dir, state="training", resumed_from=run.resume.name if run.resume else None)
-    result = run.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
-    run.counts["train_runtime_s"] = round(result.metrics.get("train_runtime", 0.0), 3)
-    st = run.trainer.state
-    if run.control.reason:
-        run.state = run.control.reason
-    elif st.max_steps and st.global_step < st.max_steps:
-        run.state = "stopped_early"
-    else:
-        run.state = "completed"
+    try:
+        result = run.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
+        run.counts["train_runtime_s"] = round(result.metrics.get("train_runtime", 0.0), 3)
+    except ck.TrainingFinished as e:
+        log.info("nothing left to train: %s", e)
+        run.counts["train_runtime_s"] = 0.0
+    run.state, run.reason = end_of_training(run)
+
+
+def end_of_training(run: Run) -> tuple[str, Optional[str]]:
+    """(state, reason) once the training loop returned; a lost lease raises (nothing more is written)."""
+    st, c, cfg = run.trainer.state, run.control, run.cfg
+    step, total = st.global_step, st.max_steps
+    if c.reason == "lease_lost":
+        raise lease.LeaseHeld(f"another trainer took over this run's lease at step {step}; this one stopped "
+                              "without saving")
+    if c.reason == "stopped":
+        import signal
+
+        sig = signal.Signals(run.stop.signum).name if run.stop.signum else "a signal"
+        if c.stop_saved:
+            kept = f"checkpoint-{step} saved"
+        else:
+            last = ck.latest_complete(ck.checkpoints_dir(run.run_dir))
+            kept = (f"no checkpoint saved (a save takes ~{c.stop_save_s:.1f} s, more than the "
+                    f"{ck.SIGTERM_SAVE_BUDGET_S} s allowed); resumes from {last.name if last else 'step 0'}")
+        return "stopped", f"stopped by {sig} at step {step} of {total}; {kept}"
+    if c.reason == "budget_exhausted":
+        return "budget_exhausted", (
+            f"budget of ${cfg.runtime.budget_usd:.2f} reached at step {step} of {total} (spent "
+            f"${run.tracker.usd():.2f}); checkpoint-{step} saved: raise runtime.budget_usd (LAUNCH_BUDGET_USD) "
+            "and rerun to resume")
+    if total and step < total:
+        return "completed", f"stopped early at step {step} of {total} (early stopping: eval loss stopped improving)"
+    return "completed", None
 
 
 # ------------------------------------------------------------------------------------- save/cleanup
 
+_EXIT = {"completed": EXIT_OK, "budget_exhausted": EXIT_BUDGET, "stopped": EXIT_INTERRUPTED}
+
 
 def save(run: Run) -> dict:
-    """Best adapter (or final full weights), high-loss samples, plot, summary, final status."""
+    """Best adapter (or final full weights) from a checkpoint that verifies, high-loss samples,
+    plot, summary, final status."""
     cfg, rd, trainer = run.cfg, run.run_dir, run.trainer
-    finished = run.state in ("completed", "stopped_early")
+    finished = run.state == "completed"
     root = ck.checkpoints_dir(rd)
-    best = ck.latest_complete(root) if cfg.train.method == "full" else ck.best_checkpoint(root)
+    prefer = "latest" if cfg.train.method == "full" else "best"
+    best = (ck.latest_complete(root) if prefer == "latest" else ck.best_checkpoint(root)) if run.main else None
     if run.main:
-        if finished and best is not None:
-            ck.export_adapter(best, rd / layout.ADAPTER_DIR)
+        if finished:
+            best = verify.export_verified(root, rd / layout.ADAPTER_DIR, prefer)
+            if best is None:
+                raise PayloadError(f"training finished but no checkpoint in {root} verifies to export "
+                                   f"the {'weights' if prefer == 'latest' else 'adapter'}: see the lines above")
         if finished and trainer.eval_dataset is not None and not _zero3(cfg):
             observe.write_high_loss(trainer, trainer.eval_dataset, run.val_records, cfg.train.high_loss_samples,
                                     rd / layout.HIGH_LOSS)
@@ -422,11 +427,11 @@ def save(run: Run) -> dict:
     summary = _summary(run, best)
     if run.main:
         observe.write_summary(rd, summary)
-    observe.write_status(rd, state=run.state, step=summary["steps"], cost_usd=summary["cost_usd"],
-                         eta_s=0 if finished else None, loss=summary["final_loss"],
-                         eval_loss=summary["final_eval_loss"])
-    log.info("training %s at step %d: best %s, cost $%.4f", run.state, summary["steps"],
-             summary["best_checkpoint"], summary["cost_usd"])
+    observe.write_end(rd, _EXIT[run.state], run.reason, step=summary["steps"], cost_usd=summary["cost_usd"],
+                      eta_s=0 if finished else None, loss=summary["final_loss"],
+                      eval_loss=summary["final_eval_loss"])
+    log.info("training %s at step %d: best %s, cost $%.4f%s", run.state, summary["steps"],
+             summary["best_checkpoint"], summary["cost_usd"], f" ({run.reason})" if run.reason else "")
     return summary
 
 
@@ -442,7 +447,8 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
     real = [r["real_token_fraction"] for r in records if r.get("real_token_fraction") is not None]
     st, cfg = run.trainer.state, run.cfg
     return {
-        "state": run.state, "run_id": cfg.runtime.run_id, "config_hash": cfg.config_hash(),
+        "state": run.state, "exit_code": _EXIT[run.state], "reason": run.reason,
+        "run_id": cfg.runtime.run_id, "config_hash": cfg.config_hash(),
         "model": cfg.model.name_or_path, "kind": cfg.model.kind, "method": cfg.train.method,
         "attn_implementation": run.attn, "steps": st.global_step, "max_steps": st.max_steps,
         "epoch": st.epoch, "best_checkpoint": best.name if best else None,
@@ -453,13 +459,15 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
         "cost_usd": round(run.tracker.usd(), 6), "sessions": run.tracker.sessions,
         "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
         "real_token_fraction": round(sum(real) / len(real), 4) if real else None,
-        "adapter_dir": layout.ADAPTER_DIR if run.state in ("completed", "stopped_early") else None,
+        "adapter_dir": layout.ADAPTER_DIR if run.state == "completed" else None,
         **run.counts, "finished_at": observe.now_iso(),
     }
 
 
 def cleanup(run: Run) -> None:
     run.stop.restore()
+    if run.lease is not None:
+        run.lease.release()
     if run.tracker is not None:
         run.tracker.save()
     run.trainer = None

@@ -132,7 +132,8 @@ def test_budget_stop_leaves_resumable_checkpoint_and_half_written_one_is_skipped
     stopped = ck.step_of(saved)
     assert saved is not None and 0 < stopped < 24
     status = json.loads((rd / layout.STATUS).read_text())
-    assert status["state"] == "budget_exhausted" and status["step"] == stopped
+    assert status["state"] == "budget_exhausted" and status["step"] == stopped and status["exit_code"] == 3
+    assert status["reason"].startswith("budget of $1.00 reached at step")
     assert json.loads((rd / layout.SUMMARY).read_text())["state"] == "budget_exhausted"
     assert not (rd / layout.ADAPTER_DIR).exists()
     # A later save that was cut off: files there, marker missing, one file truncated.
@@ -157,8 +158,9 @@ def test_sigterm_stops_at_a_step_boundary_and_resumes(reference, train_env, tmp_
     proc = start_payload("train", write_config(cfg, tmp_path / "run.yaml"), log)
     _wait(lambda: (rd / layout.CHECKPOINTS_DIR / "checkpoint-4" / layout.COMPLETE_MARKER).exists(), proc, every=0.01)
     assert _stop(proc, signal.SIGTERM) == 143, log.read_text()[-3000:]
-    assert "stopped by a signal" in log.read_text()
-    assert json.loads((rd / layout.STATUS).read_text())["state"] == "interrupted"
+    assert "stopped by SIGTERM at step" in log.read_text()
+    status = json.loads((rd / layout.STATUS).read_text())
+    assert status["state"] == "stopped" and status["exit_code"] == 143 and "saved" in status["reason"]
     assert not _incomplete(rd)
     stopped = ck.step_of(ck.latest_complete(ck.checkpoints_dir(rd)))
     assert stopped >= 4

@@ -1,0 +1,107 @@
+"""The training stage's inputs: canonical records from `{run_dir}/data/` as datasets TRL reads.
+
+`{run_dir}/data/{train,val}.jsonl` hold records `{"messages": [{"role", "content": str | [{"type":
+"text", "text"} | {"type": "image", "image": path}]}], "source": ...}` written by `python -m payload
+data` (run here first when missing). Text models get plain `messages`; vision-language models also
+get `images` (decoded lazily by `datasets`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from payload import layout
+from payload.errors import PayloadError
+
+log = logging.getLogger("payload.train")
+
+
+def ensure_data(cfg, tokenizer) -> tuple[list, list]:
+    """Read train/val JSONL; run the data stage first when the data directory has no train.jsonl."""
+    data_dir = cfg.run_dir / layout.DATA_DIR
+    if not (data_dir / "train.jsonl").is_file():
+        try:
+            import payload.data as data_stage
+        except ImportError:
+            raise PayloadError(f"{data_dir}/train.jsonl is missing: run `python -m payload data --config ...` first")
+        log.info("no prepared data in %s: running the data stage", data_dir)
+        data_stage.main(cfg, tokenizer=tokenizer)
+    train = read_jsonl(data_dir / "train.jsonl")
+    if not train:
+        raise PayloadError(f"{data_dir}/train.jsonl has no records: check data.sources and their splits")
+    val_path = data_dir / "val.jsonl"
+    return train, read_jsonl(val_path) if val_path.is_file() else []
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                raise PayloadError(f"{path}:{n}: not valid JSON ({e.msg}); rerun the data stage") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
+                raise PayloadError(f"{path}:{n}: a record needs a `messages` list; rerun the data stage")
+            records.append(rec)
+    return records
+
+
+def _parts(content, where: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise PayloadError(f"{where}: `content` must be a string or a list of parts")
+    return content
+
+
+def _text_row(rec: dict, where: str) -> dict:
+    messages = []
+    for m in rec["messages"]:
+        texts = []
+        for p in _parts(m.get("content", ""), where):
+            if p.get("type") == "image":
+                raise PayloadError(f"{where}: the record has an image but model.kind is causal_lm; "
+                                   "use kind: image_text_to_text with a vision-language model")
+            texts.append(p.get("text") or "")
+        messages.append({"role": m["role"], "content": "".join(texts)})
+    return {"messages": messages}
+
+
+def _vl_row(rec: dict, where: str, base: Path) -> dict:
+    messages, images = [], []
+    for m in rec["messages"]:
+        parts = []
+        for p in _parts(m.get("content", ""), where):
+            if p.get("type") == "image":
+                img = Path(str(p.get("image") or ""))
+                img = img if img.is_absolute() or img.exists() else base / img
+                if not img.is_file():
+                    raise PayloadError(f"{where}: image {p.get('image')!r} not found; set image_root of the source")
+                images.append(str(img))
+                parts.append({"type": "image", "text": None})
+            else:
+                parts.append({"type": "text", "text": p.get("text") or ""})
+        messages.append({"role": m["role"], "content": parts})
+    return {"messages": messages, "images": images}
+
+
+def build_dataset(records: list[dict], vl: bool, name: str):
+    """A datasets.Dataset TRL understands: text `messages`; for VL also `images` (decoded lazily)."""
+    from datasets import Dataset, Image, List
+
+    base = Path(".")
+    rows = []
+    for i, rec in enumerate(records):
+        where = f"{name} record {i + 1}"
+        row = _vl_row(rec, where, base) if vl else _text_row(rec, where)
+        row["record_index"] = i
+        rows.append(row)
+    ds = Dataset.from_list(rows)
+    if vl:
+        ds = ds.cast_column("images", List(Image()))
+    return ds
