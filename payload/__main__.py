@@ -9,7 +9,8 @@ Exit codes (payload/errors.py): 0 done, 1 crash (traceback in the log and in
 a live trainer, 75 transient (network, NCCL: worth a fresh machine), 143 stopped by SIGTERM/SIGINT.
 A failed stage also records `state`, `exit_code` and `reason` in the run's status.json (the train
 stage does it itself, for every end). The stages that write outputs after training (post, merge,
-export) hold the run's lease (payload/lease.py) while they run.
+export) hold the run's lease (payload/lease.py) while they run; preflight and data refuse with exit
+4 while another trainer holds it (they run before torchrun, which would turn the 4 into a 1).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def run_stage(stage: str, cfg) -> dict:
     from payload import lease
     from payload.observe import rank
 
+    if stage in ("preflight", "data"):  # before torchrun: exit 4 reaches the job as is
+        lease.ensure_free(cfg.run_dir, cfg.runtime.run_id)
     held = lease.acquire(cfg.run_dir, cfg.runtime.run_id) if stage in LEASED and rank() == 0 else None
     try:
         return post(cfg) if stage == "post" else importlib.import_module(STAGES[stage]).main(cfg)

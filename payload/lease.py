@@ -211,6 +211,18 @@ def _read_text(path: Path) -> str:
         return ""
 
 
+def ensure_free(run_dir: Path, run_id: str = "") -> None:
+    """LeaseHeld when a live trainer holds the run (a stale lease is fine: the trainer takes it over)."""
+    held = Holder.parse(_read_text(lease_path(run_dir)))
+    if held is not None and held.stale_because() is None:
+        raise LeaseHeld(_held_message(held, run_id or Path(run_dir).name))
+
+
+def _held_message(held: Holder, run_id: str) -> str:
+    return (f"run {run_id} is being trained by {held.describe()}: stop it first (`launch down {run_id}`), "
+            f"or wait: a lease without heartbeat for {STALE_S:.0f} s is taken over")
+
+
 def acquire(run_dir: Path, run_id: str = "", tries: int = 5) -> Lease:
     """Take the run's lease, taking over a stale one; LeaseHeld (exit 4) while a live one exists."""
     path = lease_path(run_dir)
@@ -222,10 +234,7 @@ def acquire(run_dir: Path, run_id: str = "", tries: int = 5) -> Lease:
         raw = _read_text(path)
         held = Holder.parse(raw)
         if held is not None and held.stale_because() is None:
-            raise LeaseHeld(
-                f"run {run_id or Path(run_dir).name} is being trained by {held.describe()}: stop it first "
-                f"(`launch down {run_id or 'RUN'}`), or wait: a lease without heartbeat for {STALE_S:.0f} s "
-                "is taken over")
+            raise LeaseHeld(_held_message(held, run_id or Path(run_dir).name))
         why = held.stale_because() if held is not None else "the lease file is unreadable"
         with _mutex(path) as mine:
             if mine and _read_text(path) == raw:  # unchanged since judged stale

@@ -78,9 +78,10 @@ def test_kill_and_resume_matches_uninterrupted_run():
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.2)
     os.killpg(registry.get(killed).handle["pgid"], signal.SIGKILL)  # a spot machine dying
-    time.sleep(0.5)
+    # torchrun's worker runs in a session of its own: it must die with its agent, not train on.
+    wait_gone(killed)
     d = json.loads(launch("status", killed, "--json").output)
-    assert d["state"] == "preempted"
+    assert d["state"] == "preempted" and "--resume" in d["reason"]
 
     resumed = launch("up", "local-demo", *QUICK, "--resume", killed)
     assert resumed.exit_code == 0 and f"resumed {killed}" in resumed.output
@@ -88,6 +89,8 @@ def test_kill_and_resume_matches_uninterrupted_run():
     assert d["state"] == "completed"
     data_log = (Path(registry.get(killed).handle["home"]) / "run.log").read_text()
     assert "cached" in data_log.lower()  # data preparation was not redone
+    assert data_log.count("launch: setup on node 0") == 2  # the log goes on across the restart
+    assert "took over this run's stale lease" in data_log and "is gone" in data_log
 
     a, b = adapter_tensors(run_dir(ref)), adapter_tensors(rd)
     assert a.keys() == b.keys()
@@ -103,6 +106,36 @@ def test_kill_and_resume_matches_uninterrupted_run():
     cost = json.loads(launch("cost", "--json").output)
     assert {r["id"] for r in cost["runs"]} == {ref, killed}
     assert cost["total_usd"] == pytest.approx(sum(r["cost_usd"] for r in cost["runs"]))
+
+
+def wait_gone(run_id, timeout=20):
+    from launcher.backends.local import _run_processes
+
+    deadline = time.time() + timeout
+    while _run_processes(run_id):
+        assert time.time() < deadline, f"processes of {run_id} still alive: {_run_processes(run_id)}"
+        time.sleep(0.2)
+
+
+def test_budget_stop_is_budget_exhausted_end_to_end():
+    # $1 a second against $6: the payload stops itself a few seconds into training, saves, exits 3
+    # (torchrun turns that into 1; the payload's status.json says 3).
+    rid = started_id(launch("up", "local-demo", "--set", "train.max_steps=100000", "--set", "budget.max_usd=6",
+                            "--set", "budget.price_per_hour=3600", "--set", "outputs.merge=false"))
+    run = registry.get(rid)
+    from launcher.backends.local import LocalBackend
+
+    deadline = time.time() + 240
+    while LocalBackend()._alive(run):  # no `launch status` meanwhile: it would enforce the budget itself
+        assert time.time() < deadline, "the budget never stopped the run"
+        time.sleep(0.5)
+    d = json.loads(launch("status", rid, "--json").output)
+    assert d["state"] == "budget_exhausted" and d["reason"].startswith("budget of $6.00 reached at step"), d
+    assert registry.get(rid).state == "budget_exhausted"
+    summary = json.loads((run_dir(rid) / "outputs" / "training_summary.json").read_text())
+    assert summary["state"] == "budget_exhausted" and summary["exit_code"] == 3
+    assert (run_dir(rid) / "checkpoints" / f"checkpoint-{summary['steps']}" / "COMPLETE").is_file()
+    assert json.loads(launch("status", rid, "--json").output)["state"] == "budget_exhausted"
 
 
 def test_multi_node_task_runs_as_two_local_nodes(tmp_path):
@@ -145,6 +178,10 @@ def test_down_stops_every_process_of_the_run(monkeypatch, tmp_path):
     assert r.exit_code == 0 and f"{rid} is down (stopped)" in r.output
     assert _run_processes(rid) == []
     assert registry.get(rid).state == "stopped"
+    d = json.loads(launch("status", rid, "--json").output)
+    assert d["state"] == "stopped" and d["reason"] == "stopped by launch down"
+    status = json.loads((run_dir(rid) / "status.json").read_text())  # the payload checkpointed on SIGTERM
+    assert status["state"] == "stopped" and status["exit_code"] == 143 and "saved" in status["reason"]
     # The secret reached the run only through its environment: no file launch or the run wrote has it.
     written = [f for f in (tmp_path / "launch-home").rglob("*") if f.is_file()]
     assert written and not [f for f in written if secret.encode() in f.read_bytes()]

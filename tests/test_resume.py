@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import shutil
 import signal
@@ -22,8 +21,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import (  # noqa: E402
-    adapter_tensors, logged_losses, make_config, metrics, start_payload, train_env, train_in_process,
-    write_config, write_text_data,
+    adapter_tensors, logged_losses, make_config, metrics, reference_run, start_payload, train_env,
+    train_in_process, write_config, write_text_data,
 )
 
 from payload import checkpoints as ck  # noqa: E402
@@ -39,19 +38,7 @@ KILL_TIMEOUT = 120
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """One uninterrupted run of the FAST_TRAIN config: (run_dir, adapter tensors, logged losses)."""
-    import torch
-
-    saved_env, threads = dict(os.environ), torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cfg = make_config(tmp_path_factory.mktemp("ref") / "vol", "reference")
-        write_text_data(cfg.run_dir)
-        assert train_in_process(cfg)["state"] == "completed"
-    finally:
-        torch.set_num_threads(threads)
-        os.environ.clear()
-        os.environ.update(saved_env)
-    return cfg.run_dir, adapter_tensors(cfg.run_dir / layout.ADAPTER_DIR), logged_losses(cfg.run_dir)
+    return reference_run(tmp_path_factory)
 
 
 def assert_same_adapter(run_dir: Path, expected: dict) -> None:

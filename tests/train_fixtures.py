@@ -218,3 +218,30 @@ def train_in_process(cfg) -> dict:
     import payload.train as train
 
     return train.main(cfg)
+
+
+_REFERENCE: dict = {}
+
+
+def reference_run(tmp_path_factory) -> tuple:
+    """One uninterrupted in-process run of the FAST_TRAIN config, shared by every test module of the
+    session: (run_dir, adapter tensors, logged losses). Read it, copy it; never change it."""
+    if "run" not in _REFERENCE:
+        import torch
+
+        saved_env, threads = dict(os.environ), torch.get_num_threads()
+        for k in RUNTIME_ENV:
+            os.environ.pop(k, None)
+        os.environ.update({"HF_HUB_OFFLINE": "1", "RANK": "0"})
+        torch.set_num_threads(1)
+        try:
+            cfg = make_config(tmp_path_factory.mktemp("ref") / "vol", "reference")
+            write_text_data(cfg.run_dir)
+            assert train_in_process(cfg)["state"] == "completed"
+        finally:
+            torch.set_num_threads(threads)
+            os.environ.clear()
+            os.environ.update(saved_env)
+        _REFERENCE["run"] = (cfg.run_dir, adapter_tensors(cfg.run_dir / "outputs" / "adapter"),
+                             logged_losses(cfg.run_dir))
+    return _REFERENCE["run"]

@@ -104,3 +104,43 @@ def get_backend(name: str, **options) -> Backend:
 
         return SkyPilotBackend(**options)
     raise BackendError(f"unknown backend `{name}`: use local, ssh or skypilot")
+
+
+_DEFAULT_REASONS = {
+    1: "crashed (exit 1): see `launch logs`",
+    2: "config or data error (exit 2): see `launch logs`",
+    3: "budget exhausted (exit 3): raise the budget and `launch up --resume`",
+    4: "another trainer holds this run's lease (exit 4): see `launch logs`",
+    75: "transient failure (exit 75: network, NCCL): `launch up --resume` continues it",
+}
+
+
+def end_state(code: Optional[int], reported: Optional[dict], asked_to_stop: bool) -> tuple[str, Optional[str]]:
+    """(state, reason) of a run whose driver has ended: one mapping for the local and ssh backends.
+
+    `code` is the exit code the driver recorded (None: it was killed before it could record one,
+    a machine lost or a process group SIGKILLed), `reported` the run's status.json, where the payload
+    records `exit_code` and `reason` on every end (torchrun exits 1 whatever its worker did, so a 1
+    from the driver defers to the payload's own code). `asked_to_stop`: `launch down` stopped it.
+    A SIGTERM nobody here asked for (143) is a preemption.
+    """
+    from payload.errors import EXIT_CRASH, EXIT_INTERRUPTED, state_for_exit
+
+    rs = reported or {}
+    if code is None:
+        if asked_to_stop:
+            return "stopped", "stopped by launch down"
+        return "preempted", ("the run's processes are gone without an exit code (machine lost or processes "
+                             "killed): `launch up --resume` continues from the last checkpoint")
+    own = rs.get("exit_code")
+    if code == EXIT_CRASH and isinstance(own, int) and own != 0:
+        code = own
+    reason = rs.get("reason") if own == code and rs.get("reason") else None
+    if code == 0:
+        return "completed", reason
+    if asked_to_stop:
+        return "stopped", reason if code == EXIT_INTERRUPTED and reason else "stopped by launch down"
+    if code == EXIT_INTERRUPTED:
+        return "preempted", (reason or "stopped by SIGTERM") + " (SIGTERM not sent by launch: host shutting " \
+            "down?); `launch up --resume` continues it"
+    return state_for_exit(code), reason or _DEFAULT_REASONS.get(code, f"exit code {code}: see `launch logs`")

@@ -4,7 +4,13 @@
 directory, maps the volume to `$LAUNCH_HOME/volumes/<profile>`, and starts one process per node
 with SkyPilot's environment contract (nodes talk over 127.0.0.1, gloo on CPU). A small driver
 script waits for the nodes and records the exit code; a run killed with its process group leaves
-no exit code and shows as preempted, and `launch up --resume` continues it from the volume.
+no exit code and shows as preempted, and `launch up --resume` continues it from the volume. Logs
+(run.log, node<N>.log, driver.log) are appended across restarts.
+
+The run owns its processes: the driver starts a process group, and torchrun's workers, which run in
+sessions of their own, die with their agent (`payload.__main__.die_with_parent`), so SIGKILL of the
+driver's group (a simulated preemption, or `down` escalating) leaves nothing training. `down` also
+signals every process whose environment carries the run's LAUNCH_RUN_ID, in case anything escaped.
 """
 
 from __future__ import annotations
@@ -21,11 +27,10 @@ from pathlib import Path
 from typing import TextIO
 
 from payload import layout
-from payload.errors import state_for_exit
 
 from ..registry import Run
 from ..state import state_dir
-from . import Backend, BackendError, LaunchSpec, RemoteStatus
+from . import Backend, BackendError, LaunchSpec, RemoteStatus, end_state
 from .tasks import load_task, node_env, node_script, workdir_files
 
 DRIVER = """\
@@ -35,7 +40,7 @@ cd "$(dirname "$0")/workdir"
 pids=()
 for rank in $(seq 0 $((NUM_NODES - 1))); do
   log="../node$rank.log"; [ "$rank" = 0 ] && log="../run.log"
-  SKYPILOT_NODE_RANK=$rank bash ../node.sh >"$log" 2>&1 &
+  SKYPILOT_NODE_RANK=$rank bash ../node.sh >>"$log" 2>&1 &
   pids+=($!)
 done
 rc=0
@@ -97,7 +102,7 @@ class LocalBackend(Backend):
         env.pop("SKYPILOT_NODE_RANK")  # the driver sets it per node
         (home / "node.sh").write_text(node_script(task))
         (home / "driver.sh").write_text(DRIVER)
-        for stale in ("exit_code", "exit_code.tmp"):
+        for stale in ("exit_code", "exit_code.tmp", "stopped"):
             (home / stale).unlink(missing_ok=True)
         full_env = {**os.environ, **env, **spec.secrets}  # secrets live in the environment only
         with open(home / "driver.log", "ab") as log:
@@ -154,24 +159,26 @@ class LocalBackend(Backend):
 
     def status(self, run: Run) -> RemoteStatus:
         reported = _read_json(self.run_dir(run) / layout.STATUS)
-        code_file = self.home(run) / "exit_code"
         if self._alive(run):
-            state = "running"
-        elif code_file.exists():
+            return RemoteStatus.from_report("running", reported)
+        code_file = self.home(run) / "exit_code"
+        try:
             code = int(code_file.read_text().strip() or 1)
-            state = state_for_exit(code)
-        elif run.state == "stopped":
-            state = "stopped"
-        else:
-            state = "preempted"  # killed without recording an exit code
-        return RemoteStatus.from_report(state, reported, reported.get("reason") if state != "running" else None)
+        except (OSError, ValueError):
+            code = None  # killed before the driver could record one
+        asked = (self.home(run) / "stopped").exists() or run.state == "stopped"
+        state, reason = end_state(code, reported, asked)
+        return RemoteStatus.from_report(state, reported, reason)
 
     # ---------------------------------------------------------------------------------- down
 
     def down(self, run: Run) -> None:
+        """SIGTERM the run (the payload checkpoints and stops), SIGKILL whatever is left after 15 s."""
         pgid = run.handle.get("pgid")
         if not pgid:
             return
+        if self.home(run).is_dir():
+            (self.home(run) / "stopped").touch()
         _signal_group(pgid, signal.SIGTERM)
         _signal_run_processes(run.id, signal.SIGTERM)  # torchrun workers live in their own sessions
         deadline = time.time() + 15

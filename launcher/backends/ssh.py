@@ -6,6 +6,10 @@ the connection. Secrets travel over the SSH channel's stdin into the driver's en
 never in a file or on a command line. The host key is always checked against known_hosts; a new key
 is only added with `--accept-new-host-key`, a changed one is always refused.
 
+The run owns its processes: the driver is a session of its own, torchrun's workers die with their
+agent (`payload.__main__.die_with_parent`), and `down` also signals every process whose environment
+carries the run's LAUNCH_RUN_ID. The log on the volume is appended across restarts.
+
 Remote layout:  {remote_root}/{run_id}/  workdir/ node.sh driver.sh start.sh pid exit_code [stopped]
                 {volume}/runs/{run_id}/  the payload's run directory (payload/layout.py); the log is
                                          logs/run.log there.
@@ -28,17 +32,14 @@ from typing import Callable, Optional, TextIO
 import paramiko
 
 from payload import layout
-from payload.errors import BudgetExhausted
 
 from ..registry import Run
-from . import Backend, BackendError, LaunchSpec, RemoteStatus
+from . import Backend, BackendError, LaunchSpec, RemoteStatus, end_state
 from .sshconn import (
     TRANSFER_TIMEOUT, CommandTimeout, Target, _collect, _Conn,
 )
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
-EXIT_BUDGET = BudgetExhausted.exit_code
-EXIT_SIGTERM = 143  # payload.checkpoints.TrainingInterrupted
 COMMAND_TIMEOUT = 60.0  # one remote command (listing, hashing, status...)
 HASH_TIMEOUT = 600.0  # sha256 of a whole workdir or artifact set
 POLL_S = 0.5  # log follow interval
@@ -78,8 +79,8 @@ echo ---
 cat {status} 2>/dev/null || true
 """
 
-# torchrun starts its workers in new sessions, so signalling the driver's process group is not
-# enough: every process whose environment carries the run's LAUNCH_RUN_ID is signalled too.
+# torchrun starts its workers in new sessions (they die with their agent: PR_SET_PDEATHSIG); as a
+# safety net every process whose environment carries the run's LAUNCH_RUN_ID is signalled too.
 DOWN_CMD = """\
 cd {root} 2>/dev/null || exit 0
 touch stopped
@@ -453,26 +454,12 @@ def _why(e: Optional[BaseException]) -> str:
 
 
 def _state(facts: dict, reported: dict, run: Run) -> tuple[str, Optional[str]]:
-    """(state, reason) from the driver's files and the run's own status.json."""
+    """(state, reason) from the driver's files and the run's own status.json (backends.end_state)."""
     if facts.get("nodir"):
         return "failed", "the run's directory is gone from the host"
     code, stopped = facts.get("exit", ""), facts.get("stopped") == "1" or run.state == "stopped"
     if facts.get("alive") == "1" and not code:
         return "running", None
-    if code.lstrip("-").isdigit():
-        code = int(code)
-        if code == 0:
-            return "completed", None
-        if stopped:
-            return "stopped", None
-        if code == EXIT_BUDGET:
-            return "budget_exhausted", reported.get("reason") or "budget exhausted"
-        if code == EXIT_SIGTERM:  # the payload checkpointed and stopped on someone else's SIGTERM
-            return "preempted", "stopped by SIGTERM (host shutting down?): `launch up --resume` continues it"
-        return "failed", reported.get("reason") or f"exit code {code}: see `launch logs`"
-    if stopped:
-        return "stopped", None
-    if not facts.get("pid"):
+    if not code and not stopped and not facts.get("pid"):
         return "failed", "the driver never started (no pid file)"
-    return "preempted", ("the run's processes are gone without an exit code (host rebooted or "
-                         "processes killed): `launch up --resume` continues from the last checkpoint")
+    return end_state(int(code) if code.lstrip("-").isdigit() else None, reported, stopped)
