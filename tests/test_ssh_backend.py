@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import sys
 import threading
@@ -399,27 +400,32 @@ def test_unreachable_host_status_does_not_raise(env):
 # ------------------------------------------------------------------------ the real local-demo run
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not (REPO_ROOT / "payload" / "train.py").exists(), reason="payload/train.py not written yet")
-def test_local_demo_end_to_end_over_ssh(sshd, env, tmp_path):
+def demo_spec(tmp_path: Path, run_id: str, run: Run | None = None, **train) -> LaunchSpec:
+    """The real local-demo task (tiny model, CPU), rendered with `train` overrides."""
     from launcher.profile import load_profile
     from launcher.render import render_text
 
     prof = yaml.safe_load((REPO_ROOT / "clusters" / "local-demo.yaml").read_text())
-    prof["train"].update(max_steps=10, eval_steps=5, logging_steps=5)
-    prof["train"]["checkpoints"]["save_steps"] = 5
+    prof["train"].update(train)
     prof["outputs"].update(merge=False, export_mlx=False)
-    path = tmp_path / "local-demo.yaml"
-    path.write_text(yaml.safe_dump(prof))
-    profile = load_profile(str(path))
+    d = tmp_path / run_id
+    d.mkdir(exist_ok=True)
+    (d / "local-demo.yaml").write_text(yaml.safe_dump(prof))
+    profile = load_profile(str(d / "local-demo.yaml"))
     task_text, config_text = render_text(profile, 0.1)
-    (tmp_path / "task.yaml").write_text(task_text)
-    (tmp_path / "config.yaml").write_text(config_text)
-    spec = LaunchSpec(run=Run(id="demo-ssh", profile="local-demo", backend="ssh"), profile=profile,
-                      task_yaml=tmp_path / "task.yaml", config_yaml=tmp_path / "config.yaml",
+    (d / "task.yaml").write_text(task_text)
+    (d / "config.yaml").write_text(config_text)
+    return LaunchSpec(run=run or Run(id=run_id, profile="local-demo", backend="ssh"), profile=profile,
+                      task_yaml=d / "task.yaml", config_yaml=d / "config.yaml",
                       envs={"LAUNCH_LOCAL": "1", "PATH": NODE_PATH, "OMP_NUM_THREADS": "1",
                             "LAUNCH_MASTER_PORT": str(free_port())},
                       secrets={"HF_TOKEN": SECRET})
+
+
+@pytest.mark.slow
+def test_local_demo_end_to_end_over_ssh(sshd, env, tmp_path):
+    spec = demo_spec(tmp_path, "demo-ssh", max_steps=10, eval_steps=5, logging_steps=5,
+                     checkpoints={"save_steps": 5, "keep_best": 1, "keep_recent": 2})
     backend = make_backend(sshd, env)
     run = backend.up(spec)
     assert f"HF_TOKEN={SECRET}".encode() in Path(f"/proc/{run.handle['pid']}/environ").read_bytes()
@@ -435,3 +441,97 @@ def test_local_demo_end_to_end_over_ssh(sshd, env, tmp_path):
     tensors = load_file(tmp_path / "art" / "adapter" / "adapter_model.safetensors")
     assert any("lora_A" in k for k in tensors) and all(t.isfinite().all() for t in tensors.values())
     assert_secret_absent(out.text(), env["base"], tmp_path)
+
+
+def _training_step(run: Run) -> int:
+    try:
+        return int(json.loads((run_dir(run) / layout.STATUS).read_text()).get("step") or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.slow
+def test_preemption_and_down_leave_no_process_of_the_run(sshd, env, tmp_path):
+    """The real payload under torchrun: SIGKILL of the driver's group (the host's processes dying),
+    then a resume that takes over the dead trainer's lease, then `down`: nothing of the run remains."""
+    backend = make_backend(sshd, env)
+    train = dict(max_steps=100000, logging_steps=1, eval_steps=100000,
+                 checkpoints={"save_steps": 3, "keep_best": 1, "keep_recent": 2})
+    run = backend.up(demo_spec(tmp_path, "demo-kill", **train))
+    try:
+        wait_for(lambda: _training_step(run) >= 4, timeout=180, what="training to start")
+        os.killpg(run.handle["pgid"], 9)
+        wait_for(lambda: tagged_pids(run.id) == [], timeout=20, what="the torchrun worker to die with its agent")
+        st = wait_state(backend, run, ("preempted", "failed", "completed"), timeout=30)  # once init reaped them
+        assert st.state == "preempted" and "--resume" in st.reason
+        stopped_at = _training_step(run)
+        run = backend.up(demo_spec(tmp_path, run.id, run=run, **train))
+        wait_for(lambda: _training_step(run) > stopped_at + 1, timeout=180, what="the resumed run to train")
+        backend.down(run, grace_s=15)
+        assert tagged_pids(run.id) == []
+        st = backend.status(run)
+        assert st.state == "stopped" and st.extra["payload_state"] == "stopped"
+        log = Path(run.handle["log"]).read_text()
+        assert log.count("launch: setup on node 0") == 2 and "took over this run's stale lease" in log
+        assert "stopped by SIGTERM at step" in log
+    finally:
+        for pid in tagged_pids(run.id):
+            os.kill(pid, 9)
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+STOP_REASON = "stopped by SIGTERM at step 5 of 40; checkpoint-5 saved"
+
+
+@pytest.mark.parametrize("code, reported, asked, state, reason", [
+    (None, {}, False, "preempted", "`launch up --resume` continues from the last checkpoint"),
+    (None, {}, True, "stopped", "stopped by launch down"),
+    (0, {"state": "completed", "exit_code": 0, "reason": None}, False, "completed", None),
+    (1, {"state": "budget_exhausted", "exit_code": 3, "reason": "budget of $1.00 reached at step 7"}, False,
+     "budget_exhausted", "budget of $1.00 reached at step 7"),
+    (1, {"state": "failed", "exit_code": 1, "reason": "ValueError: boom"}, False, "failed", "ValueError: boom"),
+    (2, {"state": "stopped", "exit_code": 143, "reason": "an older session's end"}, False, "failed",
+     "config or data error (exit 2)"),
+    (1, {"state": "stopped", "exit_code": 143, "reason": STOP_REASON}, False, "preempted", STOP_REASON),
+    (143, {"state": "stopped", "exit_code": 143, "reason": STOP_REASON}, True, "stopped", STOP_REASON),
+    (1, {"state": "preempted", "exit_code": 75, "reason": "ConnectionResetError: peer"}, False, "preempted",
+     "ConnectionResetError: peer"),
+    (4, {"state": "training", "step": 9}, False, "failed", "another trainer holds this run's lease"),
+])
+@pytest.mark.parametrize("backend_name", ["local", "ssh"])
+def test_end_state_contract(backend_name, code, reported, asked, state, reason, sshd, env, tmp_path):
+    """One mapping from (driver exit code, the payload's status.json, stopped by `launch down`) to the
+    state and reason `launch status` shows, held for every backend that runs the task itself."""
+    run_id = f"contract-{backend_name}"
+    if backend_name == "local":
+        from launcher.backends.local import LocalBackend
+
+        backend = LocalBackend()
+        run = Run(id=run_id, profile="p", backend="local", state="running",
+                  handle={"pid": _dead_pid(), "pgid": 0, "volume": str(tmp_path / "vol")})
+        home, rd = backend.home(run), backend.run_dir(run)
+    else:
+        backend = make_backend(sshd, env)
+        home, rd = tmp_path / "remote" / run_id, tmp_path / "vol" / "runs" / run_id
+        run = Run(id=run_id, profile="p", backend="ssh", state="running",
+                  handle={"host": sshd.host, "known_hosts": str(env["known_hosts"]),
+                          "identity_file": str(sshd.client_key), "run_root": str(home), "run_dir": str(rd)})
+        home.mkdir(parents=True)
+        (home / "pid").write_text(f"{_dead_pid()}\n")
+    home.mkdir(parents=True, exist_ok=True)
+    rd.mkdir(parents=True)
+    if code is not None:
+        (home / "exit_code").write_text(f"{code}\n")
+    if asked:
+        (home / "stopped").touch()
+    (rd / layout.STATUS).write_text(json.dumps(reported))
+    st = backend.status(run)
+    assert st.state == state
+    assert (st.reason is None) if reason is None else (reason in st.reason), st.reason
