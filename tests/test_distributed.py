@@ -13,6 +13,7 @@ Run: .venv/bin/python -m pytest -x -q tests/test_distributed.py
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -110,3 +111,22 @@ def test_two_processes_and_two_nodes_match_one_process(train_env, tmp_path):
     assert [x[:2] for x in ref_losses] == [x[:2] for x in dist_losses]
     torch.testing.assert_close([x[2] for x in dist_losses], [x[2] for x in ref_losses], **LOSS_TOL)
     assert logged_losses(two_nodes.run_dir) == dist_losses
+
+    # Two ranks share the hashing of a resume's verification: damage checkpoint-12 of the
+    # two-process run, resume it with two processes; it falls back to checkpoint-6 and ends the same.
+    root = ck.checkpoints_dir(one_node.run_dir)
+    marker = ck.read_marker(root / "checkpoint-12")
+    assert {"loss_state_0.json", "loss_state_1.json", "rng_state_1.pth"} <= set(marker["files"])
+    optimizer = root / "checkpoint-12" / "optimizer.pt"
+    data = bytearray(optimizer.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    optimizer.write_bytes(bytes(data))
+    shutil.rmtree(one_node.run_dir / layout.OUTPUTS_DIR)  # as if killed after the final save
+    (tmp_path / "c").mkdir()
+    _launch([_torchrun(one_node_yaml, 1, 2, 0, _free_port())], tmp_path / "c")
+    assert json.loads((one_node.run_dir / layout.SUMMARY).read_text())["resumed_from"] == "checkpoint-6"
+    assert (root / "quarantine" / "checkpoint-12-checksum").is_dir()
+    again = adapter_tensors(one_node.run_dir / layout.ADAPTER_DIR)
+    for k in procs:
+        assert torch.equal(again[k], procs[k]), k
+    assert logged_losses(one_node.run_dir) == dist_losses
