@@ -43,7 +43,8 @@ INITIAL_SAVE_ESTIMATE_S = 60.0
 """Save time assumed by Young's formula until the first save has been timed."""
 ASSUMED_WRITE_MB_S = 200.0
 """Before the first save was timed, a SIGTERM save is estimated at this rate (the slow end of a RunPod
-network volume, FIELD-NOTES) plus SAVE_OVERHEAD_S."""
+network volume, FIELD-NOTES), plus hashing at ASSUMED_HASH_MB_S, plus SAVE_OVERHEAD_S."""
+ASSUMED_HASH_MB_S = 1000.0  # sha256 measured 1.2-1.6 GB/s on 2 cores (bench/bench_checkpoint.py)
 SAVE_OVERHEAD_S = 0.5
 
 
@@ -312,13 +313,14 @@ def gather_objects(obj) -> list:
 
 
 def estimate_save_s(model) -> float:
-    """Seconds a first save should take: trainable weights plus two AdamW moments (fp32) at
-    ASSUMED_WRITE_MB_S (DeepSpeed ZeRO-3 partitions report their full size as `ds_numel`)."""
+    """Seconds a first save should take: trainable weights plus two AdamW moments (fp32) written at
+    ASSUMED_WRITE_MB_S and hashed at ASSUMED_HASH_MB_S (ZeRO-3 partitions report their full size as
+    `ds_numel`)."""
     total = 0
     for p in model.parameters() if model is not None else ():
         if p.requires_grad:
             total += getattr(p, "ds_numel", p.numel()) * (p.element_size() + 8)
-    return SAVE_OVERHEAD_S + total / 1e6 / ASSUMED_WRITE_MB_S
+    return SAVE_OVERHEAD_S + total / 1e6 * (1 / ASSUMED_WRITE_MB_S + 1 / ASSUMED_HASH_MB_S)
 
 
 # ------------------------------------------------------------------------------- trainer callback

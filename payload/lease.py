@@ -130,6 +130,8 @@ def read(run_dir: Path) -> Optional[Holder]:
 
 
 def _create(path: Path, holder: Holder) -> bool:
+    """Create the lease file only if there is none: a complete file hard-linked into place, or, where
+    the file system has no hard links (FUSE bucket mounts), an exclusive create then the write."""
     tmp = path.with_name(f".{path.name}.{holder.token}.tmp")
     tmp.write_text(holder.dumps(), encoding="utf-8")
     try:
@@ -137,8 +139,27 @@ def _create(path: Path, holder: Holder) -> bool:
         return True
     except FileExistsError:
         return False
+    except OSError:
+        pass
     finally:
         tmp.unlink(missing_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(holder.dumps())
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def _being_written(path: Path) -> bool:
+    """An unreadable lease younger than MUTEX_STALE_S may be one an exclusive create is filling."""
+    try:
+        return time.time() - path.stat().st_mtime < MUTEX_STALE_S
+    except OSError:
+        return False
 
 
 def _replace(path: Path, holder: Holder) -> None:
@@ -235,6 +256,9 @@ def acquire(run_dir: Path, run_id: str = "", tries: int = 5) -> Lease:
         held = Holder.parse(raw)
         if held is not None and held.stale_because() is None:
             raise LeaseHeld(_held_message(held, run_id or Path(run_dir).name))
+        if held is None and _being_written(path):
+            time.sleep(0.5)
+            continue
         why = held.stale_because() if held is not None else "the lease file is unreadable"
         with _mutex(path) as mine:
             if mine and _read_text(path) == raw:  # unchanged since judged stale

@@ -284,6 +284,28 @@ def test_lease_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path, logs):
         assert not lease.lease_path(rd).exists()
 
 
+def test_lease_without_hard_links_and_an_unreadable_lease(tmp_path, monkeypatch):
+    rd = tmp_path / "run"
+    rd.mkdir()
+    path = lease.lease_path(rd)
+    path.write_text("{torn")  # unreadable and recent: maybe being written, so not taken over yet
+    with pytest.raises(lease.LeaseHeld, match="could not take the lease"):
+        lease.acquire(rd, "r", tries=2)
+    os.utime(path, (time.time() - 3600, time.time() - 3600))  # unreadable and old: taken over
+    lease.acquire(rd, "r").release()
+
+    def no_links(src, dst):  # FUSE bucket mounts (gcsfuse, blobfuse) have no hard links
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    held = lease.acquire(rd, "r")
+    assert lease.read(rd).token == held.holder.token
+    with pytest.raises(lease.LeaseHeld):
+        lease.acquire(rd, "r")
+    held.release()
+    assert not path.exists() and not list(rd.glob(".*tmp"))
+
+
 def test_lease_heartbeat_notices_a_takeover(tmp_path):
     rd = tmp_path / "run"
     held = lease.acquire(rd, "r")
