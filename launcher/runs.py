@@ -375,7 +375,8 @@ def down(run_id, fetch_artifacts, dest):
                                f"retry `launch down {run.id} --fetch-artifacts`, or tear down without --fetch-artifacts")
         registry.update(run.id, artifacts=str(target.resolve()))
         console().print(f"[green]✓[/] {len(got)} artifacts in {target} (checksums in {target}/MANIFEST.json)")
-    be.down(run)
+    with console().status(f"stopping {run.id} (the trainer checkpoints on SIGTERM first)..."):
+        be.down(run)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
     console().print(f"[green]✓[/] {run.id} is down ({run.state})")
