@@ -252,3 +252,19 @@ def test_plan_lovecraft_matches_the_runbook_duration():
     plan = plan_profile(load_profile("lovecraft-a100-spot"))
     assert plan.use_spot and plan.price_per_hour == pytest.approx(0.82)
     assert 6 < plan.train_hours < 8.5  # runbook: ~7 h for 600 steps
+
+
+def test_plan_shows_the_jobs_controller_and_its_autostop(tmp_path):
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+
+    body = (REPO / "clusters" / "lovecraft-a100-spot.yaml").read_text()
+    spot = tmp_path / "lc.yaml"  # the data file is the user's: a shipped sample stands in
+    spot.write_text(body.replace("data/lovecraft/train_sft.jsonl", "payload/samples/demo_alpaca.jsonl"))
+    out = " ".join(CliRunner().invoke(cli, ["plan", str(spot)], catch_exceptions=False).output.split())
+    assert ("Controller SkyPilot's jobs controller, a small CPU machine billed while up; torn down after 10 "
+            "idle min") in out, out
+    assert "Secrets HF_TOKEN (not set) - passed at launch" in out  # no wandb reporting: no WANDB_API_KEY
+    out = " ".join(CliRunner().invoke(cli, ["plan", "sonia-h100"], catch_exceptions=False).output.split())
+    assert "Autostop the cluster is torn down 10 idle min after the job" in out, out
