@@ -47,7 +47,7 @@ render-check: install
 
 bench: install
 	$(BIN)/python bench/bench_cli.py
-	@for b in bench/bench_data.py bench/bench_packing.py bench/bench_checkpoint.py; do \
+	@for b in bench/bench_data.py bench/bench_packing.py bench/bench_checkpoint.py bench/bench_gpu_env.py; do \
 	  [ -f $$b ] && $(BIN)/python $$b || true; done
 
 clean:
