@@ -48,7 +48,7 @@ def main() -> None:
         (work / "in.txt").write_text(STAND_IN)
         subprocess.run([uv, "pip", "compile", "-q", str(work / "in.txt"), "-o", str(lock)], check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "LAUNCH_"))}
-    env.update({"PATH": f"{Path(uv).parent}{os.pathsep}{env['PATH']}", "LAUNCH_ENV_ROOT": str(work / "volume/.envs"),
+    env.update({"PATH": f"{Path(uv).parent}{os.pathsep}{env['PATH']}", "LAUNCH_VOLUME": str(work / "volume"),
                 "LAUNCH_GPU_LOCK": str(lock), "UV_CACHE_DIR": str(work / "uv-cache")})
     if not args.lock:
         env.update({"LAUNCH_ENV_SMOKE": "yaml idna six", "FLASH_ATTN_WHEEL": ""})

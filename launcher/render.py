@@ -125,8 +125,8 @@ def task_dict(p: Profile, price_per_hour: float) -> dict:
         "TOKENIZERS_PARALLELISM": "false",
         "FLASH_ATTN_WHEEL": FLASH_ATTN_WHEEL,
     }
-    if not c.is_local:
-        envs["LAUNCH_ENV_ROOT"] = NODE_ENV_ROOT if c.bucket else f"{volume}/.envs"
+    if c.bucket:  # the GPU environment lives on the volume (payload/gpu_env.sh), else on node disk
+        envs["LAUNCH_ENV_ROOT"] = NODE_ENV_ROOT
     if c.use_spot:
         envs["LAUNCH_MAX_RETRIES"] = str(c.max_restarts_on_errors)
     if not c.use_spot:

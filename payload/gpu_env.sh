@@ -8,11 +8,11 @@
 # Wheels only, except deepspeed (an sdist on PyPI) which is built with DS_BUILD_OPS=0: pure Python,
 # no extension compiled (its ops JIT-compile on first use, if a run uses any).
 #
-# Where: $LAUNCH_ENV_ROOT/<key>, the key hashing the lock, the flash-attn wheel, the Python and uv
-# versions. The task puts LAUNCH_ENV_ROOT on the network volume, so a spot recovery or a relaunch
-# finds the environment complete and installs nothing; a bucket mount (FUSE) is no place for a
-# venv, so bucket profiles keep it on each node's disk. `.complete` is written last: a half-built
-# environment (a machine lost mid-install) is removed and rebuilt.
+# Where: $LAUNCH_ENV_ROOT/<key> (default $LAUNCH_VOLUME/.envs), the key hashing the lock, the
+# flash-attn wheel, the Python and uv versions. On the network volume it outlives the machine, so a
+# spot recovery or a relaunch finds it complete and installs nothing; a bucket mount (FUSE) is no
+# place for a venv, so bucket profiles set LAUNCH_ENV_ROOT to each node's disk. `.complete` is
+# written last: a half-built environment (a machine lost mid-install) is removed and rebuilt.
 #
 # LAUNCH_LOCAL set (the local backend, tests): nothing is installed, the current python is used.
 # Knobs for tests: LAUNCH_GPU_LOCK, LAUNCH_ENV_PYTHON, LAUNCH_ENV_SMOKE, and uv's own UV_* vars.
@@ -21,7 +21,7 @@ launch_gpu_env() {
   [ -z "${LAUNCH_LOCAL:-}" ] || return 0
   local uv_version=0.13.9 python="${LAUNCH_ENV_PYTHON:-3.11}"
   local lock="${LAUNCH_GPU_LOCK:-payload/requirements-gpu.lock}"
-  local root="${LAUNCH_ENV_ROOT:-$HOME/.cache/launch/envs}"
+  local root="${LAUNCH_ENV_ROOT:-${LAUNCH_VOLUME:-$HOME/.cache/launch}/.envs}"
   root="${root/#\~/$HOME}"
   local key env uv
   key=$({ cat "$lock"; echo "${FLASH_ATTN_WHEEL:-}"; echo "python $python uv $uv_version"; } \

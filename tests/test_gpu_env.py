@@ -130,7 +130,7 @@ def node(tmp_path):
     lock = tmp_path / "requirements-gpu.lock"
     lock.write_text("tinypkg==1.0\n    # via -r requirements-gpu.txt\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV", "LAUNCH_"))}
-    env.update({"PATH": f"{Path(uv_bin).parent}{os.pathsep}{env['PATH']}", "LAUNCH_ENV_ROOT": str(tmp_path / "vol/.envs"),
+    env.update({"PATH": f"{Path(uv_bin).parent}{os.pathsep}{env['PATH']}", "LAUNCH_VOLUME": str(tmp_path / "vol"),
                 "LAUNCH_GPU_LOCK": str(lock), "LAUNCH_ENV_SMOKE": "tinypkg", "FLASH_ATTN_WHEEL": "",
                 "UV_OFFLINE": "1", "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(tmp_path / "wheels"),
                 "UV_PYTHON_PREFERENCE": "only-system", "UV_CACHE_DIR": str(tmp_path / "uv-cache")})
@@ -148,7 +148,7 @@ def test_setup_builds_the_environment_once_and_a_recovery_reinstalls_nothing(nod
     assert first.returncode == 0, first.stderr
     assert "launch: building the GPU environment" in first.stdout
     prefix, value = first.stdout.splitlines()[-1].split()
-    envs = Path(node["LAUNCH_ENV_ROOT"])
+    envs = Path(node["LAUNCH_VOLUME"]) / ".envs"
     assert Path(prefix).parent == envs and value == "1.0"  # its own environment, on the volume
     installed = Path(prefix) / "lib/python3.11/site-packages/tinypkg/__init__.py"
     before = installed.stat()
@@ -183,11 +183,11 @@ def test_an_environment_that_does_not_import_is_never_marked_complete(node):
     node["LAUNCH_ENV_SMOKE"] = "tinypkg torchvision"
     failed = setup(node)
     assert failed.returncode != 0 and "does not import (tinypkg torchvision)" in failed.stderr
-    assert not list(Path(node["LAUNCH_ENV_ROOT"]).glob("*/.complete"))
+    assert not list((Path(node["LAUNCH_VOLUME"]) / ".envs").glob("*/.complete"))
 
 
 def test_local_runs_keep_the_current_python(node):
     node["LAUNCH_LOCAL"] = "1"
     done = setup(node, then="command -v python; echo ${VIRTUAL_ENV:-none}")
     assert done.returncode == 0, done.stderr
-    assert not Path(node["LAUNCH_ENV_ROOT"]).exists() and done.stdout.split()[-1] == "none"
+    assert not Path(node["LAUNCH_VOLUME"]).exists() and done.stdout.split()[-1] == "none"

@@ -132,9 +132,8 @@ def test_skypilot_parses_and_validates_every_rendered_task(name):
         assert raw["resources"]["job_recovery"]["strategy"] == "EAGER_NEXT_REGION"
         assert raw["volumes"] == {"/workspace": "lovecraft-workspace"}
     assert "source payload/gpu_env.sh" in task.setup and "source payload/gpu_env.sh" in task.run
-    if not p.cluster.is_local:  # the environment lives where it survives: the volume, else node disk
-        assert raw["envs"]["LAUNCH_ENV_ROOT"] == ("~/.cache/launch/envs" if p.cluster.bucket else
-                                                 f"{p.runtime_volume()}/.envs")
+    # The GPU environment lives on the volume ($LAUNCH_VOLUME/.envs), but never in a FUSE bucket.
+    assert raw["envs"].get("LAUNCH_ENV_ROOT") == ("~/.cache/launch/envs" if p.cluster.bucket else None)
 
 
 def test_wandb_key_is_a_secret_only_for_profiles_that_report_to_wandb():
