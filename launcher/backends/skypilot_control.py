@@ -67,17 +67,18 @@ def wait_until(done: Callable[[], bool], timeout: float, poll: Optional[float] =
 
 
 def local_api_server_pids() -> Optional[list[int]]:
-    """Pids of this machine's SkyPilot API server processes; None when the endpoint is remote."""
-    import psutil
-    from sky.server import common as server_common
+    """Pids of this machine's SkyPilot API server processes; None when the endpoint is remote (or
+    this cannot be told)."""
+    try:
+        import psutil
+        from sky.server import common as server_common
 
-    if not server_common.is_api_server_local():
+        if not server_common.is_api_server_local():
+            return None
+        return [proc.info["pid"] for proc in psutil.process_iter(["pid", "cmdline"])
+                if server_common.API_SERVER_CMD in " ".join(proc.info.get("cmdline") or [])]
+    except Exception:  # noqa: BLE001 - never let this bookkeeping fail a launch
         return None
-    pids = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if server_common.API_SERVER_CMD in " ".join(proc.info.get("cmdline") or []):
-            pids.append(proc.info["pid"])
-    return pids
 
 
 def stop_api_server_we_started(sky, before: Optional[list[int]]) -> str:
@@ -85,10 +86,7 @@ def stop_api_server_we_started(sky, before: Optional[list[int]]) -> str:
     what to add to the error line ('' when there is nothing to say)."""
     if before is None or before:
         return ""  # remote, or it was running before this command: not ours to stop
-    try:
-        now = local_api_server_pids()
-    except Exception:  # noqa: BLE001
-        now = None
+    now = local_api_server_pids()
     if not now:
         return ""
     try:
