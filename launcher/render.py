@@ -169,11 +169,11 @@ def profile_secrets(p: Profile) -> tuple[str, ...]:
 def launch_command(p: Profile) -> list[str]:
     """The plain SkyPilot command that runs a rendered task the way `launch up` does, as lines."""
     secrets = "".join(f" --secret {s}" for s in profile_secrets(p))
-    if p.cluster.use_spot:
-        return [f"sky jobs launch sky/{p.name}.yaml{secrets} \\",
-                *(f"  --config jobs.controller.resources.autostop.{k}={str(v).lower()}"
-                  + (" \\" if i < len(CONTROLLER_AUTOSTOP) - 1 else "")
-                  for i, (k, v) in enumerate(CONTROLLER_AUTOSTOP.items()))]
+    if p.cluster.use_spot:  # a managed job, its controller torn down when idle (CONTROLLER_AUTOSTOP)
+        lines = [f"sky jobs launch sky/{p.name}.yaml{secrets}",
+                 *(f"  --config jobs.controller.resources.autostop.{k}={str(v).lower()}"
+                   for k, v in CONTROLLER_AUTOSTOP.items())]
+        return [line + " \\" for line in lines[:-1]] + lines[-1:]
     if p.cluster.is_local:
         return [f"sky launch sky/{p.name}.yaml{secrets}"]
     return [f"sky launch sky/{p.name}.yaml{secrets} --idle-minutes-to-autostop "

@@ -524,7 +524,13 @@ def test_cluster_status_bills_while_the_cluster_exists(fake):
 ])
 def test_a_failed_up_stops_the_api_server_it_started(fake, monkeypatch, before, after, api_stop, expect):
     pids = iter([before, after])
-    monkeypatch.setattr(control, "local_api_server_pids", lambda: next(pids))
+    asked = []
+
+    def server_pids(origin=None):
+        asked.append(origin)
+        return next(pids)
+
+    monkeypatch.setattr(control, "local_api_server_pids", server_pids)
     if api_stop:
         monkeypatch.setattr(sky, "api_stop", lambda: (_ for _ in ()).throw(api_stop))
     fake.results["enabled_clouds"] = []
@@ -537,6 +543,28 @@ def test_a_failed_up_stops_the_api_server_it_started(fake, monkeypatch, before, 
     else:
         assert "API server" not in msg
     assert ("api_stop" in fake.names()) is (expect is not None and api_stop is None)
+    if before == []:  # only a server started from this process counts as this command's
+        assert asked[0] is None and asked[1].startswith(f"{os.getpid()}-")
+    assert control.ORIGIN_ENV not in os.environ  # the tag lasts as long as the launch
+
+
+def test_only_a_server_started_from_this_process_is_ours(monkeypatch):
+    import psutil
+
+    class Server:  # an API server process as psutil sees it
+        def __init__(self, pid, origin):
+            self.info, self._env = {"pid": pid, "cmdline": ["python", "-m", "sky.server.server"]}, {}
+            if origin:
+                self._env[control.ORIGIN_ENV] = origin
+
+        def environ(self):
+            return self._env
+
+    with control.marked_process() as origin:
+        servers = [Server(11, None), Server(12, "someone-else"), Server(13, os.environ[control.ORIGIN_ENV])]
+    monkeypatch.setattr(psutil, "process_iter", lambda attrs: iter(servers))
+    assert control.local_api_server_pids() == [11, 12, 13]
+    assert control.local_api_server_pids(origin) == [13]
 
 
 # ------------------------------------------------------------------ files: real ssh + rsync

@@ -292,11 +292,13 @@ class SkyPilotBackend(Backend):
             raise BackendError(f"outputs.push_to_hub ({p.outputs.push_to_hub}) needs HF_TOKEN: "
                                "export HF_TOKEN=hf_... and run `launch up` again")
         sky = _sky()
-        servers = control.local_api_server_pids()  # the first SDK call may start one
-        try:
-            return self._up(sky, spec)
-        except BackendError as e:
-            raise BackendError(f"{e}{control.stop_api_server_we_started(sky, servers)}") from None
+        servers = control.local_api_server_pids()
+        with control.marked_process() as origin:  # the first SDK call may start a local API server
+            try:
+                return self._up(sky, spec)
+            except BackendError as e:
+                stopped = control.stop_api_server_we_started(sky, servers, origin)
+                raise BackendError(f"{e}{stopped}") from None
 
     def _up(self, sky, spec: LaunchSpec) -> Run:
         p, run = spec.profile, spec.run
@@ -507,8 +509,8 @@ class SkyPilotBackend(Backend):
             if before.get("state") and before["state"] not in _ENDED:  # a trainer to wait for
                 control.wait_until(lambda: (self._reported(run, up=True) or {}).get("state") in _ENDED,
                                    control.DOWN_GRACE_S)
-        graceful = {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S} if run.handle.get("bucket") else {}
-        sky.get(sky.down(run.cluster, **graceful))
+        flush = {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S} if run.handle.get("bucket") else {}
+        sky.get(sky.down(run.cluster, **flush))
 
     def _job_active(self, sky, run: Run) -> bool:
         job_id = run.handle.get("job_id")

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Callable, Iterator, Optional
 
@@ -25,6 +26,7 @@ POLL_S = 5.0
 _NO_MACHINE = {"PENDING", "SUBMITTED", "DEPRECATED_SUBMITTED"}
 _MAYBE_MACHINE = {"STARTING", "RECOVERING"}  # provisioning; a machine bills once it is there
 MANAGED_TERMINAL = ("SUCCEEDED", "CANCELLED", "FAILED")  # FAILED_* too (prefix)
+ORIGIN_ENV = "LAUNCH_SDK_ORIGIN"
 
 
 @contextlib.contextmanager
@@ -66,27 +68,49 @@ def wait_until(done: Callable[[], bool], timeout: float, poll: Optional[float] =
         time.sleep(min(POLL_S if poll is None else poll, max(0.0, deadline - time.monotonic())))
 
 
-def local_api_server_pids() -> Optional[list[int]]:
-    """Pids of this machine's SkyPilot API server processes; None when the endpoint is remote (or
-    this cannot be told)."""
+@contextlib.contextmanager
+def marked_process() -> Iterator[str]:
+    """Tag this process's environment while the block runs: a local API server that the SDK starts
+    meanwhile inherits the tag (SkyPilot spawns it with a copy of os.environ), which tells it apart
+    from anyone else's."""
+    token = f"{os.getpid()}-{time.time_ns()}"
+    os.environ[ORIGIN_ENV] = token
+    try:
+        yield token
+    finally:
+        os.environ.pop(ORIGIN_ENV, None)
+
+
+def local_api_server_pids(origin: Optional[str] = None) -> Optional[list[int]]:
+    """Pids of this machine's SkyPilot API server processes (only those started inside
+    `marked_process` with tag `origin`, if given); None when the endpoint is remote or unknown."""
     try:
         import psutil
         from sky.server import common as server_common
 
         if not server_common.is_api_server_local():
             return None
-        return [proc.info["pid"] for proc in psutil.process_iter(["pid", "cmdline"])
-                if server_common.API_SERVER_CMD in " ".join(proc.info.get("cmdline") or [])]
+        pids = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if server_common.API_SERVER_CMD not in " ".join(proc.info.get("cmdline") or []):
+                continue
+            try:
+                if origin is None or proc.environ().get(ORIGIN_ENV) == origin:
+                    pids.append(proc.info["pid"])
+            except (psutil.AccessDenied, psutil.NoSuchProcess):
+                continue
+        return pids
     except Exception:  # noqa: BLE001 - never let this bookkeeping fail a launch
         return None
 
 
-def stop_api_server_we_started(sky, before: Optional[list[int]]) -> str:
-    """After a failed `launch up`: stop the local API server if this command started it. Returns
-    what to add to the error line ('' when there is nothing to say)."""
+def stop_api_server_we_started(sky, before: Optional[list[int]], origin: str) -> str:
+    """After a failed `launch up`: stop the local API server if this command started it (`before`:
+    the servers running when it began; `origin`: this process's mark). Returns what to add to the
+    error line ('' when there is nothing to say)."""
     if before is None or before:
-        return ""  # remote, or it was running before this command: not ours to stop
-    now = local_api_server_pids()
+        return ""  # remote, or one was running before this command: not ours to stop
+    now = local_api_server_pids(origin)
     if not now:
         return ""
     try:
