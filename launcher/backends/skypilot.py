@@ -285,7 +285,7 @@ class SkyPilotBackend(Backend):
     # -- up
 
     def up(self, spec: LaunchSpec) -> Run:
-        p, run = spec.profile, spec.run
+        p = spec.profile
         if p.cluster.is_local:
             raise BackendError(f"{p.name} runs on this machine: use `--backend local`")
         if p.outputs.push_to_hub and not spec.secrets.get("HF_TOKEN"):
