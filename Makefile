@@ -1,5 +1,6 @@
 # make demo   - install what is needed, run local-demo end to end (up, follow, down --fetch-artifacts)
 # make test   - install what is needed, run the test suite
+# make lock   - re-resolve the GPU machine's lock (payload/requirements-gpu.lock) from its pins
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -7,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
-.PHONY: install test demo render render-check bench clean
+.PHONY: install test demo render render-check bench clean lock
 
 install: $(STAMP)
 
@@ -26,6 +27,18 @@ test: install
 demo: install
 	bash scripts/demo.sh
 
+# The GPU stack for the machine that trains, not this one: linux x86_64, Python 3.11, CUDA 12 (the
+# torch wheel on PyPI). Wheels only, except deepspeed (pure Python with DS_BUILD_OPS=0). Existing pins
+# are kept where they still fit; LOCK_FLAGS=--upgrade re-resolves everything.
+UV_VERSION := 0.13.9
+GPU_PLATFORM := --python-platform x86_64-manylinux_2_28 --python-version 3.11 --only-binary :all: --no-binary deepspeed
+lock:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/uv --version 2>/dev/null | grep -q "$(UV_VERSION)" || \
+	  $(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(BIN)/uv pip compile -q $(GPU_PLATFORM) $(LOCK_FLAGS) --custom-compile-command "make lock" \
+	  payload/requirements-gpu.txt -o payload/requirements-gpu.lock
+
 render: install
 	$(BIN)/launch render --all
 
@@ -34,7 +47,7 @@ render-check: install
 
 bench: install
 	$(BIN)/python bench/bench_cli.py
-	@for b in bench/bench_data.py bench/bench_packing.py bench/bench_checkpoint.py; do \
+	@for b in bench/bench_data.py bench/bench_packing.py bench/bench_checkpoint.py bench/bench_gpu_env.py; do \
 	  [ -f $$b ] && $(BIN)/python $$b || true; done
 
 clean:

@@ -74,16 +74,18 @@ def cli():
 @cli.command()
 @click.argument("profile")
 def validate(profile):
-    """Check a profile (name or path) and report every problem at once.
+    """Check a profile (name or path) and its local data files; report every problem at once.
 
     Example: launch validate clusters/sonia-h100.yaml
     """
-    from .profile import load_profile
+    from .checks import load_checked
     from .ui import console
 
-    p = load_profile(profile)
+    p, data_files = load_checked(profile)
     console().print(f"[green]✓[/] {p.name}: valid ({p.cluster.accelerators or 'CPU'} x {p.cluster.num_nodes} "
                     f"node(s), {p.train.method}, {p.model.name_or_path})")
+    for line in data_files:
+        console().print(f"  data: {line}", soft_wrap=True)
 
 
 @cli.command()
@@ -128,11 +130,11 @@ def plan(profile, as_json):
 
     Example: launch plan sonia-h100
     """
+    from .checks import load_checked
     from .plan import plan_profile
-    from .profile import load_profile
     from .ui import print_plan
 
-    p = load_profile(profile)
+    p, _ = load_checked(profile)
     result = plan_profile(p)
     if as_json:
         import json

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from .profile import REPO_ROOT, Profile, total_gpus
-from .render import SECRETS
+from .render import profile_secrets
 from .throughput import model_size_b, tokens_per_second_per_gpu
 
 BYTES_PER_TOKEN = 4.0  # ~4 bytes of UTF-8 JSON per token for English chat data (documented guess)
@@ -113,7 +113,7 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
         gpus=gpus, train_hours=round(train_h, 3), overhead_hours=overhead, total_hours=round(total_h, 3),
         total_usd=round(total_h * price, 2), budget_usd=p.budget.max_usd,
         budget_hours=round(p.budget.max_usd / price, 2) if price else math.inf,
-        secrets={s: ("set" if os.environ.get(s) else "not set") for s in SECRETS},
+        secrets={s: ("set" if os.environ.get(s) else "not set") for s in profile_secrets(p)},
     )
     if alternative is not None:
         plan.alternative = {

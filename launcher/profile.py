@@ -68,7 +68,9 @@ class ClusterConfig(Strict):
     autostop_minutes: int = Field(default=10, ge=1)
     """Clusters (on-demand) tear themselves down after this many idle minutes after the job."""
     max_restarts_on_errors: int = Field(default=2, ge=0)
-    """Managed jobs: restarts after a non-preemption failure."""
+    """Managed jobs: how many times in a row a transient failure (exit 75) or a signal (143) is
+    retried without training progress before the job fails. A crash (1), a config/data error (2) or
+    a budget stop (3) is never retried (payload/errors.py; payload/exitcode.py bounds the retries)."""
     recovery_strategy: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "EAGER_NEXT_REGION"
 
     @model_validator(mode="after")

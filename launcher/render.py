@@ -13,6 +13,7 @@ from typing import Optional
 import yaml
 
 from payload.config import dump_run_config
+from payload.errors import RETRYABLE_EXIT_CODES
 
 from .profile import REPO_ROOT, Profile, load_profile, profile_names
 
@@ -21,35 +22,46 @@ CONFIG_DIR = SKY_DIR / "config"
 SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
 MASTER_PORT = 29500
 
-# Prebuilt flash-attn wheel matching payload/requirements-gpu.txt (torch 2.8, CUDA 12, py3.11).
+# Prebuilt flash-attn wheel matching payload/requirements-gpu.lock (torch 2.8, CUDA 12, cp311, C++11
+# ABI like PyPI's torch); tests/test_gpu_env.py holds the two together.
 FLASH_ATTN_WHEEL = (
     "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/"
     "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"
 )
+# The managed-jobs controller is a machine of its own (on RunPod a billed pod that cannot stop):
+# `launch up` tears it down after this many idle minutes (SkyPilot config
+# jobs.controller.resources.autostop; a task's `config:` block cannot set it in SkyPilot 0.14).
+CONTROLLER_AUTOSTOP = {"idle_minutes": 10, "down": True}
+# Bucket mounts (FUSE) are no place for a venv: those profiles keep the environment on node disk.
+NODE_ENV_ROOT = "~/.cache/launch/envs"
 
 SETUP = """\
 set -euo pipefail
-# Install the payload's pinned GPU stack with uv (about a minute; never compiles flash-attn).
-if [ -z "${LAUNCH_LOCAL:-}" ]; then
-  python -m pip install -q uv
-  python -m uv pip install --system -q -r payload/requirements-gpu.txt
-  python -m uv pip install --system -q "$FLASH_ATTN_WHEEL" \\
-    || echo "launch: flash-attn wheel unavailable; attention falls back to sdpa"
-fi
+# The locked GPU stack in its own Python 3.11 environment, built once per lock and kept on the
+# volume, so a recovery or a relaunch installs nothing (payload/gpu_env.sh).
+source payload/gpu_env.sh
 python -m payload preflight --config "$LAUNCH_CONFIG"
 """
 
 RUN = """\
 set -euo pipefail
+source payload/gpu_env.sh
 # One data-parallel job over every node: SkyPilot sets the node rank, IPs and GPU count.
 MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)
 NPROC=${SKYPILOT_NUM_GPUS_PER_NODE:-1}; [ "$NPROC" -ge 1 ] || NPROC=1
-python -m payload data --config "$LAUNCH_CONFIG"
+# A failed stage ends the job with the payload's own code (payload/errors.py: 2 config/data, 3 budget,
+# 75 transient, 143 signal), not torchrun's 1; only 75 and 143 are retried (payload/exitcode.py).
+SINCE=$(date +%%s)
+fail() {
+  code=$(python -m payload.exitcode --config "$LAUNCH_CONFIG" --since "$SINCE" "$1") || code=$1
+  exit "${code:-$1}"
+}
+python -m payload data --config "$LAUNCH_CONFIG" || fail $?
 torchrun --nnodes="$SKYPILOT_NUM_NODES" --nproc_per_node="$NPROC" \\
   --node_rank="$SKYPILOT_NODE_RANK" --master_addr="$MASTER_ADDR" --master_port="${LAUNCH_MASTER_PORT:-%(port)d}" \\
-  -m payload train --config "$LAUNCH_CONFIG"
+  -m payload train --config "$LAUNCH_CONFIG" || fail $?
 if [ "$SKYPILOT_NODE_RANK" = "0" ]; then
-  python -m payload post --config "$LAUNCH_CONFIG"
+  python -m payload post --config "$LAUNCH_CONFIG" || fail $?
 fi
 """
 
@@ -95,8 +107,11 @@ def task_dict(p: Profile, price_per_hour: float) -> dict:
     if c.image_id:
         resources["image_id"] = c.image_id
     if c.use_spot:
-        resources["job_recovery"] = {"strategy": c.recovery_strategy,
-                                     "max_restarts_on_errors": c.max_restarts_on_errors}
+        # Retry only what is transient (payload/errors.py). SkyPilot's max_restarts_on_errors would
+        # also restart a budget stop or a config error, so it stays 0; recover_on_exit_codes has no
+        # limit in SkyPilot, so the profile's count bounds it on the machine (payload/exitcode.py).
+        resources["job_recovery"] = {"strategy": c.recovery_strategy, "max_restarts_on_errors": 0,
+                                     "recover_on_exit_codes": list(RETRYABLE_EXIT_CODES)}
     volume = p.runtime_volume()
     envs = {
         "LAUNCH_PROFILE": p.name,
@@ -110,6 +125,10 @@ def task_dict(p: Profile, price_per_hour: float) -> dict:
         "TOKENIZERS_PARALLELISM": "false",
         "FLASH_ATTN_WHEEL": FLASH_ATTN_WHEEL,
     }
+    if c.bucket:  # the GPU environment lives on the volume (payload/gpu_env.sh), else on node disk
+        envs["LAUNCH_ENV_ROOT"] = NODE_ENV_ROOT
+    if c.use_spot:
+        envs["LAUNCH_MAX_RETRIES"] = str(c.max_restarts_on_errors)
     if not c.use_spot:
         # For a plain `sky launch` of a cluster: a stable run dir, so a relaunch resumes. `launch up`
         # always sets LAUNCH_RUN_ID to its run id; a plain `sky jobs launch` of a spot task falls back
@@ -129,10 +148,36 @@ def task_dict(p: Profile, price_per_hour: float) -> dict:
         task["file_mounts"] = {c.bucket.mount: {"name": c.bucket.name, "store": c.bucket.store,
                                                 "mode": c.bucket.mode}}
     task["envs"] = envs
-    task["secrets"] = {s: None for s in SECRETS}
+    secrets = profile_secrets(p)
+    if secrets:
+        task["secrets"] = {s: None for s in secrets}
     task["setup"] = SETUP
     task["run"] = RUN % {"port": MASTER_PORT}
     return task
+
+
+def profile_secrets(p: Profile) -> tuple[str, ...]:
+    """The secrets a profile's task names. Each listed one must be given to a plain `sky launch`
+    (`--secret NAME`), so optional ones are listed only when the profile uses them: HF_TOKEN when
+    anything comes from or goes to the Hugging Face hub, WANDB_API_KEY when it reports to wandb."""
+    hub = (p.model.tiny is None or p.outputs.push_to_hub
+           or any(s.hf_dataset for s in p.data.sources))
+    wandb = "wandb" in p.train.report_to
+    return tuple(s for s, used in zip(SECRETS, (hub, wandb)) if used)
+
+
+def launch_command(p: Profile) -> list[str]:
+    """The plain SkyPilot command that runs a rendered task the way `launch up` does, as lines."""
+    secrets = "".join(f" --secret {s}" for s in profile_secrets(p))
+    if p.cluster.use_spot:  # a managed job, its controller torn down when idle (CONTROLLER_AUTOSTOP)
+        lines = [f"sky jobs launch sky/{p.name}.yaml{secrets}",
+                 *(f"  --config jobs.controller.resources.autostop.{k}={str(v).lower()}"
+                   for k, v in CONTROLLER_AUTOSTOP.items())]
+        return [line + " \\" for line in lines[:-1]] + lines[-1:]
+    if p.cluster.is_local:
+        return [f"sky launch sky/{p.name}.yaml{secrets}"]
+    return [f"sky launch sky/{p.name}.yaml{secrets} --idle-minutes-to-autostop "
+            f"{p.cluster.autostop_minutes} --down"]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -150,8 +195,8 @@ _Dumper.add_representer(str, _str_presenter)
 def render_text(p: Profile, price_per_hour: float) -> tuple[str, str]:
     """(task YAML, resolved run config YAML) for a profile, deterministic."""
     header = (f"# Rendered by `launch render {p.name}` from clusters/{p.name}.yaml - do not edit here.\n"
-              f"# Plain SkyPilot works too, from the repo root: sky launch sky/{p.name}.yaml"
-              + (" --secret HF_TOKEN" if not p.cluster.is_local else "") + "\n")
+              "# Plain SkyPilot works too, from the repo root:\n"
+              + "".join(f"#   {line}\n" for line in launch_command(p)))
     task = yaml.dump(task_dict(p, price_per_hour), Dumper=_Dumper, sort_keys=False, width=100)
     cfg = resolved_run_config(p, price_per_hour)
     config = (f"# Resolved run config for `python -m payload STAGE --config`, rendered from "

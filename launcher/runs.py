@@ -39,10 +39,11 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     """
     from . import registry
     from .backends import BackendError, LaunchSpec, get_backend
-    from .profile import load_profile
+    from .checks import load_checked
     from .ui import console, hints
 
-    p = load_profile(profile) if not sets else _load_with_overrides(profile, sets)
+    # Config and local data files first, all in one report: nothing starts, nothing bills before.
+    p = load_checked(profile, backend)[0] if not sets else _load_with_overrides(profile, sets, backend)
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
     if sets and backend == "skypilot":
         raise BackendError("--set works with the local and ssh backends; edit the profile for cloud runs")
@@ -87,13 +88,14 @@ def _require_training_extras():
                            "run `make install` (or pip install -e '.[train]' with torch==2.13.0 for CPU)")
 
 
-def _load_with_overrides(profile: str, sets: tuple[str, ...]):
+def _load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
     """Apply KEY=VALUE overrides to a copy of the profile file and load that."""
     import tempfile
 
     import yaml
 
-    from .profile import load_profile, resolve_profile_path
+    from .checks import load_checked
+    from .profile import resolve_profile_path
 
     path = resolve_profile_path(profile)
     data = yaml.safe_load(path.read_text())
@@ -108,7 +110,7 @@ def _load_with_overrides(profile: str, sets: tuple[str, ...]):
         node[last] = yaml.safe_load(value)
     out = Path(tempfile.mkdtemp(prefix="launch-profile-")) / path.name
     out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_profile(str(out))
+    return load_checked(str(out), backend)[0]
 
 
 def _pick_run(p, backend: str, resume, force_new):
@@ -375,7 +377,8 @@ def down(run_id, fetch_artifacts, dest):
                                f"retry `launch down {run.id} --fetch-artifacts`, or tear down without --fetch-artifacts")
         registry.update(run.id, artifacts=str(target.resolve()))
         console().print(f"[green]✓[/] {len(got)} artifacts in {target} (checksums in {target}/MANIFEST.json)")
-    be.down(run)
+    with console().status(f"stopping {run.id} (the trainer checkpoints on SIGTERM first)..."):
+        be.down(run)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
     console().print(f"[green]✓[/] {run.id} is down ({run.state})")

@@ -54,6 +54,14 @@ def print_plan(p, plan) -> None:
     t.add_row("Profile", f"{p.name}: {p.description or ''}")
     t.add_row("Instance", f"{where}  [{plan.num_nodes} x {plan.accelerators}, {mode}]")
     t.add_row("Price", f"{money(plan.price_per_hour)}/h  ({plan.price_source})")
+    if p.cluster.use_spot:
+        from .render import CONTROLLER_AUTOSTOP
+
+        t.add_row("Controller", f"SkyPilot's jobs controller, a small CPU machine billed while up; torn "
+                                f"down after {CONTROLLER_AUTOSTOP['idle_minutes']} idle min "
+                                "(jobs.controller.resources.autostop, set by launch up)")
+    elif not p.cluster.is_local:
+        t.add_row("Autostop", f"the cluster is torn down {p.cluster.autostop_minutes} idle min after the job")
     t.add_row("Training", f"{p.train.method} of {p.model.name_or_path}, {plan.train_tokens / 1e6:,.2f}M tokens "
                           f"({plan.data_source})")
     t.add_row("Throughput", f"~{plan.tokens_per_s_per_gpu:,.0f} tokens/s/GPU x {plan.gpus} GPU(s)  "

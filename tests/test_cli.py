@@ -67,7 +67,7 @@ def test_plan_json_sonia():
     d = json.loads(r.output)
     assert d["cloud"] == "RunPod" and d["instance_type"] == "2x_H100-SXM_SECURE"
     assert d["price_per_hour"] == pytest.approx(5.38) and d["total_usd"] > 0
-    assert d["secrets"] == {"HF_TOKEN": "not set", "WANDB_API_KEY": "not set"}
+    assert d["secrets"] == {"HF_TOKEN": "not set"}  # WANDB_API_KEY only for profiles reporting to wandb
 
 
 def test_run_commands_without_runs():

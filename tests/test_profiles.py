@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from launcher.profile import ProfileError, load_profile, profile_names, total_gpus
-from launcher.render import SECRETS, render_all, render_profile, stale
+from launcher.render import CONTROLLER_AUTOSTOP, render_all, render_profile, render_text, stale
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = ["local-demo", "lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100"]
@@ -125,11 +125,97 @@ def test_skypilot_parses_and_validates_every_rendered_task(name):
     for var in ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE"):
         assert var in task.run
     raw = yaml.safe_load((REPO / "sky" / f"{name}.yaml").read_text())
-    assert raw["secrets"] == {s: None for s in SECRETS}
-    assert not set(SECRETS) & set(raw["envs"])
+    # Every listed secret must be given to plain SkyPilot: optional ones only when the profile uses them.
+    assert raw.get("secrets") == ({"HF_TOKEN": None} if p.model.tiny is None else None)
+    assert not {"HF_TOKEN", "WANDB_API_KEY"} & set(raw["envs"])
     if p.cluster.use_spot:
         assert raw["resources"]["job_recovery"]["strategy"] == "EAGER_NEXT_REGION"
         assert raw["volumes"] == {"/workspace": "lovecraft-workspace"}
+    assert "source payload/gpu_env.sh" in task.setup and "source payload/gpu_env.sh" in task.run
+    # The GPU environment lives on the volume ($LAUNCH_VOLUME/.envs), but never in a FUSE bucket.
+    assert raw["envs"].get("LAUNCH_ENV_ROOT") == ("~/.cache/launch/envs" if p.cluster.bucket else None)
+
+
+def test_wandb_key_is_a_secret_only_for_profiles_that_report_to_wandb():
+    p = load_profile("lovecraft-a100-spot")
+    wandb = p.model_copy(update={"train": p.train.model_copy(update={"report_to": ["wandb"]})})
+    assert "WANDB_API_KEY: null" in render_text(wandb, 1.0)[0]
+    assert "WANDB_API_KEY" not in render_text(p, 1.0)[0]
+    assert "--secret HF_TOKEN --secret WANDB_API_KEY" in render_text(wandb, 1.0)[0].splitlines()[2]
+
+
+def _strategy(name):
+    """SkyPilot's own recovery executor for a rendered task (what the jobs controller builds)."""
+    import asyncio
+
+    import sky
+    from sky.backends import CloudVmRayBackend
+    from sky.jobs.recovery_strategy import StrategyExecutor
+
+    task = sky.Task.from_yaml(str(REPO / "sky" / f"{name}.yaml"))
+    return StrategyExecutor.make("c", CloudVmRayBackend(), task, 1, 0, None, set(), asyncio.Lock(),
+                                 asyncio.Condition())
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_a_budget_stop_or_config_error_is_never_retried(name):
+    from payload.errors import EXIT_BUDGET, EXIT_CONFIG, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_TRANSIENT
+
+    p = load_profile(name)
+    raw = yaml.safe_load((REPO / "sky" / f"{name}.yaml").read_text())
+    if not p.cluster.use_spot:  # a cluster job (`sky launch`) is never restarted
+        assert "job_recovery" not in raw["resources"]
+        return
+    assert raw["resources"]["job_recovery"]["max_restarts_on_errors"] == 0
+    assert raw["envs"]["LAUNCH_MAX_RETRIES"] == str(p.cluster.max_restarts_on_errors)
+    executor = _strategy(name)
+    for code in [EXIT_BUDGET, EXIT_CONFIG, EXIT_CRASH] * 3:  # not once, not after a few either
+        assert not executor.should_restart_on_failure(exit_codes=[code]), code
+    # Transient failures and signals are; SkyPilot has no limit on those (payload/exitcode.py does).
+    assert all(executor.should_restart_on_failure(exit_codes=[c]) for c in [EXIT_TRANSIENT, EXIT_INTERRUPTED] * 5)
+
+
+def _sky_cli_parse(args):
+    """Parse a `sky ...` command line with SkyPilot's own click CLI (option callbacks run, the
+    command does not): (command function name, parsed params)."""
+    import click
+    from sky.client.cli import command as sky_cli
+
+    name, cmd, ctx, rest = args[0], sky_cli.cli, None, args[1:]
+    while True:
+        ctx = cmd.make_context(name, rest, parent=ctx)
+        if not isinstance(cmd, click.Group):
+            return cmd.callback.__name__, ctx.params
+        name, cmd, rest = cmd.resolve_command(ctx, [*ctx.protected_args, *ctx.args])
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_the_header_is_the_plain_skypilot_command_and_it_parses(name, monkeypatch):
+    import shlex
+
+    from sky import skypilot_config
+
+    monkeypatch.setenv("HF_TOKEN", "hf_x")  # `--secret NAME` reads the value from the environment
+    p = load_profile(name)
+    lines = (REPO / "sky" / f"{name}.yaml").read_text().splitlines()
+    assert lines[1] == "# Plain SkyPilot works too, from the repo root:"
+    command = " ".join(ln[4:].rstrip(" \\") for ln in lines[2:] if ln.startswith("#   "))
+    args = shlex.split(command)
+    try:
+        func, params = _sky_cli_parse(args)
+        controller = skypilot_config.get_nested(("jobs", "controller", "resources", "autostop"), None)
+    finally:
+        skypilot_config.reload_config()  # `--config` applied itself to this process's config
+    assert params["entrypoint"] == (f"sky/{name}.yaml",)
+    assert (REPO / params["entrypoint"][0]).is_file()
+    raw = yaml.safe_load((REPO / "sky" / f"{name}.yaml").read_text())
+    assert [k for k, _ in params["secret"]] == list(raw.get("secrets") or {})
+    if p.cluster.use_spot:  # a managed job, and its controller torn down when idle
+        assert func == "jobs_launch" and controller == CONTROLLER_AUTOSTOP
+    else:
+        assert func == "launch" and controller is None
+        if not p.cluster.is_local:  # the cluster tears itself down after the job, as `launch up` does
+            assert (params["idle_minutes_to_autostop"], params["down"]) == (p.cluster.autostop_minutes, True)
 
 
 def test_no_secret_values_in_rendered_files(monkeypatch):
@@ -165,3 +251,19 @@ def test_plan_lovecraft_matches_the_runbook_duration():
     plan = plan_profile(load_profile("lovecraft-a100-spot"))
     assert plan.use_spot and plan.price_per_hour == pytest.approx(0.82)
     assert 6 < plan.train_hours < 8.5  # runbook: ~7 h for 600 steps
+
+
+def test_plan_shows_the_jobs_controller_and_its_autostop(tmp_path):
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+
+    body = (REPO / "clusters" / "lovecraft-a100-spot.yaml").read_text()
+    spot = tmp_path / "lc.yaml"  # the data file is the user's: a shipped sample stands in
+    spot.write_text(body.replace("data/lovecraft/train_sft.jsonl", "payload/samples/demo_alpaca.jsonl"))
+    out = " ".join(CliRunner().invoke(cli, ["plan", str(spot)], catch_exceptions=False).output.split())
+    assert ("Controller SkyPilot's jobs controller, a small CPU machine billed while up; torn down after 10 "
+            "idle min") in out, out
+    assert "Secrets HF_TOKEN (not set) - passed at launch" in out  # no wandb reporting: no WANDB_API_KEY
+    out = " ".join(CliRunner().invoke(cli, ["plan", "sonia-h100"], catch_exceptions=False).output.split())
+    assert "Autostop the cluster is torn down 10 idle min after the job" in out, out

@@ -30,6 +30,7 @@ from sky.utils.status_lib import ClusterStatus  # noqa: E402
 from launcher import registry, render  # noqa: E402
 from launcher.backends import BackendError, LaunchSpec  # noqa: E402
 from launcher.backends import skypilot as sp  # noqa: E402
+from launcher.backends import skypilot_control as control  # noqa: E402
 from launcher.profile import REPO_ROOT, Profile, load_profile  # noqa: E402
 from launcher.registry import Run  # noqa: E402
 
@@ -44,11 +45,13 @@ class FakeSky:
         self.results = {"enabled_clouds": ["RunPod", "Azure", "Kubernetes"], "volumes.ls": [],
                         "volumes.apply": None, "launch": (7, None), "jobs.launch": ([3], None),
                         "down": None, "jobs.cancel": None, "status": [], "job_status": {},
-                        "jobs.queue": ([], 0, {}, 0)}
+                        "jobs.queue": ([], 0, {}, 0), "cancel": None}
+        self.client_config = {}  # the SkyPilot config each request would carry to the API server
         for name, owner in [("enabled_clouds", sky.client.sdk), ("launch", sky), ("down", sky),
-                            ("status", sky), ("job_status", sky), ("tail_logs", sky), ("launch", sky.jobs),
-                            ("cancel", sky.jobs), ("queue", sky.jobs), ("tail_logs", sky.jobs),
-                            ("ls", sky.volumes), ("apply", sky.volumes)]:
+                            ("status", sky), ("job_status", sky), ("tail_logs", sky), ("cancel", sky),
+                            ("launch", sky.jobs), ("cancel", sky.jobs), ("queue", sky.jobs),
+                            ("tail_logs", sky.jobs), ("ls", sky.volumes), ("apply", sky.volumes),
+                            ("api_stop", sky)]:
             full = name if owner in (sky, sky.client.sdk) else f"{owner.__name__.split('.')[-1]}.{name}"
             monkeypatch.setattr(owner, name, self._recorder(full))
         monkeypatch.setattr(sky, "get", self._resolve("get"))
@@ -57,6 +60,10 @@ class FakeSky:
     def _recorder(self, full):
         def call(*args, **kwargs):
             self.calls.append((full, args, kwargs))
+            # What the real call puts in its request body (payloads.RequestBody) for the server.
+            self.client_config[full] = sky.skypilot_config.to_dict()
+            if full == "api_stop":
+                return None
             if full.endswith("tail_logs"):
                 kwargs["output_stream"].write(f"log of {full}\n")
                 return 0
@@ -67,6 +74,8 @@ class FakeSky:
         def resolve(request_id, **kwargs):
             self.calls.append((how, (request_id,), kwargs))
             value = self.results[request_id.removeprefix("req:")]
+            if callable(value):  # a sequence of answers, one per call
+                value = value()
             if isinstance(value, BaseException):
                 raise value
             return value
@@ -162,7 +171,13 @@ def test_lovecraft_spot_is_a_managed_job_with_recovery_on_the_volume(fake, monke
     assert kwargs == {"name": "lovecraft-a100-spot-1"}
     (res,) = task.resources
     assert res.use_spot and res.accelerators == {"A100-80GB": 1}
-    assert res.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 2}
+    # Only transient exits (75) and signals (143) are retried; a budget stop or config error never.
+    assert res.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 0,
+                                "recover_on_exit_codes": [75, 143]}
+    # The controller (a billed pod on RunPod) is torn down when idle: the launch request says so.
+    autostop = fake.client_config["jobs.launch"]["jobs"]["controller"]["resources"]["autostop"]
+    assert autostop == {"idle_minutes": 10, "down": True} == render.CONTROLLER_AUTOSTOP
+    assert "jobs" not in sky.skypilot_config.to_dict()  # only for that request
     assert task.volumes == {"/workspace": "lovecraft-workspace"}
     # The run id is explicit even when the caller gave none and the rendered spot task has none:
     # an env is part of the task, so it is the same on every recovery, and launch knows the run dir.
@@ -411,13 +426,145 @@ def test_merge_keeps_the_runs_own_reason_for_ending():
     assert sp.merge_status(None, "gone", {"state": "completed"}, "running").state == "completed"
 
 
-def test_down_clusters_and_managed_jobs(fake):
+def answers(*values):
+    """A FakeSky result that gives `values` in turn, then the last one for ever."""
+    it = iter(values)
+    last = [values[-1]]
+
+    def next_answer():
+        last[0] = next(it, last[0])
+        return last[0]
+    return next_answer
+
+
+@pytest.fixture
+def fast_grace(monkeypatch):
+    monkeypatch.setattr(control, "POLL_S", 0.01)
+    monkeypatch.setattr(control, "DOWN_GRACE_S", 0.5)
+
+
+def test_down_gives_the_trainer_its_sigterm_checkpoint_before_the_cluster_goes(fake, fast_grace, monkeypatch):
+    fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
+    fake.results["job_status"] = {7: JobStatus.RUNNING}
+    reports = iter([{"state": "training", "step": 40}, {"state": "training", "step": 40},
+                    {"state": "stopped", "step": 40, "exit_code": 143}])
+    monkeypatch.setattr(sp.SkyPilotBackend, "_reported", lambda self, run, up: next(reports))
     sp.SkyPilotBackend().down(cluster_run())
-    assert fake.one("down")[1] == ("r1",) and ("get", ("req:down",), {}) in fake.calls
+    names = fake.names()
+    assert fake.one("cancel")[1:] == (("r1",), {"job_ids": [7]})
+    assert names.index("cancel") < names.index("down") and next(reports, None) is None  # waited for it
+    assert fake.one("down")[1:] == (("r1",), {})  # no bucket: nothing to flush
+
+    # A bucket-backed run: the teardown is graceful, so MOUNT_CACHED checkpoint uploads finish.
+    fake.calls.clear()
+    monkeypatch.setattr(sp.SkyPilotBackend, "_reported", lambda self, run, up: {"state": "training"})
+    run = cluster_run()
+    run.handle["bucket"] = {"name": "b", "store": "azure", "mount": "/checkpoints", "mode": "MOUNT_CACHED"}
+    sp.SkyPilotBackend().down(run)  # the trainer never confirms: the wait is bounded
+    assert fake.one("down")[2] == {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S}
+
+
+def test_down_of_a_finished_or_gone_cluster_cancels_nothing(fake):
+    fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
+    fake.results["job_status"] = {7: JobStatus.SUCCEEDED}  # waiting for autostop
+    sp.SkyPilotBackend().down(cluster_run())
+    assert "cancel" not in fake.names() and fake.one("down")[1] == ("r1",)
+    fake.calls.clear()
+    fake.results["status"] = []
     fake.results["down"] = ex.ClusterDoesNotExist("Cluster 'r1' does not exist.")
     sp.SkyPilotBackend().down(cluster_run())  # already gone: nothing to do
+    assert "cancel" not in fake.names()
+
+
+def test_down_of_a_managed_job_waits_until_the_controller_ended_it(fake, fast_grace):
+    rec = {"job_id": 3, "job_name": "m1", "recovery_count": 0}
+    fake.results["jobs.queue"] = answers(([{**rec, "status": ManagedJobStatus.CANCELLING}], 1, {}, 1),
+                                         ([{**rec, "status": ManagedJobStatus.CANCELLED}], 1, {}, 1))
     sp.SkyPilotBackend().down(managed_run())
-    assert fake.one("jobs.cancel")[2] == {"job_ids": [3]}
+    assert fake.one("jobs.cancel")[2] == {"job_ids": [3], "graceful": True,
+                                          "graceful_timeout": control.DOWN_GRACE_S}
+    assert fake.names().count("jobs.queue") == 2
+
+    fake.results["jobs.queue"] = ([{**rec, "status": ManagedJobStatus.CANCELLING}], 1, {}, 1)
+    with pytest.raises(BackendError, match=r"managed job 3 is still being cancelled after 1 s and may "
+                                           r"bill until it ends: check `sky jobs queue`"):
+        sp.SkyPilotBackend().down(managed_run())
+
+
+@pytest.mark.parametrize("status, cluster, billing", [
+    (ManagedJobStatus.PENDING, None, False),
+    (ManagedJobStatus.STARTING, None, False),  # waiting for capacity: no machine yet
+    (ManagedJobStatus.STARTING, "m1-3-abc", True),  # provisioning: the pod may bill already
+    (ManagedJobStatus.RECOVERING, None, False),  # preempted, the old machine gone
+    (ManagedJobStatus.RUNNING, "m1-3-abc", True),
+    (ManagedJobStatus.CANCELLING, "m1-3-abc", True),
+    (ManagedJobStatus.SUCCEEDED, None, False),
+    (ManagedJobStatus.FAILED_NO_RESOURCE, None, False),
+])
+def test_managed_job_status_says_when_no_machine_bills(fake, status, cluster, billing):
+    fake.results["jobs.queue"] = ([{"job_id": 3, "job_name": "m1", "status": status, "recovery_count": 0,
+                                    "cluster_name_on_cloud": cluster}], 1, {}, 1)
+    assert sp.SkyPilotBackend().status(managed_run()).billing is billing
+
+
+def test_cluster_status_bills_while_the_cluster_exists(fake):
+    fake.results["status"] = [{"name": "r1", "status": ClusterStatus.INIT}]
+    assert sp.SkyPilotBackend().status(cluster_run()).billing is True
+    fake.results["status"] = []
+    assert sp.SkyPilotBackend().status(cluster_run()).billing is False
+    fake.results["status"] = ex.ApiServerConnectionError("http://127.0.0.1:46580")
+    assert sp.SkyPilotBackend().status(cluster_run()).billing is None  # unknown
+
+
+@pytest.mark.parametrize("before, after, api_stop, expect", [
+    ([], [4242], None, "; stopped the local SkyPilot API server this command started"),
+    ([], [4242], RuntimeError("busy"), "still runs (~1.2 GB, pid 4242): stop it with `sky api stop`"),
+    ([77], [77], None, None),  # it was running before: not ours to stop
+    (None, None, None, None),  # a remote API server
+])
+def test_a_failed_up_stops_the_api_server_it_started(fake, monkeypatch, before, after, api_stop, expect):
+    pids = iter([before, after])
+    asked = []
+
+    def server_pids(origin=None):
+        asked.append(origin)
+        return next(pids)
+
+    monkeypatch.setattr(control, "local_api_server_pids", server_pids)
+    if api_stop:
+        monkeypatch.setattr(sky, "api_stop", lambda: (_ for _ in ()).throw(api_stop))
+    fake.results["enabled_clouds"] = []
+    with pytest.raises(BackendError) as e:
+        sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-9"))
+    msg = str(e.value)
+    assert msg.startswith("SkyPilot has no usable credentials") and "\n" not in msg
+    if expect:
+        assert msg.endswith(expect)
+    else:
+        assert "API server" not in msg
+    assert ("api_stop" in fake.names()) is (expect is not None and api_stop is None)
+    if before == []:  # only a server started from this process counts as this command's
+        assert asked[0] is None and asked[1].startswith(f"{os.getpid()}-")
+    assert control.ORIGIN_ENV not in os.environ  # the tag lasts as long as the launch
+
+
+def test_only_a_server_started_from_this_process_is_ours(monkeypatch):
+    import psutil
+
+    class Server:  # an API server process as psutil sees it
+        def __init__(self, pid, origin):
+            self.info, self._env = {"pid": pid, "cmdline": ["python", "-m", "sky.server.server"]}, {}
+            if origin:
+                self._env[control.ORIGIN_ENV] = origin
+
+        def environ(self):
+            return self._env
+
+    with control.marked_process() as origin:
+        servers = [Server(11, None), Server(12, "someone-else"), Server(13, os.environ[control.ORIGIN_ENV])]
+    monkeypatch.setattr(psutil, "process_iter", lambda attrs: iter(servers))
+    assert control.local_api_server_pids() == [11, 12, 13]
+    assert control.local_api_server_pids(origin) == [13]
 
 
 # ------------------------------------------------------------------ files: real ssh + rsync

@@ -26,10 +26,12 @@ from typing import Optional, TextIO
 import yaml
 
 from payload import layout
+from payload.errors import END_STATES
 
 from ..profile import CATALOG_DIR, REPO_ROOT
 from ..registry import ACTIVE_STATES, STATES, Run
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
+from . import skypilot_control as control
 
 PRICE_TIMEOUT_S = 120
 # RunPod datacenters with the S3-compatible API (docs.runpod.io/storage/s3-api); new volumes are
@@ -46,6 +48,11 @@ _JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "startin
 _MANAGED_STATES = {"PENDING": "starting", "SUBMITTED": "starting", "STARTING": "starting",
                    "RECOVERING": "starting", "RUNNING": "running", "WINDING_DOWN": "running",
                    "CANCELLING": "stopped", "CANCELLED": "stopped", "SUCCEEDED": "completed"}
+# status.json states in which the trainer has ended (payload/errors.py END_STATES; `interrupted`
+# is what the payload writes when a signal stopped it).
+_ENDED = (*END_STATES, "interrupted")
+
+
 def _sky():
     """`sky` for SDK calls: never with launch's offline runtime dir (fake enabled clouds, and a local
     API server started from this process would keep its state there)."""
@@ -278,13 +285,23 @@ class SkyPilotBackend(Backend):
     # -- up
 
     def up(self, spec: LaunchSpec) -> Run:
-        p, run = spec.profile, spec.run
+        p = spec.profile
         if p.cluster.is_local:
             raise BackendError(f"{p.name} runs on this machine: use `--backend local`")
         if p.outputs.push_to_hub and not spec.secrets.get("HF_TOKEN"):
             raise BackendError(f"outputs.push_to_hub ({p.outputs.push_to_hub}) needs HF_TOKEN: "
                                "export HF_TOKEN=hf_... and run `launch up` again")
         sky = _sky()
+        servers = control.local_api_server_pids()
+        with control.marked_process() as origin:  # the first SDK call may start a local API server
+            try:
+                return self._up(sky, spec)
+            except BackendError as e:
+                stopped = control.stop_api_server_we_started(sky, servers, origin)
+                raise BackendError(f"{e}{stopped}") from None
+
+    def _up(self, sky, spec: LaunchSpec) -> Run:
+        p, run = spec.profile, spec.run
         try:
             self._check_clouds(sky, p)
             volume = self._ensure_volume(sky, p) if p.cluster.volume else None
@@ -360,7 +377,9 @@ class SkyPilotBackend(Backend):
 
     def _launch_managed(self, sky, task, job_name: str, p) -> tuple[Optional[int], Optional[str]]:
         try:
-            job_ids, _ = sky.stream_and_get(sky.jobs.launch(task, name=job_name), output_stream=self.out)
+            with control.controller_autostop():  # the controller is torn down when idle
+                request = sky.jobs.launch(task, name=job_name)
+            job_ids, _ = sky.stream_and_get(request, output_stream=self.out)
         except KeyboardInterrupt:
             return None, "detached while submitting; the jobs controller goes on (`launch down` cancels)"
         except Exception as e:  # noqa: BLE001
@@ -397,48 +416,57 @@ class SkyPilotBackend(Backend):
         sky, h = _sky(), run.handle
         try:
             if h.get("kind") == "managed_job":
-                state, reason = self._managed_state(sky, h)
+                state, reason, billing = self._managed_state(sky, h)
             else:
-                state, reason = self._cluster_state(sky, run)
+                state, reason, billing = self._cluster_state(sky, run)
         except Exception as e:  # noqa: BLE001 - never raises: the state says what is known
             return RemoteStatus(state=run.state, reason=f"SkyPilot not reachable: {map_sky_error(e)}")
         reported = self._reported(run, up=state in ("running", "completed", "failed"))
-        return merge_status(state, reason, reported, run.state)
+        st = merge_status(state, reason, reported, run.state)
+        st.billing = billing
+        return st
 
-    def _cluster_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str]]:
+    def _cluster_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str], bool]:
+        """(state, reason, billing) of a cluster run; None: the cluster is gone."""
         records = sky.get(sky.status(cluster_names=[run.cluster]))
         if not records:
-            return None, f"cluster {run.cluster} is gone (autostopped after the job, or torn down)"
+            return None, f"cluster {run.cluster} is gone (autostopped after the job, or torn down)", False
         cluster = _name(_get(records[0], "status"))
         if cluster == "INIT":
-            return "starting", "provisioning or setting up"
+            return "starting", "provisioning or setting up", True
         if cluster == "STOPPED":
-            return "stopped", f"cluster {run.cluster} is stopped"
+            return "stopped", f"cluster {run.cluster} is stopped", False
         job_id = run.handle.get("job_id")
         jobs = sky.get(sky.job_status(run.cluster, job_ids=None if job_id is None else [job_id])) or {}
         job = _name(jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else
                     next(iter(jobs.values()), None))
         if job.startswith("FAILED"):
-            return "failed", f"job {job}: see `launch logs`"
-        return _JOB_STATES.get(job, "starting"), None
+            return "failed", f"job {job}: see `launch logs`", True
+        return _JOB_STATES.get(job, "starting"), None, True  # up: bills until autostop takes it down
 
-    def _managed_state(self, sky, h: dict) -> tuple[Optional[str], Optional[str]]:
+    def _managed_record(self, sky, h: dict):
+        """The jobs controller's queue record of the run's managed job (None: unknown to it)."""
         job_id = h.get("job_id")
         result = sky.get(sky.jobs.queue(refresh=False, job_ids=None if job_id is None else [job_id],
                                         version=2))
         records = result[0] if isinstance(result, tuple) else result
         match = [r for r in records or [] if (_get(r, "job_id") == job_id if job_id is not None
                                              else _get(r, "job_name") == h["job_name"])]
-        if not match:
-            return None, "the jobs controller does not know this managed job any more"
-        rec = match[-1]
+        return match[-1] if match else None
+
+    def _managed_state(self, sky, h: dict) -> tuple[Optional[str], Optional[str], bool]:
+        """(state, reason, billing) of a managed job; None: the controller forgot it."""
+        rec = self._managed_record(sky, h)
+        if rec is None:
+            return None, "the jobs controller does not know this managed job any more", False
         status, recoveries = _name(_get(rec, "status")), _get(rec, "recovery_count", 0)
+        billing = control.managed_job_billing(status, rec)
         if status.startswith("FAILED"):
             why = _get(rec, "failure_reason") or "see `launch logs`"
-            return "failed", f"{status}: {why}"
+            return "failed", f"{status}: {why}", billing
         reason = f"preempted; SkyPilot is recovering it (recovery {recoveries + 1})" \
             if status == "RECOVERING" else (f"recovered {recoveries}x" if recoveries else None)
-        return _MANAGED_STATES.get(status, "starting"), reason
+        return _MANAGED_STATES.get(status, "starting"), reason, billing
 
     def _reported(self, run: Run, up: bool) -> Optional[dict]:
         """The run's own status.json: over SSH while the cluster is up, else from the volume (S3)."""
@@ -457,18 +485,55 @@ class SkyPilotBackend(Backend):
             return None
 
     def down(self, run: Run) -> None:
+        """The trainer gets its SIGTERM checkpoint first, then the machines go (bounded waits)."""
         sky, h = _sky(), run.handle
         try:
             if h.get("kind") == "managed_job":
-                by = {"job_ids": [h["job_id"]]} if h.get("job_id") is not None else {"name": h["job_name"]}
-                sky.get(sky.jobs.cancel(**by))
+                self._cancel_managed(sky, run)
             else:
-                sky.get(sky.down(run.cluster))
+                self._down_cluster(sky, run)
+        except BackendError:
+            raise
         except Exception as e:  # noqa: BLE001
             from sky import exceptions as ex
 
             if not isinstance(e, ex.ClusterDoesNotExist):
                 raise map_sky_error(e) from None
+
+    def _down_cluster(self, sky, run: Run) -> None:
+        """`sky.cancel` (SIGTERM), wait for the run's status.json to say it ended, then `sky.down`;
+        graceful for bucket mounts, so MOUNT_CACHED checkpoint uploads finish first."""
+        if self._cluster_up(run) and self._job_active(sky, run):
+            before = self._reported(run, up=True) or {}
+            sky.get(sky.cancel(run.cluster, job_ids=[run.handle["job_id"]]))
+            if before.get("state") and before["state"] not in _ENDED:  # a trainer to wait for
+                control.wait_until(lambda: (self._reported(run, up=True) or {}).get("state") in _ENDED,
+                                   control.DOWN_GRACE_S)
+        flush = {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S} if run.handle.get("bucket") else {}
+        sky.get(sky.down(run.cluster, **flush))
+
+    def _job_active(self, sky, run: Run) -> bool:
+        job_id = run.handle.get("job_id")
+        if job_id is None:
+            return False
+        jobs = sky.get(sky.job_status(run.cluster, job_ids=[job_id])) or {}
+        return _name(jobs.get(job_id, jobs.get(str(job_id)))) in ("PENDING", "SETTING_UP", "RUNNING")
+
+    def _cancel_managed(self, sky, run: Run) -> None:
+        """`sky.jobs.cancel` (graceful: the task gets SIGTERM, then its cluster goes), then wait until
+        the controller says the job ended, so nothing of it bills when `launch down` returns."""
+        h = run.handle
+        by = {"job_ids": [h["job_id"]]} if h.get("job_id") is not None else {"name": h["job_name"]}
+        sky.get(sky.jobs.cancel(**by, graceful=True, graceful_timeout=control.DOWN_GRACE_S))
+
+        def ended() -> bool:
+            rec = self._managed_record(sky, h)
+            return rec is None or _name(_get(rec, "status")).startswith(control.MANAGED_TERMINAL)
+
+        if not control.wait_until(ended, 2 * control.DOWN_GRACE_S):
+            raise BackendError(f"managed job {h.get('job_id') or h['job_name']} is still being cancelled "
+                               f"after {2 * control.DOWN_GRACE_S:g} s and may bill until it ends: check "
+                               "`sky jobs queue`, then `sky jobs cancel` it")
 
     # -- fetch
 

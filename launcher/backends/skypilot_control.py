@@ -1,0 +1,121 @@
+"""What keeps a SkyPilot run from billing silently (SkyPilot 0.14.1, read against its source):
+
+- the managed-jobs controller is a machine of its own (on RunPod a pod that cannot stop): its
+  autostop is SkyPilot config `jobs.controller.resources.autostop`, which a task's `config:` block
+  cannot set, but the client config sent with the launch request can (`controller_autostop`);
+- `sky.down` and `sky.jobs.cancel` do not wait for the trainer: `sky.cancel` sends SIGTERM to the job
+  and marks it CANCELLED at once, so a graceful down waits for the run's own status.json
+  (`wait_until`), bounded by DOWN_GRACE_S;
+- which managed-job states have a machine billing (`managed_job_billing`);
+- a failed `launch up` whose first SDK call started the local API server (and its executors,
+  ~1.2 GB) stops it again (`stop_api_server_we_started`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Callable, Iterator, Optional
+
+from ..render import CONTROLLER_AUTOSTOP
+
+DOWN_GRACE_S = 300  # a ZeRO-3 checkpoint of a 32B model takes minutes; a LoRA one seconds
+POLL_S = 5.0
+# Managed-job states in which no machine of the job exists (or none is known to exist yet).
+_NO_MACHINE = {"PENDING", "SUBMITTED", "DEPRECATED_SUBMITTED"}
+_MAYBE_MACHINE = {"STARTING", "RECOVERING"}  # provisioning; a machine bills once it is there
+MANAGED_TERMINAL = ("SUCCEEDED", "CANCELLED", "FAILED")  # FAILED_* too (prefix)
+ORIGIN_ENV = "LAUNCH_SDK_ORIGIN"
+
+
+@contextlib.contextmanager
+def controller_autostop() -> Iterator[dict]:
+    """The client SkyPilot config, in this process, with the controller's autostop filled in (unless
+    the user's own config sets it): the launch request made inside carries it to the API server."""
+    from sky import skypilot_config
+    from sky.utils import config_utils
+
+    current = skypilot_config.to_dict()
+    if current.get_nested(("jobs", "controller", "autostop"), None) is not None:  # legacy key wins
+        yield current
+        return
+    ours = config_utils.Config({"jobs": {"controller": {"resources": {"autostop": dict(CONTROLLER_AUTOSTOP)}}}})
+    merged = skypilot_config.overlay_skypilot_config(original_config=ours, override_configs=current)
+    with skypilot_config.replace_skypilot_config_in_process(merged):
+        yield merged
+
+
+def managed_job_billing(status: str, record) -> bool:
+    """Whether a machine of the managed job bills in this queue state. STARTING/RECOVERING bill
+    only once the controller reports the job's cluster (provisioning has begun)."""
+    if status in _NO_MACHINE or status.startswith(MANAGED_TERMINAL):
+        return False
+    if status in _MAYBE_MACHINE:
+        get = record.get if hasattr(record, "get") else (lambda k, d=None: getattr(record, k, d))
+        return bool(get("cluster_name_on_cloud", None))
+    return True  # RUNNING, WINDING_DOWN, CANCELLING: the machine is up until it is torn down
+
+
+def wait_until(done: Callable[[], bool], timeout: float, poll: Optional[float] = None) -> bool:
+    """Call `done` until it is true (True) or `timeout` seconds passed (False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if done():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(POLL_S if poll is None else poll, max(0.0, deadline - time.monotonic())))
+
+
+@contextlib.contextmanager
+def marked_process() -> Iterator[str]:
+    """Tag this process's environment while the block runs: a local API server that the SDK starts
+    meanwhile inherits the tag (SkyPilot spawns it with a copy of os.environ), which tells it apart
+    from anyone else's."""
+    token = f"{os.getpid()}-{time.time_ns()}"
+    os.environ[ORIGIN_ENV] = token
+    try:
+        yield token
+    finally:
+        os.environ.pop(ORIGIN_ENV, None)
+
+
+def local_api_server_pids(origin: Optional[str] = None) -> Optional[list[int]]:
+    """Pids of this machine's SkyPilot API server processes (only those started inside
+    `marked_process` with tag `origin`, if given); None when the endpoint is remote or unknown."""
+    try:
+        import psutil
+        from sky.server import common as server_common
+
+        if not server_common.is_api_server_local():
+            return None
+        pids = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if server_common.API_SERVER_CMD not in " ".join(proc.info.get("cmdline") or []):
+                continue
+            try:
+                if origin is None or proc.environ().get(ORIGIN_ENV) == origin:
+                    pids.append(proc.info["pid"])
+            except (psutil.AccessDenied, psutil.NoSuchProcess):
+                continue
+        return pids
+    except Exception:  # noqa: BLE001 - never let this bookkeeping fail a launch
+        return None
+
+
+def stop_api_server_we_started(sky, before: Optional[list[int]], origin: str) -> str:
+    """After a failed `launch up`: stop the local API server if this command started it (`before`:
+    the servers running when it began; `origin`: this process's mark). Returns what to add to the
+    error line ('' when there is nothing to say)."""
+    if before is None or before:
+        return ""  # remote, or one was running before this command: not ours to stop
+    now = local_api_server_pids(origin)
+    if not now:
+        return ""
+    try:
+        sky.api_stop()
+    except Exception:  # noqa: BLE001
+        return ("; the local SkyPilot API server this command started still runs (~1.2 GB, pid "
+                f"{now[0]}): stop it with `sky api stop`")
+    return "; stopped the local SkyPilot API server this command started"

@@ -1,0 +1,104 @@
+"""Everything checkable before money, checked before money: `validate`, `plan` and `up` load a
+profile through `load_checked`, which reports the profile's config problems and its local data
+files (missing, unreadable, empty, or where the upload will not take them) in one report, before
+any credential, price lookup or SDK call.
+
+The profile loader itself (`load_profile`) stays free of file-system checks: `render --all` and the
+shipped-profile tests must work on a checkout without anyone's private data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+from typing import Optional
+
+from payload.config import ConfigError, line_for, load_yaml_with_lines
+
+from .backends.tasks import WORKDIR_INCLUDE
+from .profile import REPO_ROOT, Profile, ProfileError, load_profile, resolve_profile_path
+
+
+def shown_path(path: Path):
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optional[int]]:
+    """(problem, size) of one data.sources[].path as the run will read it (from the workdir)."""
+    p = PurePosixPath(rel)
+    if p.is_absolute():
+        if not on_this_machine:
+            return (f"{rel} is an absolute path on this machine, which is not uploaded; put the file "
+                    "under data/ and give its path from the repo root, e.g. data/my.jsonl"), None
+        target = Path(rel)
+    else:
+        if not p.parts or p.parts[0] not in WORKDIR_INCLUDE or ".." in p.parts:
+            return (f"{rel} is outside {', '.join(d + '/' for d in WORKDIR_INCLUDE)} - all that is "
+                    "uploaded to the machine; move it under data/"), None
+        target = REPO_ROOT / rel
+    if not target.exists():
+        return f"{rel} not found (looked for {target}); put the file there or fix the path", None
+    if not target.is_file():
+        return f"{rel} is not a file ({target})", None
+    if not os.access(target, os.R_OK):
+        return f"{rel} is not readable ({target}); fix its permissions", None
+    size = target.stat().st_size
+    if size == 0:
+        return f"{rel} is empty ({target})", 0
+    return None, size
+
+
+def data_file_report(path: Path, on_this_machine: Optional[bool] = None) -> tuple[list[str], list[str]]:
+    """(problems, present) for the local data files a profile file names: problems as
+    `file:line: key: what; fix`, present as `path (size)`. `on_this_machine`: the run uses the local
+    backend, where an absolute path works (default: when the profile's infra is `local`)."""
+    try:
+        data, lines = load_yaml_with_lines(path)
+    except ConfigError:
+        return [], []  # the profile's own loading reports it
+    shown = shown_path(path)
+    if on_this_machine is None:
+        infra = (data.get("cluster") or {}).get("infra") if isinstance(data.get("cluster"), dict) else None
+        on_this_machine = infra == "local" or infra == ["local"]
+    sources = (data.get("data") or {}).get("sources") if isinstance(data.get("data"), dict) else None
+    problems, present = [], []
+    for i, src in enumerate(sources if isinstance(sources, list) else []):
+        rel = src.get("path") if isinstance(src, dict) else None
+        if not isinstance(rel, str) or not rel:
+            continue
+        problem, size = _check_file(rel, on_this_machine)
+        loc = ("data", "sources", i, "path")
+        if problem:
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+        else:
+            present.append(f"{rel} ({human_size(size)})")
+    if problems and present:
+        problems[-1] += f" (present: {', '.join(present)})"
+    return problems, present
+
+
+def load_checked(name_or_path: str, backend: Optional[str] = None) -> tuple[Profile, list[str]]:
+    """(profile, present data files) or one ProfileError with every config and data problem.
+    `backend`: the one `launch up` will use (default: local for `infra: local`, else a remote one)."""
+    path = resolve_profile_path(name_or_path)
+    problems: list[str] = []
+    profile = None
+    try:
+        profile = load_profile(str(path))
+    except ProfileError as e:
+        problems = list(e.problems)
+    data_problems, present = data_file_report(path, None if backend is None else backend == "local")
+    if problems or data_problems:
+        raise ProfileError(problems + data_problems)
+    return profile, present
