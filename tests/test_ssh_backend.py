@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import sys
 import threading
@@ -236,21 +237,25 @@ def test_logs_follow_survives_dropped_connection(fake_run, sshd):
 
 
 def test_completed_status_and_fetch_verified(fake_run, tmp_path):
+    from launcher.artifacts import fetch
+
     backend, run = fake_run
     release(run)
     st = wait_state(backend, run, ("completed", "failed"))
     assert st.state == "completed" and st.reason is None
-    got = backend.fetch(run, tmp_path / "art", layout.ARTIFACTS)
-    assert got == [tmp_path / "art" / "adapter", tmp_path / "art" / "training_summary.json",
-                   tmp_path / "art" / "metrics.jsonl"]  # no loss plot / data stats in this run
+    report = fetch(backend, run, tmp_path / "art")  # this scripted run writes no MANIFEST: sizes checked
+    assert report.ok and report.checked == "size", report
+    assert set(report.files) == {"adapter/adapter_model.safetensors", "adapter/adapter_config.json",
+                                 "training_summary.json", "metrics.jsonl", "logs/run.log", "checkpoints.json"}
     from safetensors.torch import load_file
 
     tensors = load_file(tmp_path / "art" / "adapter" / "adapter_model.safetensors")
     assert tensors["lora_A"].shape == (2, 3) and float(tensors["lora_A"].sum()) == 15.0
     assert (tmp_path / "art" / "metrics.jsonl").read_bytes() == (run_dir(run) / layout.METRICS).read_bytes()
-    assert not list((tmp_path / "art").rglob("*.part"))
+    assert not list((tmp_path / "art").rglob("*.part")) and not (tmp_path / "art" / ".incoming").exists()
     out = Collector()
     assert backend.logs(run, False, out) == 0 and out.text() == Path(run.handle["log"]).read_text()
+    assert (tmp_path / "art" / "logs" / "run.log").read_text() == out.text()  # the log is in the run dir
 
 
 def test_secret_never_written_anywhere(fake_run, env, sshd):
@@ -408,7 +413,7 @@ def test_local_demo_end_to_end_over_ssh(sshd, env, tmp_path):
     prof = yaml.safe_load((REPO_ROOT / "clusters" / "local-demo.yaml").read_text())
     prof["train"].update(max_steps=10, eval_steps=5, logging_steps=5)
     prof["train"]["checkpoints"]["save_steps"] = 5
-    prof["outputs"].update(merge=False, export_mlx=False)
+    prof["outputs"].update(merge=False, export_mlx=True)  # the MLX export comes home too (runbook 001)
     path = tmp_path / "local-demo.yaml"
     path.write_text(yaml.safe_dump(prof))
     profile = load_profile(str(path))
@@ -428,8 +433,16 @@ def test_local_demo_end_to_end_over_ssh(sshd, env, tmp_path):
     assert code == 0, out.text()[-3000:]
     st = backend.status(run)
     assert st.state == "completed" and st.step == 10, st
-    got = backend.fetch(run, tmp_path / "art", layout.ARTIFACTS)
-    assert tmp_path / "art" / "adapter" in got
+    from launcher.artifacts import fetch
+
+    report = fetch(backend, run, tmp_path / "art")
+    assert report.ok and report.checked == "sha256" and not report.notes, report  # the real MANIFEST
+    for name in ("adapter/adapter_model.safetensors", "mlx/adapters.safetensors", "mlx/adapter_config.json",
+                 "high_loss_samples.jsonl", "training_summary.json", "loss.png", "data_stats.json",
+                 "checkpoints.json", "metrics.jsonl", "logs/run.log", "MANIFEST.json"):
+        assert (tmp_path / "art" / name).is_file(), name
+    manifest = json.loads((tmp_path / "art" / "MANIFEST.json").read_text())
+    assert manifest["required"] == ["adapter", "training_summary.json", "metrics.jsonl", "mlx"]
     from safetensors.torch import load_file
 
     tensors = load_file(tmp_path / "art" / "adapter" / "adapter_model.safetensors")
