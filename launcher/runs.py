@@ -397,7 +397,6 @@ def down(run_id, fetch_artifacts, merged, dest):
     Example: launch down --fetch-artifacts
     """
     from . import registry
-    from .backends import BackendError
     from .ui import console, hints
 
     if merged and not fetch_artifacts:
