@@ -387,6 +387,26 @@ def test_changed_host_key_always_refused(sshd, env, tmp_path):
     assert other.exists()
 
 
+def test_changed_host_key_hint_is_the_command_that_fixes_it(sshd, env, tmp_path):
+    """Port != 22: known_hosts says `[127.0.0.1]:PORT`; the hint must remove exactly that entry."""
+    import shlex
+    import subprocess
+
+    keygen(tmp_path / "impostor")
+    kind, b64 = (tmp_path / "impostor.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    other = "[10.0.0.9]:2200 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdD7y3aLq454yWBdwLWbieU1ebz9/cu7/QEXn9OIeZJ\n"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {b64}\n" + other)
+    with pytest.raises(BackendError) as e:
+        make_backend(sshd, env, known_hosts=str(known)).probe()
+    hint = str(e.value).split("remove the old key with `")[1].split("`")[0]
+    assert hint == f"ssh-keygen -R '[127.0.0.1]:{sshd.port}' -f {known}"
+    subprocess.run(shlex.split(hint), check=True, capture_output=True, timeout=30)  # what the user runs
+    assert known.read_text() == other  # exactly that entry is gone
+    info = make_backend(sshd, env, known_hosts=str(known), accept_new_host_key=True).probe()
+    assert info["home"].startswith("/")
+
+
 def test_wrong_client_key_is_a_clear_error(sshd, env, tmp_path):
     stranger = keygen(tmp_path / "stranger")
     with pytest.raises(BackendError, match="refused our key"):
