@@ -433,7 +433,7 @@ def _fetch(be, run, target: Path, merged: bool):
     except BackendError as e:
         raise BackendError(f"not tearing down {run.id}: fetching artifacts failed ({e}); {retry}") from None
     for note in report.notes:
-        console().print(f"[yellow]![/] {escape(note)}")
+        console().print(f"[yellow]![/] {escape(note)}", soft_wrap=True)
     if not report.ok:
         raise BackendError(f"not tearing down {run.id}: {'; '.join(report.problems)}; {retry}")
     size = human_size(sum(report.files.values()))

@@ -288,3 +288,158 @@ def test_a_run_without_manifest_fetches_what_exists_by_size(tmp_path, template):
     run.state = "completed"
     report = fetch(be, run, tmp_path / "b" / run.id)
     assert not report.ok and "adapter: missing, yet the run completed" in report.problems
+
+
+# --------------------------------------------------------------------------- hostile machines
+
+HOSTILE_FIND = r"""#!/bin/bash
+# A machine that lies in its listing: paths out of the layout, then the truth.
+printf '%s\t%s\0' 7 ../../.bashrc 7 /etc/cron.d/evil 7 'outputs/adapter/../../../../.profile' \
+  7 $'outputs/adapter/x\n../../y' 7 'outputs/adapter//passwd'
+exec /usr/bin/find "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def hostile_sshd(tmp_path_factory):
+    """An OpenSSH server whose sessions find a lying `find` first on PATH (sshd_config SetEnv)."""
+    ensure_sshd()
+    root = tmp_path_factory.mktemp("hostile")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "find").write_text(HOSTILE_FIND)
+    (bin_dir / "find").chmod(0o755)
+    server = SSHServer(root / "sshd")
+    server.conf.write_text(server.conf.read_text() + f"SetEnv PATH={bin_dir}:{NODE_PATH}\n")
+    yield server.start()
+    server.stop()
+
+
+def _plant_links(rd: Path, secret: Path) -> None:
+    (rd / "outputs/adapter/passwd.json").symlink_to(secret)  # a file link out of the run dir
+    (rd / "outputs/mlx").rename(rd / "outputs/mlx-real")
+    (rd / "outputs/mlx").symlink_to(secret.parent, target_is_directory=True)  # a directory link
+
+
+def _outside(tmp_path: Path, *inside: Path) -> dict[str, bytes]:
+    """Every file under tmp_path except under `inside`: must not change."""
+    return {p.as_posix(): p.read_bytes() for p in tmp_path.rglob("*")
+            if p.is_file() and not p.is_symlink() and not any(p.is_relative_to(i) for i in inside)}
+
+
+def test_hostile_ssh_machine_writes_nothing_outside_dest(hostile_sshd, template, tmp_path):
+    secret = tmp_path / "secrets" / "id_ed25519"
+    secret.parent.mkdir()
+    secret.write_text("PRIVATE KEY")
+    rd = tmp_path / "remote" / "runs" / "evil"
+    shutil.copytree(template, rd)
+    _plant_links(rd, secret)
+    known = tmp_path / "known_hosts"
+    known.write_text(hostile_sshd.known_hosts_line())
+    run = Run(id="evil", profile="local-demo", backend="ssh", state="running",
+              handle={"host": hostile_sshd.host, "known_hosts": str(known),
+                      "identity_file": str(hostile_sshd.client_key), "run_dir": str(rd)})
+    registry.save(run)
+    dest = Path.home() / "artifacts"
+    state = tmp_path / "launch-home"  # the registry records the fetch
+    before = _outside(tmp_path, dest, rd, state)
+
+    r = CliRunner().invoke(cli, ["down", "evil", "--fetch-artifacts", "--dest", str(dest)])
+    assert r.exit_code == 0, r.output
+    refused = [ln for ln in r.output.splitlines() if "refused" in ln]
+    assert len(refused) == 1 and refused[0].startswith("! refused 5 path(s) listed by the machine outside "
+                                                       "the artifact layout ('../../.bashrc', '/etc/cron.d/evil',")
+    assert "nothing was written for them" in refused[0]
+    assert _outside(tmp_path, dest, rd, state) == before and not (Path.home() / ".bashrc").exists()
+    home = dest / "evil"
+    assert not [p for p in home.rglob("*") if p.is_symlink()]
+    assert not any(b"PRIVATE KEY" in p.read_bytes() for p in home.rglob("*") if p.is_file())
+    assert (home / "adapter/adapter_model.safetensors").read_bytes() == \
+        (template / "outputs/adapter/adapter_model.safetensors").read_bytes()
+    assert not (home / "mlx").exists() and not (home / "adapter/passwd.json").exists()
+
+
+def test_hostile_manifest_names_are_refused(template, tmp_path):
+    """The MANIFEST comes from the machine too: its names are confined like any listing."""
+    from launcher.artifacts import fetch
+    from payload import layout
+
+    be, run, rd = _local_run(tmp_path, template)
+    manifest = json.loads((rd / layout.MANIFEST).read_text())
+    real = manifest["files"]["training_summary.json"]
+    for name in ("../../.bashrc", "/etc/passwd", "adapter/../../../x", "logs/run.log", "status.json"):
+        manifest["files"][name] = real
+    (rd / layout.MANIFEST).write_text(json.dumps(manifest))
+    before = _outside(tmp_path, tmp_path / "a", rd)
+    report = fetch(be, run, tmp_path / "a" / "r1")
+    assert report.ok, report
+    (line,) = [n for n in report.notes if "refused" in n]
+    assert line.startswith("refused 5 path(s) named by the MANIFEST outside the artifact layout")
+    assert _outside(tmp_path, tmp_path / "a", rd) == before
+    assert "training_summary.json" in report.files
+
+
+def test_local_fetch_never_follows_symlinks(template, tmp_path):
+    from launcher.artifacts import fetch
+
+    secret = tmp_path / "secrets" / "token"
+    secret.parent.mkdir()
+    secret.write_text("PRIVATE KEY")
+    be, run, rd = _local_run(tmp_path, template, manifest=False, state="running")
+    _plant_links(rd, secret)
+    (rd / "metrics.jsonl").unlink()
+    (rd / "metrics.jsonl").symlink_to(secret)  # a top-level artifact as a link
+    report = fetch(be, run, tmp_path / "a" / "r1")
+    home = tmp_path / "a" / "r1"
+    assert not [p for p in home.rglob("*") if p.is_symlink()]
+    assert not any(b"PRIVATE KEY" in p.read_bytes() for p in home.rglob("*") if p.is_file())
+    assert not (home / "metrics.jsonl").exists() and not (home / "mlx").exists()
+    assert report.ok and (home / "adapter/adapter_model.safetensors").is_file()
+
+
+def test_rsync_brings_no_symlink_and_bucket_keys_stay_confined(template, tmp_path, sshd, monkeypatch):
+    """SkyPilot's two routes: rsync (--no-links, an exact --files-from list) from a cluster that
+    planted links, and S3 keys that climb out of the run's prefix."""
+    from launcher.artifacts import fetch
+    from launcher.backends import skypilot as sp
+
+    secret = tmp_path / "secrets" / "token"
+    secret.parent.mkdir()
+    secret.write_text("PRIVATE KEY")
+    fake = FakeSky(monkeypatch)
+    rd = tmp_path / "volume" / "runs" / "r1"
+    shutil.copytree(template, rd)
+    _plant_links(rd, secret)
+    fake.results["status"] = [{"name": "r1", "status": "UP"}]
+    _cluster_ssh_config(sshd, "r1", tmp_path)
+    run = Run(id="r1", profile="sonia-h100", backend="skypilot", cluster="r1", state="running",
+              handle={"kind": "cluster", "cluster": "r1", "job_id": 7, "run_dir": str(rd)})
+    from launcher.backends import skypilot_files
+
+    real_list = skypilot_files.list_command  # and the listing lies: the file link is "a regular file"
+    monkeypatch.setattr(skypilot_files, "list_command", lambda d, roots: "printf '%s\\t%s\\0' 11 "
+                        "outputs/adapter/passwd.json; " + real_list(d, roots))
+    report = fetch(sp.SkyPilotBackend(), run, Path.home() / "a" / "r1")
+    home = Path.home() / "a" / "r1"
+    assert report.problems == ["adapter/passwd.json: did not arrive"]  # rsync --no-links skipped it
+    assert (home / "adapter/adapter_model.safetensors").is_file()
+    assert not [p for p in home.rglob("*") if p.is_symlink()] and not (home / "mlx").exists()
+    assert not any(b"PRIVATE KEY" in p.read_bytes() for p in home.rglob("*") if p.is_file())
+
+    clients = _runpod_edge(monkeypatch, fake, tmp_path / "volume")
+    real_init = FakeS3.__init__
+    planted = {"runs/m1/outputs/adapter/../../../../../.bashrc": b"evil", "runs/m1/../../.profile": b"evil",
+               "runs/m1/outputs/adapter/\n../x": b"evil"}
+    monkeypatch.setattr(FakeS3, "__init__", lambda self, *a, **k: real_init(self, *a, extra=planted, **k))
+    shutil.copytree(template, tmp_path / "volume" / "runs" / "m1")
+    managed = Run(id="m1", profile="lovecraft-a100-spot", backend="skypilot", state="running",
+                  handle={"kind": "managed_job", "job_id": 3, "job_name": "m1",
+                          "volume": {"name": "lovecraft-workspace", "type": "runpod-network-volume",
+                                     "zone": "US-CA-2", "key_prefix": "runs"}})
+    before = _outside(Path.home().parent, Path.home() / "b")
+    report = fetch(sp.SkyPilotBackend(), managed, Path.home() / "b" / "m1")
+    assert report.ok, report
+    (line,) = [n for n in report.notes if "refused" in n]
+    assert line.startswith("refused 2 path(s) listed by the machine")  # the 3rd key is under no root
+    assert _outside(Path.home().parent, Path.home() / "b") == before and clients
+    assert not any(k for _, kw in clients[0].calls for k in [kw.get("Key", "")] if ".." in k)
