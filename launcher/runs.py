@@ -466,4 +466,4 @@ def print_summary(run, target: Path) -> None:
     names = [a.name + ("/" if a.directory else "") for a in layout.ARTIFACTS if (target / a.name).exists()]
     names += [layout.LOCAL_MANIFEST] if (target / layout.LOCAL_MANIFEST).exists() else []
     c.print(f"  artifacts: {target.resolve()}", markup=False, soft_wrap=True)
-    c.print(f"    {' '.join(names) or '(none)'}", markup=False)
+    c.print(f"    {' '.join(names) or '(none)'}", markup=False, soft_wrap=True)
