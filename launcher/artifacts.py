@@ -32,6 +32,8 @@ from typing import Optional
 from payload import layout
 from payload.manifest import checkpoint_row, sha256_file
 
+from .backends import BackendError
+
 INCOMING = ".incoming"
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SAFETENSORS_HEADER = 100 << 20
@@ -181,16 +183,16 @@ def confined_target(dest: Path, name: str) -> Path:
     `..`, an absolute path, or a symlink already inside `dest`)."""
     rel = layout.clean_relpath(name)
     if rel is None:
-        raise ValueError(f"{name!r} is not a relative path inside {dest}")
+        raise BackendError(f"{name!r} is not a relative path inside {dest}")
     cur = dest
     for part in rel.split("/")[:-1]:
         cur = cur / part
         if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
-            raise ValueError(f"{cur} is not a plain directory inside {dest}")
+            raise BackendError(f"{cur} is a symlink or a file, not a directory: remove it or use another --dest")
         cur.mkdir(exist_ok=True)
     target = dest / rel
     if not target.parent.resolve().is_relative_to(dest):
-        raise ValueError(f"{name!r} resolves outside {dest}")
+        raise BackendError(f"{name!r} resolves outside {dest}: use another --dest")
     return target
 
 

@@ -443,3 +443,22 @@ def test_rsync_brings_no_symlink_and_bucket_keys_stay_confined(template, tmp_pat
     assert line.startswith("refused 2 path(s) listed by the machine")  # the 3rd key is under no root
     assert _outside(Path.home().parent, Path.home() / "b") == before and clients
     assert not any(k for _, kw in clients[0].calls for k in [kw.get("Key", "")] if ".." in k)
+
+
+def test_a_symlink_already_in_dest_is_never_written_through(template, tmp_path):
+    from launcher.artifacts import fetch
+    from launcher.backends import BackendError
+
+    be, run, _ = _local_run(tmp_path, template)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    home = tmp_path / "a" / "r1"
+    home.mkdir(parents=True)
+    (home / "adapter").symlink_to(elsewhere, target_is_directory=True)
+    (home / "loss.png").symlink_to(tmp_path / "victim.png")
+    with pytest.raises(BackendError, match="adapter is a symlink or a file, not a directory: remove it"):
+        fetch(be, run, home)
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "victim.png").exists()
+    (home / "adapter").unlink()
+    assert fetch(be, run, home).ok  # a file link is replaced, never written through
+    assert not (home / "loss.png").is_symlink() and not (tmp_path / "victim.png").exists()
