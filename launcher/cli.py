@@ -64,7 +64,7 @@ def cli():
       launch plan sonia-h100          what it will run, where, how long, what it costs
       launch up sonia-h100            render the SkyPilot task, upload, start
       launch logs --follow            follow training
-      launch down --fetch-artifacts   tear down, bring the adapter home
+      launch down --fetch-artifacts   bring the artifacts home verified, then tear down
     """
 
 

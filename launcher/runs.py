@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -32,7 +31,8 @@ TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a profile value (YAML), e.g. --set train.max_steps=10 (local/ssh backends).")
 @click.option("--follow", is_flag=True, help="Follow the logs after starting.")
-def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, follow):
+@click.option("--dry-run", is_flag=True, help="Render and check, print what would be uploaded and started; start nothing.")
+def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, follow, dry_run):
     """Render the SkyPilot task, upload the payload, start the run (detached).
 
     Example: launch up local-demo --follow
@@ -55,6 +55,8 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     source = "registry"
     if not resuming:
         run.price_per_hour, source = _price(p, backend)
+    if dry_run:
+        return _dry_run(p, run, backend, source)
     task_yaml, config_yaml = _render_for_run(p, run, backend, source)
     options = {"local": {"num_nodes": nodes}, "skypilot": {},
                "ssh": {"host": host, "accept_new_host_key": accept_new_host_key, "identity_file": identity_file}}
@@ -182,6 +184,40 @@ def _render_for_run(p, run, backend: str, price_source: str):
     (d / "task.yaml").write_text(task_text)
     (d / f"{p.name}.yaml").write_text(config_text)
     return d / "task.yaml", d / f"{p.name}.yaml"
+
+
+def _dry_run(p, run, backend: str, price_source: str) -> None:
+    """`up --dry-run`: the task rendered (cloud: the committed sky/ file, as `launch render` writes
+    it; otherwise into a temp dir), parsed by SkyPilot for the skypilot backend, and the upload list."""
+    import tempfile
+
+    import yaml
+
+    from .render import render_text
+    from .uploads import print_dry_run
+
+    if backend == "skypilot":
+        task_yaml, config_yaml = _render_for_run(p, run, backend, price_source)
+        from .catalog import import_sky_offline
+
+        config = yaml.safe_load(task_yaml.read_text())
+        config.pop("workdir", None)
+        import_sky_offline().Task.from_yaml_config(config)  # SkyPilot's parser: schema errors raise
+        checked = f"{task_yaml.relative_to(Path.cwd()) if task_yaml.is_relative_to(Path.cwd()) else task_yaml}, parsed by SkyPilot"
+    else:
+        d = Path(tempfile.mkdtemp(prefix="launch-dry-run-"))
+        task_text, config_text = render_text(p, run.price_per_hour)
+        task_yaml, config_yaml = d / "task.yaml", d / f"{p.name}.yaml"
+        task_yaml.write_text(task_text)
+        config_yaml.write_text(config_text)
+        checked = f"rendered from {p.name}'s profile for the {backend} backend (a per-run copy)"
+    try:
+        print_dry_run(p, backend, run.id, task_yaml, config_yaml, checked)
+    finally:
+        if backend != "skypilot":
+            import shutil
+
+            shutil.rmtree(task_yaml.parent, ignore_errors=True)
 
 
 def backend_for(run):
@@ -351,80 +387,86 @@ def cost(as_json):
 
 @click.command()
 @click.argument("run_id", required=False)
-@click.option("--fetch-artifacts", is_flag=True, help="Copy adapter, summary, metrics, plot home first.")
-@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True)
-def down(run_id, fetch_artifacts, dest):
+@click.option("--fetch-artifacts", is_flag=True,
+              help="First bring the adapter, MLX adapter, summary, metrics, plot, data stats, high-loss "
+                   "samples, checkpoint listing and logs home, verified; refuse to tear down if that fails.")
+@click.option("--merged", is_flag=True, help="With --fetch-artifacts: also the merged model (large: 65 GB for 32B).")
+@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True,
+              help="Artifacts go to DEST/<run>/.")
+def down(run_id, fetch_artifacts, merged, dest):
     """Stop a run / tear down its cluster (default: the latest run), optionally fetching artifacts first.
 
     Example: launch down --fetch-artifacts
     """
-    from payload import layout
-
     from . import registry
-    from .backends import BackendError
     from .ui import console, hints
 
+    if merged and not fetch_artifacts:
+        raise click.BadParameter("--merged goes with --fetch-artifacts", param_hint="--merged")
     run = registry.get(run_id)
     run = _refresh(run)
     be = backend_for(run)
     target = Path(dest) / run.id
     if fetch_artifacts:
-        with console().status(f"fetching artifacts of {run.id}..."):
-            got = be.fetch(run, target, layout.ARTIFACTS)
-        problems = verify_artifacts(target)
-        if problems:
-            raise BackendError(f"not tearing down {run.id}: fetching artifacts failed ({'; '.join(problems)}); "
-                               f"retry `launch down {run.id} --fetch-artifacts`, or tear down without --fetch-artifacts")
-        registry.update(run.id, artifacts=str(target.resolve()))
-        console().print(f"[green]✓[/] {len(got)} artifacts in {target} (checksums in {target}/MANIFEST.json)")
+        report = _fetch(be, run, target, merged)
+        registry.update(run.id, artifacts=str(report.dest))
     with console().status(f"stopping {run.id} (the trainer checkpoints on SIGTERM first)..."):
         be.down(run)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
     console().print(f"[green]✓[/] {run.id} is down ({run.state})")
     if fetch_artifacts:
-        print_summary(run, target)
+        print_summary(run, report.dest)
     else:
         hints(f"launch status {run.id}")
 
 
-def verify_artifacts(target: Path) -> list[str]:
-    """Every artifact present and non-empty, the adapter loadable; writes MANIFEST.json (sha256)."""
-    problems = []
-    required = ("adapter", "training_summary.json", "metrics.jsonl")
-    for name in required:
-        p = target / name
-        if not p.exists() or (p.is_file() and p.stat().st_size == 0):
-            problems.append(f"{name} missing")
-    weights = list((target / "adapter").glob("*.safetensors")) if (target / "adapter").exists() else []
-    if (target / "adapter").exists() and not weights:
-        problems.append("adapter has no .safetensors weights")
-    for w in weights:
-        try:
-            header = int.from_bytes(w.read_bytes()[:8], "little")
-            json.loads(w.read_bytes()[8:8 + header])
-        except (ValueError, OSError):
-            problems.append(f"{w.name} is not a valid safetensors file")
-    if not problems:
-        manifest = {str(f.relative_to(target)): {"bytes": f.stat().st_size,
-                                                 "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
-                    for f in sorted(target.rglob("*")) if f.is_file() and f.name != "MANIFEST.json"}
-        (target / "MANIFEST.json").write_text(json.dumps(manifest, indent=2))
-    return problems
+def _fetch(be, run, target: Path, merged: bool):
+    """Fetch and verify (launcher.artifacts); one ✓ line and its notes, or refuse to tear down."""
+    from rich.markup import escape
+
+    from .artifacts import fetch, human_size
+    from .backends import BackendError
+    from .ui import console
+
+    retry = f"retry `launch down {run.id} --fetch-artifacts`, or tear down without --fetch-artifacts"
+    try:
+        with console().status(f"fetching artifacts of {run.id}..."):
+            report = fetch(be, run, target, merged=merged)
+    except BackendError as e:
+        raise BackendError(f"not tearing down {run.id}: fetching artifacts failed ({e}); {retry}") from None
+    for note in report.notes:
+        console().print(f"[yellow]![/] {escape(note)}", soft_wrap=True)
+    if not report.ok:
+        raise BackendError(f"not tearing down {run.id}: {'; '.join(report.problems)}; {retry}")
+    size = human_size(sum(report.files.values()))
+    how = "sha256-verified against the machine's MANIFEST" if report.checked == "sha256" else "sizes checked"
+    console().print(f"[green]✓[/] {len(report.files)} files ({size}) in {escape(str(report.dest))}, "
+                    f"{how}", soft_wrap=True)
+    return report
 
 
 def print_summary(run, target: Path) -> None:
+    """The run in four lines, and what its artifacts directory holds (the artifact layout's names)."""
+    from rich.markup import escape
+
+    from payload import layout
+
     from .ui import console, duration, money
 
     try:
         s = json.loads((target / "training_summary.json").read_text())
     except (OSError, ValueError):
         s = {}
+    s = s if isinstance(s, dict) else {}
     c = console()
-    c.print(f"[bold]{run.id}[/]: {s.get('state', run.state)}")
+    c.print(f"[bold]{escape(run.id)}[/]: {escape(str(s.get('state', run.state)))}")
     c.print(f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss {s.get('final_train_loss', s.get('final_loss', '-'))}, "
-            f"eval loss {s.get('final_eval_loss', s.get('best_eval_loss', '-'))}")
+            f"eval loss {s.get('final_eval_loss', s.get('best_eval_loss', '-'))}", markup=False)
     c.print(f"  {duration(run.elapsed_s())} on the machine, {money(run.elapsed_s() / 3600 * run.price_per_hour)} "
             f"at ${run.price_per_hour:.2f}/h ({duration(s.get('duration_s'))} and "
-            f"{money(s.get('cost_usd'))} of it training)")
-    c.print(f"  artifacts: {target.resolve()}" + ("  (loss plot: loss.png)" if (target / "loss.png").exists() else ""))
+            f"{money(s.get('cost_usd'))} of it training)", markup=False)
+    names = [a.name + ("/" if a.directory else "") for a in layout.ARTIFACTS if (target / a.name).exists()]
+    names += [layout.LOCAL_MANIFEST] if (target / layout.LOCAL_MANIFEST).exists() else []
+    c.print(f"  artifacts: {target.resolve()}", markup=False, soft_wrap=True)
+    c.print(f"    {' '.join(names) or '(none)'}", markup=False, soft_wrap=True)

@@ -1,6 +1,7 @@
 """`python -m payload STAGE --config RUN.yaml` - the entry point the rendered SkyPilot task calls.
 
-Stages: preflight, data, train, merge, export, post (merge/export/push as the config asks).
+Stages: preflight, data, train, merge, export, manifest, post (merge/export/push as the config asks,
+then the manifest).
 Each stage is a module with `main(cfg) -> dict`, callable from Python too. A user-fixable problem
 prints one line (`payload: ...`) and exits non-zero; LAUNCH_DEBUG=1 shows the traceback.
 
@@ -30,16 +31,19 @@ STAGES = {
     "train": "payload.train",
     "merge": "payload.merge",
     "export": "payload.export",
+    "manifest": "payload.manifest",
 }
 
 
 def post(cfg) -> dict:
-    """After training (rank 0): merge / push / MLX export, each only when the config asks."""
+    """After training (rank 0): merge / push / MLX export, each only when the config asks, then the
+    manifest of the run's artifacts (sizes + sha256, computed here) that `launch down` verifies."""
     out = {}
     if cfg.outputs.merge or cfg.outputs.push_to_hub:
         out["merge"] = importlib.import_module("payload.merge").main(cfg)
     if cfg.outputs.export_mlx:
         out["export"] = importlib.import_module("payload.export").main(cfg)
+    out["manifest"] = importlib.import_module("payload.manifest").main(cfg)
     return out
 
 

@@ -141,7 +141,9 @@ def test_sonia_cluster_volume_first_autostop_down_and_secrets_by_name_only(fake,
     assert secrets == {"HF_TOKEN": HF, "WANDB_API_KEY": WANDB}
     assert task.managed_secret_refs == []  # else the API server refuses: "No value available for secret"
     assert HF not in getattr(task, "_user_specified_yaml", "")  # the copy SkyPilot stores server-side
-    assert task.workdir == str(REPO_ROOT)
+    # The workdir is the staged upload allowlist (tests/test_contract.py), gone once the request ended.
+    assert Path(task.workdir).name == run.id and Path(task.workdir).parent.name == "workdirs"
+    assert not Path(task.workdir).exists()
     assert ("stream_and_get", ("req:launch",), {"output_stream": None}) in fake.calls
 
     assert run.cluster == "sonia-h100-20260102-030405" and run.job_id == "7" and run.state == "starting"
@@ -595,7 +597,11 @@ def cluster_ssh(tmp_path):
 def test_fetch_and_status_from_a_live_cluster(fake, cluster_ssh, tmp_path):
     run_dir = tmp_path / "volume" / "runs" / "r1"
     (run_dir / "outputs" / "adapter").mkdir(parents=True)
-    (run_dir / "outputs" / "adapter" / "adapter_model.safetensors").write_bytes(os.urandom(300_000))
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"lora_A": np.random.default_rng(0).standard_normal((300, 250), np.float32)},
+              str(run_dir / "outputs" / "adapter" / "adapter_model.safetensors"))
     (run_dir / "outputs" / "adapter" / "adapter_config.json").write_text('{"r": 32}')
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
     (run_dir / "status.json").write_text(json.dumps({"state": "training", "step": 40, "max_steps": 600,
@@ -607,39 +613,58 @@ def test_fetch_and_status_from_a_live_cluster(fake, cluster_ssh, tmp_path):
     assert (st.state, st.step, st.max_steps, st.loss, st.cost_usd) == ("running", 40, 600, 1.25, 3.5)
     assert fake.one("job_status")[1:] == (("r1",), {"job_ids": [7]})
 
-    dest = tmp_path / "artifacts"
-    paths = ("outputs/adapter", "outputs/training_summary.json", "metrics.jsonl")
-    got = sp.SkyPilotBackend().fetch(cluster_run(str(run_dir)), dest, paths)
-    assert got == [dest / "outputs/adapter", dest / "metrics.jsonl"]  # the summary was never written
-    for rel in ("outputs/adapter/adapter_model.safetensors", "outputs/adapter/adapter_config.json",
-                "metrics.jsonl"):
-        assert (dest / rel).read_bytes() == (run_dir / rel).read_bytes()
+    from launcher.artifacts import fetch
+
+    dest = tmp_path / "artifacts" / "r1"
+    report = fetch(sp.SkyPilotBackend(), cluster_run(str(run_dir)), dest)  # no MANIFEST: a run still going
+    assert report.ok and report.checked == "size", report
+    assert set(report.files) == {"adapter/adapter_model.safetensors", "adapter/adapter_config.json",
+                                 "metrics.jsonl", "checkpoints.json", "logs/run.log"}  # no summary yet
+    for rel, name in (("outputs/adapter/adapter_model.safetensors", "adapter/adapter_model.safetensors"),
+                      ("outputs/adapter/adapter_config.json", "adapter/adapter_config.json"),
+                      ("metrics.jsonl", "metrics.jsonl")):
+        assert (dest / name).read_bytes() == (run_dir / rel).read_bytes()
+    assert (dest / "logs/run.log").read_text() == "log of tail_logs\n"  # the job's log, from SkyPilot
 
 
-def test_fetch_detects_a_short_copy(cluster_ssh, tmp_path, monkeypatch):
+def test_fetch_detects_a_short_copy(fake, cluster_ssh, tmp_path, monkeypatch):
+    from launcher.artifacts import fetch
+
     run_dir = tmp_path / "volume" / "runs" / "r1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("x" * 1000)
+    fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
     real_run = sp.subprocess.run
 
     def truncating_run(cmd, **kw):  # the transfer "succeeds" but leaves half a file
         done = real_run(cmd, **kw)
         if cmd[0] == "rsync":
-            target = Path(cmd[-1])
+            target = Path(cmd[-1]) / "metrics.jsonl"
             target.write_text(target.read_text()[:500])
         return done
 
     monkeypatch.setattr(sp.subprocess, "run", truncating_run)
-    with pytest.raises(BackendError, match=r"metrics.jsonl: 1000 bytes on the machine but 500 here"):
-        sp.rsync_fetch("r1", str(run_dir), tmp_path / "dest", ("metrics.jsonl",))
+    report = fetch(sp.SkyPilotBackend(), cluster_run(str(run_dir), state="completed"), tmp_path / "dest")
+    assert "metrics.jsonl: 500 bytes arrived, 1000 on the machine (damaged in transfer: fetch again)" \
+        in report.problems
+    assert "adapter: missing, yet the run completed" in report.problems
+    assert not (tmp_path / "dest" / "metrics.jsonl").exists()
 
 
 # --------------------------------------------------------------- files: RunPod volume via S3 API
 
 
 def test_managed_job_fetch_from_the_runpod_volume_s3_api(fake, monkeypatch, tmp_path):
+    """The RunPod volume's S3 endpoint and bucket come from SkyPilot's volume record and RunPod's
+    REST API; listings follow S3 pagination. (The full layout: tests/test_contract.py.)"""
+    import boto3
     import requests
-    from botocore.stub import Stubber
+
+    try:
+        from artifact_fixtures import FakeS3
+    except ImportError:
+        from tests.artifact_fixtures import FakeS3
+    from launcher.artifacts import fetch
 
     monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
     monkeypatch.setenv("RUNPOD_S3_ACCESS_KEY", "user_abc")
@@ -655,45 +680,25 @@ def test_managed_job_fetch_from_the_runpod_volume_s3_api(fake, monkeypatch, tmp_
                     {"id": "vol123", "name": "lovecraft-workspace-1a2b3c", "dataCenterId": "US-CA-2"}]
 
     monkeypatch.setattr(requests, "request", lambda method, url, **kw: Listing())
+    volume = tmp_path / "volume"
+    for i in range(7):  # more objects than one listing page
+        (volume / "runs/m1/outputs/adapter").mkdir(parents=True, exist_ok=True)
+        (volume / f"runs/m1/outputs/adapter/part{i}.json").write_text(str(i) * (i + 1))
     clients = []
-    real_init = sp._S3Volume.__init__
-
-    def init_with_stub(self, vol):  # botocore's Stubber answers the S3 HTTP calls
-        real_init(self, vol)
-        stub = Stubber(self.client)
-        clients.append((self.client, stub))
-        prefix = "runs/m1/"
-        stub.add_response("list_objects_v2", {"CommonPrefixes": [{"Prefix": prefix + "outputs/adapter/"}],
-                                              "IsTruncated": False},
-                          {"Bucket": "vol123", "Prefix": prefix + "outputs/adapter", "Delimiter": "/"})
-        stub.add_response("list_objects_v2", {"Contents": [{"Key": prefix + "outputs/adapter/a.safetensors",
-                                                            "Size": 5}], "IsTruncated": False},
-                          {"Bucket": "vol123", "Prefix": prefix + "outputs/adapter/", "Delimiter": "/"})
-        stub.add_response("get_object", {"Body": _body(b"12345"), "ContentLength": 5},
-                          {"Bucket": "vol123", "Key": prefix + "outputs/adapter/a.safetensors"})
-        stub.add_response("list_objects_v2", {"IsTruncated": False},
-                          {"Bucket": "vol123", "Prefix": prefix + "outputs/loss.png", "Delimiter": "/"})
-        stub.activate()
-
-    monkeypatch.setattr(sp._S3Volume, "__init__", init_with_stub)
-    got = sp.SkyPilotBackend().fetch(managed_run(), tmp_path / "a", ("outputs/adapter", "outputs/loss.png"))
-    assert got == [tmp_path / "a" / "outputs/adapter"]
-    assert (tmp_path / "a" / "outputs/adapter/a.safetensors").read_bytes() == b"12345"
-    (client, stub), = clients
-    stub.assert_no_pending_responses()
-    assert client.meta.endpoint_url == "https://s3api-us-ca-2.runpod.io"
-    assert client.meta.region_name == "US-CA-2"
-
-
-def _body(data: bytes):
-    from botocore.response import StreamingBody
-
-    return StreamingBody(io.BytesIO(data), len(data))
+    monkeypatch.setattr(boto3, "client", lambda service, **kw: clients.append(FakeS3(volume, **{
+        k: kw[k] for k in ("endpoint_url", "region_name")})) or clients[-1])
+    report = fetch(sp.SkyPilotBackend(), managed_run(), tmp_path / "a")
+    assert report.ok, report
+    assert {f"adapter/part{i}.json" for i in range(7)} <= set(report.files)
+    assert (tmp_path / "a/adapter/part6.json").read_text() == "6" * 7
+    (client,) = clients
+    assert client.meta.endpoint_url == "https://s3api-us-ca-2.runpod.io" and client.meta.region_name == "US-CA-2"
+    assert {c[1]["Bucket"] for c in client.calls} == {"vol123"}
 
 
 def test_managed_job_fetch_without_s3_keys_says_which(fake):
     with pytest.raises(BackendError, match="set RUNPOD_S3_ACCESS_KEY and RUNPOD_S3_SECRET_KEY"):
-        sp.SkyPilotBackend().fetch(managed_run(), Path("unused"), ("metrics.jsonl",))
+        sp.SkyPilotBackend().list_files(managed_run(), ("metrics.jsonl",))
 
 
 def test_launch_up_with_a_live_price_keeps_the_committed_tasks_fresh(fake, monkeypatch):

@@ -237,21 +237,25 @@ def test_logs_follow_survives_dropped_connection(fake_run, sshd):
 
 
 def test_completed_status_and_fetch_verified(fake_run, tmp_path):
+    from launcher.artifacts import fetch
+
     backend, run = fake_run
     release(run)
     st = wait_state(backend, run, ("completed", "failed"))
     assert st.state == "completed" and st.reason is None
-    got = backend.fetch(run, tmp_path / "art", layout.ARTIFACTS)
-    assert got == [tmp_path / "art" / "adapter", tmp_path / "art" / "training_summary.json",
-                   tmp_path / "art" / "metrics.jsonl"]  # no loss plot / data stats in this run
+    report = fetch(backend, run, tmp_path / "art")  # this scripted run writes no MANIFEST: sizes checked
+    assert report.ok and report.checked == "size", report
+    assert set(report.files) == {"adapter/adapter_model.safetensors", "adapter/adapter_config.json",
+                                 "training_summary.json", "metrics.jsonl", "logs/run.log", "checkpoints.json"}
     from safetensors.torch import load_file
 
     tensors = load_file(tmp_path / "art" / "adapter" / "adapter_model.safetensors")
     assert tensors["lora_A"].shape == (2, 3) and float(tensors["lora_A"].sum()) == 15.0
     assert (tmp_path / "art" / "metrics.jsonl").read_bytes() == (run_dir(run) / layout.METRICS).read_bytes()
-    assert not list((tmp_path / "art").rglob("*.part"))
+    assert not list((tmp_path / "art").rglob("*.part")) and not (tmp_path / "art" / ".incoming").exists()
     out = Collector()
     assert backend.logs(run, False, out) == 0 and out.text() == Path(run.handle["log"]).read_text()
+    assert (tmp_path / "art" / "logs" / "run.log").read_text() == out.text()  # the log is in the run dir
 
 
 def test_secret_never_written_anywhere(fake_run, env, sshd):
@@ -383,6 +387,26 @@ def test_changed_host_key_always_refused(sshd, env, tmp_path):
     assert other.exists()
 
 
+def test_changed_host_key_hint_is_the_command_that_fixes_it(sshd, env, tmp_path):
+    """Port != 22: known_hosts says `[127.0.0.1]:PORT`; the hint must remove exactly that entry."""
+    import shlex
+    import subprocess
+
+    keygen(tmp_path / "impostor")
+    kind, b64 = (tmp_path / "impostor.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    other = "[10.0.0.9]:2200 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdD7y3aLq454yWBdwLWbieU1ebz9/cu7/QEXn9OIeZJ\n"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {b64}\n" + other)
+    with pytest.raises(BackendError) as e:
+        make_backend(sshd, env, known_hosts=str(known)).probe()
+    hint = str(e.value).split("remove the old key with `")[1].split("`")[0]
+    assert hint == f"ssh-keygen -R '[127.0.0.1]:{sshd.port}' -f {known}"
+    subprocess.run(shlex.split(hint), check=True, capture_output=True, timeout=30)  # what the user runs
+    assert known.read_text() == other  # exactly that entry is gone
+    info = make_backend(sshd, env, known_hosts=str(known), accept_new_host_key=True).probe()
+    assert info["home"].startswith("/")
+
+
 def test_wrong_client_key_is_a_clear_error(sshd, env, tmp_path):
     stranger = keygen(tmp_path / "stranger")
     with pytest.raises(BackendError, match="refused our key"):
@@ -400,14 +424,15 @@ def test_unreachable_host_status_does_not_raise(env):
 # ------------------------------------------------------------------------ the real local-demo run
 
 
-def demo_spec(tmp_path: Path, run_id: str, run: Run | None = None, **train) -> LaunchSpec:
+def demo_spec(tmp_path: Path, run_id: str, run: Run | None = None, export_mlx: bool = False,
+              **train) -> LaunchSpec:
     """The real local-demo task (tiny model, CPU), rendered with `train` overrides."""
     from launcher.profile import load_profile
     from launcher.render import render_text
 
     prof = yaml.safe_load((REPO_ROOT / "clusters" / "local-demo.yaml").read_text())
     prof["train"].update(train)
-    prof["outputs"].update(merge=False, export_mlx=False)
+    prof["outputs"].update(merge=False, export_mlx=export_mlx)  # the MLX export comes home too (runbook 001)
     d = tmp_path / run_id
     d.mkdir(exist_ok=True)
     (d / "local-demo.yaml").write_text(yaml.safe_dump(prof))
@@ -424,7 +449,7 @@ def demo_spec(tmp_path: Path, run_id: str, run: Run | None = None, **train) -> L
 
 @pytest.mark.slow
 def test_local_demo_end_to_end_over_ssh(sshd, env, tmp_path):
-    spec = demo_spec(tmp_path, "demo-ssh", max_steps=10, eval_steps=5, logging_steps=5,
+    spec = demo_spec(tmp_path, "demo-ssh", export_mlx=True, max_steps=10, eval_steps=5, logging_steps=5,
                      checkpoints={"save_steps": 5, "keep_best": 1, "keep_recent": 2})
     backend = make_backend(sshd, env)
     run = backend.up(spec)
@@ -434,8 +459,16 @@ def test_local_demo_end_to_end_over_ssh(sshd, env, tmp_path):
     assert code == 0, out.text()[-3000:]
     st = backend.status(run)
     assert st.state == "completed" and st.step == 10, st
-    got = backend.fetch(run, tmp_path / "art", layout.ARTIFACTS)
-    assert tmp_path / "art" / "adapter" in got
+    from launcher.artifacts import fetch
+
+    report = fetch(backend, run, tmp_path / "art")
+    assert report.ok and report.checked == "sha256" and not report.notes, report  # the real MANIFEST
+    for name in ("adapter/adapter_model.safetensors", "mlx/adapters.safetensors", "mlx/adapter_config.json",
+                 "high_loss_samples.jsonl", "training_summary.json", "loss.png", "data_stats.json",
+                 "checkpoints.json", "metrics.jsonl", "logs/run.log", "MANIFEST.json"):
+        assert (tmp_path / "art" / name).is_file(), name
+    manifest = json.loads((tmp_path / "art" / "MANIFEST.json").read_text())
+    assert manifest["required"] == ["adapter", "training_summary.json", "metrics.jsonl", "mlx"]
     from safetensors.torch import load_file
 
     tensors = load_file(tmp_path / "art" / "adapter" / "adapter_model.safetensors")

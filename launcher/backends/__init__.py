@@ -85,9 +85,18 @@ class Backend(abc.ABC):
     def down(self, run: Run) -> None:
         """Stop the run and release what bills (cluster, pod process, managed job)."""
 
+    # Files: backends only move bytes. Layout, confinement and verification are launcher.artifacts'.
+
     @abc.abstractmethod
-    def fetch(self, run: Run, dest: Path, paths: tuple[str, ...]) -> list[Path]:
-        """Copy run-dir-relative `paths` (files or directories) into `dest`; return what arrived."""
+    def list_files(self, run: Run, roots: tuple[str, ...]) -> dict[str, int]:
+        """{path: bytes} of the regular files at or under the run-dir-relative `roots` on the machine
+        (symlinks left out; roots that do not exist give nothing). Paths are reported as the machine
+        says them: the caller confines them."""
+
+    @abc.abstractmethod
+    def copy_files(self, run: Run, rels: list[str], into: Path) -> None:
+        """Copy each run-dir-relative file in `rels` (clean relative paths) to `into/<rel>` as a regular
+        file, never creating or following a symlink on this side; raise BackendError if one fails."""
 
 
 def get_backend(name: str, **options) -> Backend:

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from payload import layout
+from payload.manifest import regular_files
 
 from ..registry import Run
 from ..state import state_dir
@@ -47,6 +49,9 @@ rc=0
 for p in "${pids[@]}"; do wait "$p" || { r=$?; [ "$rc" = 0 ] && rc=$r; }; done
 echo "$rc" > ../exit_code.tmp && mv ../exit_code.tmp ../exit_code
 """
+
+
+COPY_BLOCK = 8 << 20
 
 
 def free_port() -> int:
@@ -84,7 +89,7 @@ class LocalBackend(Backend):
         _check_disk(home.parent)
         home.mkdir(parents=True, exist_ok=True)
         volume.mkdir(parents=True, exist_ok=True)
-        _copy_workdir(home / "workdir", spec.config_yaml, (task.get("envs") or {}).get("LAUNCH_CONFIG"))
+        _copy_workdir(home / "workdir", spec.profile, spec.config_yaml, (task.get("envs") or {}).get("LAUNCH_CONFIG"))
         overrides = {
             **spec.envs,
             "LAUNCH_LOCAL": "1",
@@ -189,21 +194,36 @@ class LocalBackend(Backend):
 
     # --------------------------------------------------------------------------------- fetch
 
-    def fetch(self, run: Run, dest: Path, paths: tuple[str, ...]) -> list[Path]:
-        src_root = self.run_dir(run)
-        got = []
-        for rel in paths:
-            src = src_root / rel
-            if not src.exists():
+    def list_files(self, run: Run, roots: tuple[str, ...]) -> dict[str, int]:
+        root = self.run_dir(run)
+        real = root.resolve()
+        found: dict[str, int] = {}
+        for rel in roots:
+            top = root / rel
+            if top.exists() and top.resolve().is_relative_to(real):  # not through a symlinked parent
+                found.update({r: p.lstat().st_size for r, p in regular_files(root, rel).items()})
+        return found
+
+    def copy_files(self, run: Run, rels: list[str], into: Path) -> None:
+        """Plain copies that never follow a symlink out of the run directory (O_NOFOLLOW, and every
+        parent resolved inside it)."""
+        root = self.run_dir(run)
+        real = root.resolve()
+        for rel in rels:
+            src = root / rel
+            if not src.parent.resolve().is_relative_to(real):
+                continue  # through a symlinked directory: not the run's file
+            try:
+                fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+            except (FileNotFoundError, OSError):  # vanished, or a symlink (ELOOP): verification says so
                 continue
-            target = dest / Path(rel).name
-            if src.is_dir():
-                shutil.copytree(src, target, dirs_exist_ok=True)
-            else:
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    continue
+                target = into / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, target)
-            got.append(target)
-        return got
+                with open(target, "wb") as out:
+                    shutil.copyfileobj(f, out, COPY_BLOCK)
 
 
 def _signal_group(pgid: int, sig) -> None:
@@ -241,10 +261,9 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _copy_workdir(dest: Path, config_yaml: Path, config_rel: str | None) -> None:
-    """What SkyPilot uploads as the workdir: payload/, sky/ and data/ of the repo, with the run's
-    resolved config at the path the task's LAUNCH_CONFIG names."""
-    for rel, src in workdir_files(config_yaml, config_rel or f"sky/config/{config_yaml.name}").items():
+def _copy_workdir(dest: Path, profile, config_yaml: Path, config_rel: str | None) -> None:
+    """What SkyPilot uploads as the workdir (the upload allowlist)."""
+    for rel, src in workdir_files(profile, config_yaml, config_rel or f"sky/config/{config_yaml.name}").items():
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)

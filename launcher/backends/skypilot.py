@@ -30,8 +30,10 @@ from payload.errors import END_STATES
 
 from ..profile import CATALOG_DIR, REPO_ROOT
 from ..registry import ACTIVE_STATES, STATES, Run
+from ..uploads import remove_staged, stage_workdir
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
 from . import skypilot_control as control
+from .tasks import workdir_files
 
 PRICE_TIMEOUT_S = 120
 # RunPod datacenters with the S3-compatible API (docs.runpod.io/storage/s3-api); new volumes are
@@ -240,9 +242,10 @@ def build_task(spec: LaunchSpec):
     config["secrets"] = {**inline, **{k: None for k in given}}
     if not config["secrets"]:
         config.pop("secrets")
-    workdir = config.get("workdir")
-    if workdir and not Path(workdir).is_absolute():  # rendered tasks say `workdir: .` = repo root
-        config["workdir"] = str((task_yaml.parent.parent / workdir).resolve())
+    if config.get("workdir"):  # rendered tasks say `workdir: .`; upload exactly the allowlist instead
+        config_rel = (config.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
+        files = workdir_files(spec.profile, Path(spec.config_yaml), config_rel)
+        config["workdir"] = str(stage_workdir(spec.run.id, files))
     envs = {**spec.envs, "LAUNCH_RUN_ID": spec.run.id}
     return sky.Task.from_yaml_config(config, env_overrides=list(envs.items()),
                                      secrets_overrides=list(given.items()))
@@ -281,6 +284,7 @@ class SkyPilotBackend(Backend):
 
     def __init__(self, out: Optional[TextIO] = None):
         self.out = out  # where SkyPilot's provisioning log streams (None: the console)
+        self._routes: dict[str, RunFiles] = {}
 
     # -- up
 
@@ -325,6 +329,8 @@ class SkyPilotBackend(Backend):
             run.cluster = cluster_name(run.id)
             handle["cluster"] = run.cluster
             job_id, reason = self._launch_cluster(sky, task, run.cluster, p)
+        if reason is None:  # the request has read the staged workdir (a detached one may still)
+            remove_staged(run.id)
         handle["job_id"] = job_id
         run.job_id = None if job_id is None else str(job_id)
         run.handle = {**run.handle, **handle}
@@ -537,18 +543,16 @@ class SkyPilotBackend(Backend):
 
     # -- fetch
 
-    def fetch(self, run: Run, dest: Path, paths: tuple[str, ...]) -> list[Path]:
-        h = run.handle
-        if h.get("kind") == "cluster" and self._cluster_up(run):
-            return rsync_fetch(run.cluster, h["run_dir"], Path(dest), paths)
-        if _s3_ready(h, explain=True):
-            prefix = f"{h['volume']['key_prefix']}/{run.id}"
-            return _S3Volume(h["volume"]).fetch(prefix, Path(dest), paths)
-        bucket, hub = h.get("bucket"), h.get("push_to_hub")
-        where = (f"bucket {bucket['name']} ({bucket['store']}; `sky storage ls`)" if bucket else
-                 f"volume {(h.get('volume') or {}).get('name')}" if h.get("volume") else "its disk, now gone")
-        hint = f"; the model was pushed to the hub: `huggingface-cli download {hub}`" if hub else ""
-        raise BackendError(f"run {run.id}: the cluster is gone and its files are on {where}{hint}")
+    def list_files(self, run: Run, roots: tuple[str, ...]) -> dict[str, int]:
+        return self._files(run).list(roots)
+
+    def copy_files(self, run: Run, rels: list[str], into: Path) -> None:
+        self._files(run).copy(rels, into)
+
+    def _files(self, run: Run) -> RunFiles:
+        if run.id not in self._routes:  # decided once per run: a cluster may autostop meanwhile
+            self._routes[run.id] = RunFiles.of(run, lambda: self._cluster_up(run))
+        return self._routes[run.id]
 
     def _cluster_up(self, run: Run) -> bool:
         sky = _sky()
@@ -576,5 +580,5 @@ def merge_status(state: Optional[str], reason: Optional[str], reported: Optional
 
 
 from .skypilot_files import (  # noqa: E402  (file transfer half, re-exported)
-    _remote_expr, _s3_ready, _S3Volume, _ssh, rsync_fetch,
+    RunFiles, _remote_expr, _s3_ready, _S3Volume, _ssh,
 )

@@ -1,5 +1,6 @@
 """Getting files back from SkyPilot runs: rsync/ssh through SkyPilot's generated SSH config for
 clusters, and the RunPod network volume's S3-compatible API for managed jobs (whose clusters are gone).
+These only move bytes; launcher/artifacts.py confines and verifies them.
 """
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
+from ..artifacts import list_command, parse_listing
 from . import BackendError
 
 SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15")
@@ -49,49 +51,52 @@ def _ssh(host: str, command: str, check: bool = True) -> Optional[str]:
     return done.stdout
 
 
-def _remote_sizes(host: str, run_dir: str, paths: tuple[str, ...]) -> dict[str, int]:
-    """{run-dir-relative file: bytes} for every file under `paths` on the cluster."""
-    listing = _ssh(host, f"cd {_remote_expr(run_dir)} && find {' '.join(map(shlex.quote, paths))} "
-                         "-type f -printf '%s %p\\n' 2>/dev/null; true")
-    sizes = {}
-    for line in (listing or "").splitlines():
-        size, _, rel = line.partition(" ")
-        if size.isdigit() and rel:
-            sizes[rel] = int(size)
-    return sizes
+def cluster_list(host: str, run_dir: str, roots: tuple[str, ...]) -> dict[str, int]:
+    """{run-dir-relative file: bytes} for the regular files under `roots` on the cluster's head node."""
+    return parse_listing(_ssh(host, list_command(_remote_expr(run_dir), roots)) or "")
 
 
-def rsync_fetch(host: str, run_dir: str, dest: Path, paths: tuple[str, ...]) -> list[Path]:
-    """rsync each path from the cluster's run dir into dest, then check every file's size."""
-    sizes = _remote_sizes(host, run_dir, paths)
+def cluster_copy(host: str, run_dir: str, rels: list[str], into: Path) -> None:
+    """rsync exactly `rels` (NUL-separated --files-from) into `into`, keeping their relative paths.
+    `--no-links`: a symlink on the machine is skipped, never recreated here. Files that vanished
+    since the listing (rsync exit 23/24) are left to verification to report."""
+    if not rels:
+        return
     remote_root = run_dir[2:] if run_dir.startswith("~/") else run_dir  # rsync: relative = $HOME
-    arrived = []
-    for rel in paths:
-        is_dir = any(k.startswith(rel.rstrip("/") + "/") for k in sizes)
-        if rel not in sizes and not is_dir:
-            continue  # never produced (e.g. no loss plot): nothing to bring
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        slash = "/" if is_dir else ""
-        cmd = ["rsync", "-az", "-e", shlex.join(_ssh_cmd(host)), f"{host}:{remote_root}/{rel}{slash}",
-               f"{target}{slash}"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=RSYNC_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise BackendError(f"rsync of {rel} from {host} took more than {RSYNC_TIMEOUT_S} s") from None
-        if done.returncode != 0:
-            raise BackendError(f"rsync of {rel} from {host} failed: {done.stderr.strip()[-300:]}")
-        arrived.append(target)
-    _verify_sizes(dest, sizes)
-    return arrived
+    into.mkdir(parents=True, exist_ok=True)
+    cmd = ["rsync", "-t", "--no-links", "--from0", "--files-from=-", "-e", shlex.join(_ssh_cmd(host)),
+           f"{host}:{remote_root}/", f"{into}/"]
+    try:
+        done = subprocess.run(cmd, input="\0".join(rels) + "\0", capture_output=True, text=True,
+                              timeout=RSYNC_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"rsync from {host} took more than {RSYNC_TIMEOUT_S} s") from None
+    if done.returncode not in (0, 23, 24):
+        raise BackendError(f"rsync from {host} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
 
 
-def _verify_sizes(dest: Path, sizes: dict[str, int]) -> None:
-    for rel, size in sizes.items():
-        local = dest / rel
-        have = local.stat().st_size if local.exists() else None
-        if have != size:
-            raise BackendError(f"{rel}: {size} bytes on the machine but {have} here; fetch again")
+class RunFiles(NamedTuple):
+    """How one run's files are listed and copied (`Backend.list_files` / `copy_files`)."""
+
+    list: Callable[[tuple[str, ...]], dict[str, int]]
+    copy: Callable[[list[str], Path], None]
+
+    @classmethod
+    def of(cls, run, cluster_up: Callable[[], bool]) -> "RunFiles":
+        """The cluster over ssh/rsync while it is up, else the RunPod volume's S3 API (managed jobs,
+        or a cluster that autostopped); else one line saying where the files are."""
+        h = run.handle
+        if h.get("kind") == "cluster" and cluster_up():
+            return cls(lambda roots: cluster_list(run.cluster, h["run_dir"], roots),
+                       lambda rels, into: cluster_copy(run.cluster, h["run_dir"], rels, into))
+        if _s3_ready(h, explain=True):
+            volume, prefix = _S3Volume(h["volume"]), f"{h['volume']['key_prefix']}/{run.id}"
+            return cls(lambda roots: volume.list(prefix, roots), lambda rels, into: volume.copy(prefix, rels, into))
+        bucket, hub = h.get("bucket"), h.get("push_to_hub")
+        where = (f"bucket {bucket['name']} ({bucket['store']}; `sky storage ls`)" if bucket else
+                 f"volume {(h.get('volume') or {}).get('name')}" if h.get("volume") else "its disk, now gone")
+        hint = f"; the model was pushed to the hub: `huggingface-cli download {hub}`" if hub else ""
+        raise BackendError(f"run {run.id}: the cluster is gone and its files are on {where}{hint}")
 
 
 # ------------------------------------------------------------------------ files: RunPod S3 API
@@ -152,24 +157,33 @@ class _S3Volume:
     def read(self, key: str) -> str:
         return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
 
-    def fetch(self, prefix: str, dest: Path, paths: tuple[str, ...]) -> list[Path]:
-        arrived, sizes = [], {}
-        for rel in paths:
-            objects = self.objects(f"{prefix}/{rel}")
-            for key, size in objects.items():
-                local = dest / key[len(prefix) + 1:]
-                local.parent.mkdir(parents=True, exist_ok=True)
-                body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
-                tmp = local.with_name(local.name + ".part")
-                with tmp.open("wb") as f:
-                    for chunk in iter(lambda: body.read(8 << 20), b""):
-                        f.write(chunk)
-                tmp.replace(local)
-                sizes[key[len(prefix) + 1:]] = size
-            if objects:
-                arrived.append(dest / rel)
-        _verify_sizes(dest, sizes)
-        return arrived
+    def list(self, prefix: str, roots: tuple[str, ...]) -> dict[str, int]:
+        """{key relative to `prefix`: bytes} under each root (keys outside `prefix/` are reported as
+        they are, so the caller refuses them)."""
+        found = {}
+        for root in roots:
+            for key, size in self.objects(f"{prefix}/{root}").items():
+                found[key[len(prefix) + 1:] if key.startswith(prefix + "/") else key] = size
+        return found
+
+    def copy(self, prefix: str, rels: list[str], into: Path) -> None:
+        """Stream each object `prefix/rel` to `into/rel` (through a .part file)."""
+        from botocore.exceptions import ClientError
+
+        for rel in rels:
+            local = into / rel
+            local.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                body = self.client.get_object(Bucket=self.bucket, Key=f"{prefix}/{rel}")["Body"]
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    continue  # vanished since the listing: verification says so
+                raise BackendError(f"reading {rel} from RunPod volume {self.bucket} failed: {e}") from None
+            tmp = local.with_name(local.name + ".part")
+            with tmp.open("wb") as f:
+                for chunk in iter(lambda: body.read(8 << 20), b""):
+                    f.write(chunk)
+            tmp.replace(local)
 
 
 def _runpod_volume_id(name_on_cloud: str, zone: str) -> str:

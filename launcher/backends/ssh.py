@@ -33,6 +33,7 @@ import paramiko
 
 from payload import layout
 
+from ..artifacts import list_command, parse_listing
 from ..registry import Run
 from . import Backend, BackendError, LaunchSpec, RemoteStatus, end_state
 from .sshconn import (
@@ -199,7 +200,7 @@ class SSHBackend(Backend):
         run_dir = PurePosixPath(layout.run_dir(PurePosixPath(volume), run.id).as_posix())
         log = str(run_dir / layout.LOGS_DIR / "run.log")
         config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
-        self.last_upload = self._sync(conn, root, f"{run_root}/workdir", workdir_files(spec.config_yaml, config_rel))
+        self.last_upload = self._sync(conn, root, f"{run_root}/workdir", workdir_files(spec.profile, spec.config_yaml, config_rel))
         gpus = getattr(getattr(spec.profile, "cluster", None), "gpus_per_node", 0) or info["gpus"]
         env = node_env(task, self._overrides(spec, run, volume, f"{run_root}/workdir"), rank=0,
                        ips=["127.0.0.1"], gpus_per_node=gpus, task_id=run.id)
@@ -393,35 +394,27 @@ class SSHBackend(Backend):
 
     # --------------------------------------------------------------------------------- fetch
 
-    def fetch(self, run: Run, dest: Path, paths: tuple[str, ...]) -> list[Path]:
-        """SFTP run-dir-relative files/directories to `dest/<basename>` (like the local backend),
-        each checked against the remote size and sha256. Paths the run did not produce are skipped."""
-        conn, h = self._conn(run), run.handle
-        run_dir = h.get("run_dir")
-        if not run_dir or not paths:
-            return []
-        quoted = " ".join(shlex.quote(p) for p in paths)
-        sizes = self._sh(conn, f"cd {shlex.quote(run_dir)} && find {quoted} -type f -printf '%s\\t%p\\n' "
-                               "2>/dev/null || true")
-        files = {line.split("\t", 1)[1]: int(line.split("\t", 1)[0]) for line in sizes.splitlines() if "\t" in line}
-        sums = self._remote_sha256(conn, run_dir, sorted(files)) if files else {}
-        got: dict[str, Path] = {}
-        for rel in sorted(files):
-            top = next(p for p in paths if rel == p or rel.startswith(p.rstrip("/") + "/"))
-            local = dest / Path(top).name / PurePosixPath(rel).relative_to(top) if rel != top else dest / Path(top).name
-            self._retry(conn, lambda: self._get_verified(conn, f"{run_dir}/{rel}", local, files[rel], sums.get(rel)))
-            got[top] = dest / Path(top).name
-        return [got[p] for p in paths if p in got]
+    def list_files(self, run: Run, roots: tuple[str, ...]) -> dict[str, int]:
+        conn, run_dir = self._conn(run), run.handle.get("run_dir")
+        if not run_dir or not roots:
+            return {}
+        return parse_listing(self._sh(conn, list_command(shlex.quote(run_dir), roots), timeout=HASH_TIMEOUT))
 
-    def _get_verified(self, conn: _Conn, remote: str, local: Path, size: int, sha: Optional[str]) -> None:
+    def copy_files(self, run: Run, rels: list[str], into: Path) -> None:
+        """SFTP each file to `into/<rel>` (through a .part file, renamed when complete)."""
+        conn, run_dir = self._conn(run), run.handle.get("run_dir")
+        for rel in rels:
+            self._retry(conn, lambda: self._get(conn, f"{run_dir}/{rel}", into / rel))
+
+    @staticmethod
+    def _get(conn: _Conn, remote: str, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(local.name + ".part")
-        conn.sftp().get(remote, str(tmp))
-        got_size, got_sha = tmp.stat().st_size, sha256_file(tmp)
-        if got_size != size or got_sha != sha:
+        try:
+            conn.sftp().get(remote, str(tmp))
+        except FileNotFoundError:  # vanished since the listing: verification says what is missing
             tmp.unlink(missing_ok=True)
-            raise BackendError(f"{remote} arrived damaged ({got_size} bytes, sha256 {got_sha[:12]}; "
-                               f"expected {size} bytes, {str(sha)[:12]}): fetch again")
+            return
         tmp.replace(local)
 
 

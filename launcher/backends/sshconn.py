@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import re
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +110,7 @@ class _Conn:
                 f"HOST KEY CHANGED for {e.hostname}: it presents {key_description(e.key)} but "
                 f"{self.known_hosts} has {key_description(e.expected_key)}. Someone may be intercepting "
                 f"the connection (man-in-the-middle), or the host was rebuilt. Refusing to connect; if "
-                f"you are sure, remove the old key with `ssh-keygen -R '{e.hostname}' -f {self.known_hosts}` "
-                f"and connect again") from None
+                f"you are sure, remove the old key with `{self.forget_command()}` and connect again") from None
         except paramiko.AuthenticationException as e:
             client.close()
             raise BackendError(f"{self.target} refused our key ({e}): add your public key to the host's "
@@ -121,6 +121,13 @@ class _Conn:
         client.get_transport().set_keepalive(15)
         self.client = client
         return client
+
+    def forget_command(self) -> str:
+        """The `ssh-keygen -R` that removes this target's known_hosts entry: OpenSSH (and paramiko)
+        record a non-22 port as `[host]:port`, and `-R host` alone would not match it."""
+        t = self.target
+        entry = t.hostname if t.port == DEFAULT_SSH_PORT else f"[{t.hostname}]:{t.port}"
+        return f"ssh-keygen -R {shlex.quote(entry)} -f {shlex.quote(str(self.known_hosts))}"
 
     def sftp(self) -> paramiko.SFTPClient:
         client = self.open()

@@ -9,15 +9,12 @@ so the exact script that runs in the cloud is the one exercised here.
 from __future__ import annotations
 
 import shlex
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Optional
 
 import yaml
 
-from ..profile import REPO_ROOT
-
-# What is uploaded as the workdir (the rest of the repo stays home). Mirrors `.skyignore`.
-WORKDIR_INCLUDE = ("payload", "sky", "data")
+from ..uploads import upload_plan
 
 
 def load_task(task_yaml: Path) -> dict:
@@ -59,15 +56,7 @@ def export_lines(env: dict[str, str], skip: Optional[set[str]] = None) -> str:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()) if k not in skip)
 
 
-def workdir_files(config_yaml: Path, config_rel: str) -> dict[str, Path]:
-    """What SkyPilot uploads as the workdir (payload/, sky/, data/ of the repo, no caches), with the
-    run's resolved config at the path the task's LAUNCH_CONFIG names."""
-    files: dict[str, Path] = {}
-    for name in WORKDIR_INCLUDE:
-        top = REPO_ROOT / name
-        for p in sorted(top.rglob("*")) if top.is_dir() else []:
-            rel = p.relative_to(REPO_ROOT)
-            if p.is_file() and "__pycache__" not in rel.parts and p.suffix != ".pyc":
-                files[rel.as_posix()] = p
-    files[PurePosixPath(config_rel).as_posix()] = config_yaml
-    return files
+def workdir_files(profile, config_yaml: Path, config_rel: str) -> dict[str, Path]:
+    """What is uploaded as the workdir (launcher/uploads.py: an allowlist of the payload's code, the
+    run's resolved config at the path the task's LAUNCH_CONFIG names, and the profile's data files)."""
+    return upload_plan(profile, config_yaml, config_rel).files

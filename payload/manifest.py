@@ -1,0 +1,139 @@
+"""Manifest stage: what the run produced, with checksums computed here, on the machine that has the bytes.
+
+    python -m payload manifest --config run.yaml    # also the last step of `post`
+
+Writes `{run_dir}/outputs/checkpoints.json` (one row per checkpoint: step, bytes, eval loss,
+complete) and then `{run_dir}/outputs/MANIFEST.json`: every file of every artifact in
+`layout.ARTIFACTS` that exists (keyed by its local-layout name, e.g. `adapter/adapter_model.safetensors`)
+with its size and sha256, streamed in 8 MiB blocks by a few threads (hashlib releases the GIL, and
+the files were just written, so they are usually in the page cache), plus which artifacts the
+launcher must find for this run (`required`). The launcher verifies every file it fetches against
+this, by streaming as well, and refuses to tear down a machine whose artifacts did not come home intact.
+
+Symlinks are never followed nor listed: an artifact is a regular file inside the run directory.
+Live artifacts (logs) are left out: they change after this is written. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+from payload import checkpoints as ck
+from payload import layout
+from payload.money import atomic_write_json, now_iso
+
+log = logging.getLogger("payload.manifest")
+
+BLOCK = 8 << 20
+HASH_THREADS = 8
+FORMAT = 1
+
+
+def sha256_file(path: Path) -> tuple[int, str]:
+    """(bytes, sha256 hex) of a regular file, streamed; refuses to follow a symlink."""
+    h, size = hashlib.sha256(), 0
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        for block in iter(lambda: f.read(BLOCK), b""):
+            h.update(block)
+            size += len(block)
+    return size, h.hexdigest()
+
+
+def regular_files(root: Path, rel: str) -> dict[str, Path]:
+    """{run-dir-relative path: file} of the regular files at/under `root/rel`, never through a symlink."""
+    top = root / rel
+    if top.is_symlink():
+        return {}
+    if top.is_file():
+        return {rel: top}
+    found: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in filenames:
+            p = Path(dirpath) / name
+            if not p.is_symlink() and p.is_file():
+                found[p.relative_to(root).as_posix()] = p
+    return dict(sorted(found.items()))
+
+
+def checkpoint_row(step: int, name: str, size: int, complete: bool, marker: dict) -> dict:
+    """One row of checkpoints.json (the launcher builds the same rows for a run without a MANIFEST)."""
+    return {"step": step, "name": name, "bytes": size, "complete": complete,
+            "eval_loss": marker.get("eval_loss"), "loss": marker.get("loss"), "saved_at": marker.get("saved_at")}
+
+
+def checkpoint_listing(run_dir: Path) -> list[dict]:
+    """One row per `checkpoints/checkpoint-N`: step, bytes, complete, and the marker's eval/train loss."""
+    rows = []
+    for step, path, complete in ck.list_checkpoints(ck.checkpoints_dir(run_dir)):
+        size = sum(p.stat().st_size for p in regular_files(path, ".").values())
+        rows.append(checkpoint_row(step, path.name, size, complete, ck.read_marker(path) if complete else {}))
+    return rows
+
+
+def required_artifacts(cfg, state: Optional[str]) -> list[str]:
+    """Artifact names the launcher must find for this run: none unless it completed."""
+    if state != "completed":
+        return []
+    names = list(layout.REQUIRED_WHEN_COMPLETED)
+    if cfg.outputs.export_mlx:
+        names.append("mlx")
+    if cfg.outputs.merge:
+        names.append("merged")
+    return names
+
+
+def build(run_dir: Path, required: list[str], run_id: Optional[str] = None, state: Optional[str] = None,
+          threads: int = HASH_THREADS) -> dict:
+    """The manifest of what exists under `run_dir` (does not write it)."""
+    run_dir = Path(run_dir)
+    files: dict[str, Path] = {}
+    for a in layout.ARTIFACTS:
+        if a.live or a.source == layout.MANIFEST:
+            continue
+        for rel, path in regular_files(run_dir, a.source).items():
+            found = layout.artifact_for(rel)
+            if found:
+                files[found[1]] = path
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        sums = dict(zip(files, pool.map(sha256_file, files.values())))
+    present = {n.split("/")[0] for n in files}
+    return {
+        "format": FORMAT, "run_id": run_id, "state": state, "written_at": now_iso(), "algorithm": "sha256",
+        "required": required, "missing": [n for n in required if n not in present],
+        "files": {name: {"bytes": size, "sha256": digest} for name, (size, digest) in sums.items()},
+    }
+
+
+def main(cfg) -> dict:
+    """Write the checkpoint listing, then the manifest (last, atomically). Returns a short summary."""
+    rd = cfg.run_dir
+    state = _summary_state(rd)
+    atomic_write_json(rd / layout.CHECKPOINT_LISTING, checkpoint_listing(rd))
+    manifest = build(rd, required_artifacts(cfg, state), cfg.runtime.run_id, state)
+    atomic_write_json(rd / layout.MANIFEST, manifest)
+    total = sum(f["bytes"] for f in manifest["files"].values())
+    log.info("manifest: %d files, %.1f MB, sha256 in %s", len(manifest["files"]), total / 1e6,
+             rd / layout.MANIFEST)
+    if manifest["missing"]:
+        log.warning("manifest: this run should have produced %s but did not", ", ".join(manifest["missing"]))
+    return {"files": len(manifest["files"]), "bytes": total, "missing": manifest["missing"]}
+
+
+def _summary_state(run_dir: Path) -> Optional[str]:
+    """The training state the summary recorded ("completed" once training finished)."""
+    import json
+
+    try:
+        state = json.loads((run_dir / layout.SUMMARY).read_text()).get("state")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return "completed" if state in ("completed", "stopped_early") else state
