@@ -146,8 +146,9 @@ def test_plan_sonia_is_runpod_2x_h100_with_dollars():
 
     plan = plan_profile(load_profile("sonia-h100"))
     assert plan.cloud == "RunPod" and plan.instance_type == "2x_H100-SXM_SECURE"
-    assert plan.price_per_hour == pytest.approx(5.38)  # the runbook's $5.38/h
-    assert 1 < plan.total_hours < 6 and plan.total_usd == pytest.approx(plan.total_hours * 5.38, rel=0.01)
+    price = catalog_row("runpod_vms.csv", "2x_H100-SXM_SECURE")["Price"]  # the runbook paid $5.38/h
+    assert plan.price_per_hour == pytest.approx(float(price))
+    assert 1 < plan.total_hours < 6 and plan.total_usd == pytest.approx(plan.total_hours * float(price), rel=0.01)
     assert plan.alternative["use_spot"] is True
 
 
@@ -156,12 +157,22 @@ def test_plan_multi_node_falls_through_to_a_cloud_that_can():
 
     plan = plan_profile(load_profile("qwen3-32b-4x4-a100"))
     assert plan.cloud == "Azure" and plan.num_nodes == 4 and plan.gpus == 16
-    assert plan.price_per_hour == pytest.approx(4 * 14.69)
+    assert plan.price_per_hour == pytest.approx(4 * float(catalog_row("azure_vms.csv", "Standard_NC96ads_A100_v4", Region="eastus")["Price"]))
 
 
 def test_plan_lovecraft_matches_the_runbook_duration():
     from launcher.plan import plan_profile
 
     plan = plan_profile(load_profile("lovecraft-a100-spot"))
-    assert plan.use_spot and plan.price_per_hour == pytest.approx(0.82)
+    spot = catalog_row("runpod_vms.csv", "1x_A100-80GB_SECURE")["SpotPrice"]
+    assert plan.use_spot and plan.price_per_hour == pytest.approx(float(spot))
     assert 6 < plan.train_hours < 8.5  # runbook: ~7 h for 600 steps
+
+
+def catalog_row(extract: str, instance_type: str, **match) -> dict:
+    """The first row of the committed catalog extract for an instance type (prices are never typed here)."""
+    from launcher.catalog.build_snapshot import EXTRACT, read_extract
+
+    _, header, rows = read_extract(EXTRACT / extract)
+    found = (dict(zip(header, r)) for r in rows if r[0] == instance_type)
+    return next(r for r in found if all(r[k] == v for k, v in match.items()))

@@ -335,9 +335,11 @@ def test_price_from_runpod_api_then_catalog_then_profile(monkeypatch):
 
     # SkyPilot's optimizer on the snapshot (in a child process: see sp._catalog_price).
     runpod_graphql(monkeypatch, ConnectionError("api.runpod.io unreachable"))
-    assert sp.hourly_price(sonia) == (5.38, "catalog 2026-11-21")
+    from launcher.catalog import SNAPSHOT_DATE
+
+    assert sp.hourly_price(sonia) == (6.58, f"catalog {SNAPSHOT_DATE}")  # extract: 2x_H100-SXM $6.58/h
     monkeypatch.delenv("RUNPOD_API_KEY")
-    assert sp.hourly_price(load_profile("lovecraft-a100-spot")) == (0.82, "catalog 2026-11-21")
+    assert sp.hourly_price(load_profile("lovecraft-a100-spot")) == (1.39, f"catalog {SNAPSHOT_DATE}")
 
     # No instance in the snapshot for 3 GPUs: the profile's own price is the last resort.
     body = yaml.safe_load((REPO_ROOT / "clusters/sonia-h100.yaml").read_text())
