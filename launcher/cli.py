@@ -78,12 +78,20 @@ def validate(profile):
 
     Example: launch validate clusters/sonia-h100.yaml
     """
-    from .profile import load_profile
+    from .plan import MEMORY_FIX, memory_verdict
+    from .profile import ProfileError, load_profile, resolve_profile_path
     from .ui import console
 
     p = load_profile(profile)
+    mem = memory_verdict(p)
+    if mem["status"] == "does not fit":
+        raise ProfileError([f"{resolve_profile_path(profile)}: train: GPU memory {mem['detail']} does not fit "
+                            f"{p.cluster.accelerators}; {MEMORY_FIX}"])
     console().print(f"[green]✓[/] {p.name}: valid ({p.cluster.accelerators or 'CPU'} x {p.cluster.num_nodes} "
                     f"node(s), {p.train.method}, {p.model.name_or_path})")
+    if mem["status"] not in ("n/a",):
+        mark = "[yellow]![/]" if mem["status"] in ("tight", "unknown") else "[green]✓[/]"
+        console().print(f"{mark} GPU memory {mem['status']}: {mem['detail']} (estimate, +-20%)")
 
 
 @cli.command()

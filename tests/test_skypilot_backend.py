@@ -179,10 +179,10 @@ def test_qwen_multi_node_cluster_ordered_infra_bucket_no_volume(fake):
     assert "volumes.apply" not in fake.names() and "volumes.ls" not in fake.names()
     (task,), kwargs = fake.one("launch")[1:]
     assert kwargs == {"cluster_name": "qwen3-32b-4x4-a100-1", "idle_minutes_to_autostop": 10, "down": True}
-    assert task.num_nodes == 4
+    assert task.num_nodes == 2
     assert isinstance(task.resources, list)  # `ordered:` keeps the order
     assert [str(r.cloud) for r in task.resources] == ["Kubernetes", "Azure"]
-    assert all(r.accelerators == {"A100-80GB": 4} for r in task.resources)
+    assert all(r.accelerators == {"A100-80GB": 8} for r in task.resources)
     (store,) = task.storage_mounts.values()
     assert list(task.storage_mounts) == ["/checkpoints"] and store.name == "qwen3-32b-checkpoints"
     assert task.volumes == {} and task.secrets == {} and task.managed_secret_refs == []
