@@ -169,6 +169,10 @@ from .runs import cost, down, logs, status, up  # noqa: E402  (click commands; l
 for _cmd in (up, logs, status, down, cost):
     cli.add_command(_cmd)
 
+from .volumes import volumes  # noqa: E402  (click group; imports SkyPilot only when run)
+
+cli.add_command(volumes)
+
 
 def main():
     cli(prog_name="launch")

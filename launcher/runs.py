@@ -379,6 +379,10 @@ def down(run_id, fetch_artifacts, dest):
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
     console().print(f"[green]✓[/] {run.id} is down ({run.state})")
+    from .volumes import still_billing_lines
+
+    for line in still_billing_lines(run):
+        console().print(f"[yellow]![/] still billing: {line}", soft_wrap=True)
     if fetch_artifacts:
         print_summary(run, target)
     else:

@@ -212,11 +212,13 @@ def with_region(profile, region):
 
 
 def test_new_volume_datacenter_follows_cluster_region():
+    from launcher.backends.runpod_volumes import new_volume_infra
+
     sonia = load_profile("sonia-h100")
-    assert sp._volume_infra(with_region(sonia, "RO")) == "runpod/RO/EU-RO-1"
-    assert sp._volume_infra(with_region(sonia, "SE")) == "runpod/SE/EU-SE-1"
+    assert new_volume_infra(with_region(sonia, "RO"), None) == "runpod/RO/EU-RO-1"
+    assert new_volume_infra(with_region(sonia, "SE"), None) == "runpod/SE/EU-SE-1"
     with pytest.raises(BackendError, match="snapshot offers H100-SXM:2 in region ZZ: change cluster"):
-        sp._volume_infra(with_region(sonia, "ZZ"))
+        new_volume_infra(with_region(sonia, "ZZ"), None)
 
 
 def test_no_credentials_says_what_to_run_and_launches_nothing(fake):
