@@ -79,13 +79,22 @@ def validate(profile):
     Example: launch validate clusters/sonia-h100.yaml
     """
     from .checks import load_checked
+    from .plan import MEMORY_FIX, memory_verdict
+    from .profile import ProfileError, resolve_profile_path
     from .ui import console
 
     p, data_files = load_checked(profile)
+    mem = memory_verdict(p)
+    if mem["status"] == "does not fit":
+        raise ProfileError([f"{resolve_profile_path(profile)}: train: GPU memory {mem['detail']} does not fit "
+                            f"{p.cluster.accelerators}; {MEMORY_FIX}"])
     console().print(f"[green]✓[/] {p.name}: valid ({p.cluster.accelerators or 'CPU'} x {p.cluster.num_nodes} "
                     f"node(s), {p.train.method}, {p.model.name_or_path})")
     for line in data_files:
         console().print(f"  data: {line}", soft_wrap=True)
+    if mem["status"] not in ("n/a",):
+        mark = "[yellow]![/]" if mem["status"] in ("tight", "unknown") else "[green]✓[/]"
+        console().print(f"{mark} GPU memory {mem['status']}: {mem['detail']} (estimate, +-20%)")
 
 
 @cli.command()
@@ -162,6 +171,10 @@ from .runs import cost, down, logs, status, up  # noqa: E402  (click commands; l
 
 for _cmd in (up, logs, status, down, cost):
     cli.add_command(_cmd)
+
+from .volumes import volumes  # noqa: E402  (click group; imports SkyPilot only when run)
+
+cli.add_command(volumes)
 
 
 def main():

@@ -1,4 +1,21 @@
-"""`launch plan`: instance, $/hour, hours and dollars for a profile, offline, before money is spent."""
+"""`launch plan`: instance, $/hour, every billed phase, dollars, GPU memory and storage - offline, before
+money is spent.
+
+Phase figures and where they come from (assumptions are called so; measured ones say where):
+- provision: RunPod ~4 min, Azure ~8 min, Kubernetes ~3 min per launch (assumption: pod/VM start,
+  image pull, SkyPilot runtime setup; not measured here)
+- setup: ~2 min (uv install of payload/requirements-gpu.txt, "about a minute" in the rendered `setup`,
+  plus preflight); +5 min when DeepSpeed is used (PyPI ships it as an sdist that builds on every fresh
+  machine: FIELD-NOTES)
+- model download: model size at 108 MB/s (runbook 000: 65 GB in ~10 min over RunPod's network)
+- data: 1 min for hub downloads + records at 62,400/s (README, measured: data stage)
+- training: tokens / (effective tokens/s/GPU x GPUs), network between nodes included (throughput.py)
+- checkpoint saves: size / nodes at 200 MB/s per node (FIELD-NOTES: RunPod volumes 200-400 MB/s)
+- merge: 15 min per 65 GB of model (runbook 000); MLX export ~1 min; full weights written at 200 MB/s
+- upload (push_to_hub): 54 MB/s (runbook 000: 65 GB in ~20 min)
+- idle before autostop: clusters bill `autostop_minutes` after the job before they tear down
+- spot: each expected preemption costs provision + setup + reload + half a checkpoint interval
+"""
 
 from __future__ import annotations
 
@@ -8,19 +25,35 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from payload.memory import dims_from_name, estimate_gpu_memory_gb, lora_trainable_params
+
 from .profile import REPO_ROOT, Profile, total_gpus
 from .render import profile_secrets
-from .throughput import model_size_b, tokens_per_second_per_gpu
+from .storage import checkpoint_gb, disk_needed_gb, model_gb, storage_for
+from .throughput import (GPUS, cross_node_bytes_per_microstep, effective_speed, link_for, model_size_b,
+                         tokens_per_second_per_gpu)
 
 BYTES_PER_TOKEN = 4.0  # ~4 bytes of UTF-8 JSON per token for English chat data (documented guess)
-OVERHEAD_HOURS_CLOUD = 0.3  # setup (~1 min uv), model download (~65 GB at ~200 MB/s), merge/export
-OVERHEAD_HOURS_LOCAL = 0.01
+PROVISION_MIN = {"RunPod": 4.0, "Azure": 8.0, "Kubernetes": 3.0}
+SETUP_MIN, DEEPSPEED_BUILD_MIN = 2.0, 5.0
+DOWNLOAD_MB_S, UPLOAD_MB_S, WRITE_MB_S = 108.0, 54.0, 200.0
+MERGE_MIN_PER_GB = 15.0 / 65.0
+DATA_RECORDS_PER_S, DATA_FIXED_MIN = 62400.0, 1.0
+LOCAL_OVERHEAD_H = 0.01
+TIGHT_FRACTION = 0.9  # as the payload's preflight: above 90% of GPU memory "tight, may OOM"
 
 
 @dataclass
 class DataEstimate:
     records: int
     tokens_per_record: float
+    source: str
+
+
+@dataclass
+class Phase:
+    name: str
+    hours: float
     source: str
 
 
@@ -46,11 +79,22 @@ class Plan:
     total_usd: float
     budget_usd: float
     budget_hours: float
+    phases: list = field(default_factory=list)
+    speed: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    storage: list = field(default_factory=list)
+    disk: dict = field(default_factory=dict)
+    snapshot_date: Optional[str] = None
+    snapshot_warning: Optional[str] = None
     alternative: dict = field(default_factory=dict)
+    layout: dict = field(default_factory=dict)
     secrets: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------ data
 
 
 def estimate_data(p: Profile) -> DataEstimate:
@@ -86,49 +130,145 @@ def _count_records(path: Path) -> int:
     return n - 1 if path.suffix == ".csv" else n
 
 
+def tokens_per_sequence(p: Profile, data: DataEstimate) -> float:
+    return float(p.train.max_seq_length) if p.train.packing else min(data.tokens_per_record, p.train.max_seq_length)
+
+
 def train_tokens(p: Profile, data: DataEstimate) -> float:
     t = p.train
-    per_record = min(data.tokens_per_record, t.max_seq_length)
     if t.max_steps:
-        seqs = t.max_steps * t.per_device_batch_size * t.gradient_accumulation_steps * total_gpus(p)
-        return seqs * (t.max_seq_length if t.packing else per_record)
-    return data.records * per_record * t.epochs
+        return t.max_steps * t.per_device_batch_size * t.gradient_accumulation_steps * total_gpus(p) * \
+            tokens_per_sequence(p, data)
+    return data.records * min(data.tokens_per_record, t.max_seq_length) * t.epochs
+
+
+# ------------------------------------------------------------------------------------ speed / memory
+
+
+def training_speed(p: Profile, data: DataEstimate, instance_type: Optional[str]):
+    """(Speed, source of the compute figure): compute-bound figure, capped by the link between nodes."""
+    size = model_size_b(p.model.name_or_path, tiny=p.model.tiny is not None)
+    tps, src = tokens_per_second_per_gpu(p.cluster.accelerator_name, p.train.method, size)
+    dims = None if p.model.tiny is not None else dims_from_name(p.model.name_or_path)
+    params = dims.params if dims else 0.0
+    trainable = lora_trainable_params(p, dims) if dims and p.train.method != "full" else params
+    ds = p.train.deepspeed
+    cross = cross_node_bytes_per_microstep(p.train.method, ds.zero_stage if ds else None, params, trainable,
+                                           p.train.gradient_accumulation_steps)
+    micro = p.train.per_device_batch_size * max(tokens_per_sequence(p, data), 1.0)
+    return effective_speed(tps, micro, p.cluster.num_nodes, link_for(instance_type), cross), src
+
+
+def memory_verdict(p: Profile) -> dict:
+    """GPU-memory estimate per GPU (payload.memory, as the payload's preflight computes it) vs the GPU."""
+    if p.cluster.is_local or not p.cluster.accelerator_name:
+        return {"status": "n/a", "detail": "CPU"}
+    gpu = GPUS.get(p.cluster.accelerator_name)
+    est = estimate_gpu_memory_gb(p, gpu.memory_gib if gpu else None, total_gpus(p))
+    if not est.get("known"):
+        return {"status": "unknown", "detail": est.get("detail", "model size unknown")}
+    if gpu is None:
+        return {"status": "unknown", "total_gb": est["total_gb"],
+                "detail": f"~{est['total_gb']:g} GiB per GPU; memory of {p.cluster.accelerator_name} unknown"}
+    frac = est["total_gb"] / gpu.memory_gib
+    status = "does not fit" if frac > 1 else ("tight" if frac > TIGHT_FRACTION else "fits")
+    return {"status": status, "total_gb": est["total_gb"], "gpu_gb": gpu.memory_gib,
+            "components_gb": est["components_gb"],
+            "detail": f"~{est['total_gb']:g} of {gpu.memory_gib:g} GiB per GPU ({frac:.0%})"}
+
+
+MEMORY_FIX = ("lower train.per_device_batch_size or max_seq_length, use qlora, add train.deepspeed "
+              "(zero_stage: 3), or pick a GPU with more memory")
+
+
+# ------------------------------------------------------------------------------------------ phases
+
+
+def phases(p: Profile, cloud: str, data: DataEstimate, tokens: float, speed) -> list[Phase]:
+    """Every phase a cloud run bills for, in hours, each with its source (module docstring)."""
+    c, t, gpus = p.cluster, p.train, total_gpus(p)
+    mgb = model_gb(p)
+    setup_min = SETUP_MIN + (DEEPSPEED_BUILD_MIN if t.deepspeed else 0.0)
+    train_h = tokens / (speed.tokens_per_s_per_gpu * gpus) / 3600 if tokens else 0.0
+    out = [Phase("provision", PROVISION_MIN.get(cloud, 5.0) / 60, f"{cloud} start (assumption)"),
+           Phase("setup", setup_min / 60, "uv install + preflight" + (" + deepspeed build" if t.deepspeed else "")),
+           Phase("model download", mgb * 1e3 / DOWNLOAD_MB_S / 3600,
+                 f"{mgb:.0f} GB at {DOWNLOAD_MB_S:g} MB/s (runbook 000); skipped when the volume has it"),
+           Phase("data", (DATA_FIXED_MIN * 60 + data.records / DATA_RECORDS_PER_S) / 3600, "hub download + prep"),
+           Phase("training", train_h, f"{tokens / 1e6:,.1f}M tokens, {speed.bound}-bound")]
+    seq_tokens = t.per_device_batch_size * t.gradient_accumulation_steps * gpus * max(tokens_per_sequence(p, data), 1)
+    steps = t.max_steps or math.ceil(tokens / seq_tokens) if tokens else 0
+    saves = steps // t.checkpoints.save_steps
+    save_h = checkpoint_gb(p) * 1e3 / c.num_nodes / WRITE_MB_S / 3600
+    out.append(Phase("checkpoint saves", saves * save_h, f"{saves} x {checkpoint_gb(p):.1f} GB at {WRITE_MB_S:g} MB/s/node"))
+    out += _finish_phases(p, mgb)
+    if c.use_spot and t.checkpoints.expected_preemption_hours:
+        n = train_h / t.checkpoints.expected_preemption_hours
+        lost_h = (t.checkpoints.save_steps * seq_tokens / (speed.tokens_per_s_per_gpu * gpus)) / 2 / 3600
+        each = out[0].hours + out[1].hours + mgb * 1e3 / WRITE_MB_S / 3600 + lost_h
+        out.append(Phase("spot recoveries", n * each, f"~{n:.1f} preemptions (one per "
+                         f"{t.checkpoints.expected_preemption_hours:g} h, profile)"))
+    elif not c.use_spot:
+        out.append(Phase("idle before autostop", c.autostop_minutes / 60, "cluster.autostop_minutes"))
+    return [Phase(ph.name, round(ph.hours, 4), ph.source) for ph in out if ph.hours > 0]
+
+
+def _finish_phases(p: Profile, mgb: float) -> list[Phase]:
+    o, out = p.outputs, []
+    if p.train.method == "full":
+        out.append(Phase("save final weights", mgb * 1e3 / WRITE_MB_S / 3600, f"{mgb:.0f} GB at {WRITE_MB_S:g} MB/s"))
+    if o.merge or o.push_to_hub:
+        out.append(Phase("merge", mgb * MERGE_MIN_PER_GB / 60, "15 min per 65 GB (runbook 000)"))
+    if o.export_mlx:
+        out.append(Phase("MLX export", 1 / 60, "adapter only"))
+    if o.push_to_hub:
+        out.append(Phase("upload", mgb * 1e3 / UPLOAD_MB_S / 3600, f"{mgb:.0f} GB at {UPLOAD_MB_S:g} MB/s (runbook 000)"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ plan
 
 
 def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog") -> Plan:
     data = estimate_data(p)
     tokens = train_tokens(p, data)
-    size = model_size_b(p.model.name_or_path, tiny=p.model.tiny is not None)
-    tps, tps_src = tokens_per_second_per_gpu(p.cluster.accelerator_name, p.train.method, size)
+    speed, tps_src = training_speed(p, data, choice.instance_type)
     gpus = total_gpus(p)
-    train_h = tokens / (tps * gpus) / 3600 if tokens else 0.0
-    overhead = OVERHEAD_HOURS_LOCAL if p.cluster.is_local else OVERHEAD_HOURS_CLOUD
-    total_h = train_h + overhead
+    if p.cluster.is_local:
+        steps = [Phase("training", tokens / (speed.tokens_per_s_per_gpu * gpus) / 3600 if tokens else 0.0, "CPU"),
+                 Phase("setup", LOCAL_OVERHEAD_H, "local")]
+    else:
+        steps = phases(p, choice.cloud, data, tokens, speed)
+    train_h = sum(ph.hours for ph in steps if ph.name == "training")
+    total_h = sum(ph.hours for ph in steps)
     price = choice.price_per_hour
     plan = Plan(
         profile=p.name, cloud=choice.cloud, instance_type=choice.instance_type, region=choice.region,
         accelerators=choice.accelerators, num_nodes=choice.num_nodes, use_spot=choice.use_spot,
         price_per_hour=price, price_source=price_source, train_tokens=round(tokens),
-        data_source=data.source, tokens_per_s_per_gpu=round(tps, 1), throughput_source=tps_src,
-        gpus=gpus, train_hours=round(train_h, 3), overhead_hours=overhead, total_hours=round(total_h, 3),
-        total_usd=round(total_h * price, 2), budget_usd=p.budget.max_usd,
+        data_source=data.source, tokens_per_s_per_gpu=round(speed.tokens_per_s_per_gpu, 1), throughput_source=tps_src,
+        gpus=gpus, train_hours=round(train_h, 3), overhead_hours=round(total_h - train_h, 3),
+        total_hours=round(total_h, 3), total_usd=round(total_h * price, 4), budget_usd=p.budget.max_usd,
         budget_hours=round(p.budget.max_usd / price, 2) if price else math.inf,
+        phases=[asdict(ph) for ph in steps], speed=speed.to_dict(), memory=memory_verdict(p),
+        storage=[s.to_dict() for s in storage_for(p)],
+        disk={"size_gb": p.cluster.disk_size, "needed_gb": disk_needed_gb(p)} if not p.cluster.is_local else {},
         secrets={s: ("set" if os.environ.get(s) else "not set") for s in profile_secrets(p)},
     )
     if alternative is not None:
         plan.alternative = {
             "use_spot": alternative.use_spot, "instance_type": alternative.instance_type,
             "cloud": alternative.cloud, "price_per_hour": alternative.price_per_hour,
-            "total_usd": round(total_h * alternative.price_per_hour, 2),
+            "total_usd": round(total_h * alternative.price_per_hour, 4),
         }
     return plan
 
 
-def plan_profile(p: Profile) -> Plan:
+def plan_profile(p: Profile, compare_layouts: bool = True) -> Plan:
     """Run SkyPilot's optimizer (offline catalog) for the profile and its spot/on-demand twin."""
     if p.cluster.is_local:
         return make_plan(p, _LocalChoice(p), None, "profile (notional local price)")
-    from .catalog import SNAPSHOT_DATE, Choice, PlanError, optimize
+    from .catalog import SNAPSHOT_DATE, Choice, PlanError, optimize, snapshot_warning
 
     try:
         choice, source = optimize(p), f"catalog snapshot {SNAPSHOT_DATE}"
@@ -145,7 +285,32 @@ def plan_profile(p: Profile) -> Plan:
         alternative = optimize(p, use_spot=not p.cluster.use_spot)
     except PlanError:
         alternative = None
-    return make_plan(p, choice, alternative, source)
+    plan = make_plan(p, choice, alternative, source)
+    plan.snapshot_date, plan.snapshot_warning = SNAPSHOT_DATE, snapshot_warning()
+    if compare_layouts and p.cluster.num_nodes > 1:
+        plan.layout = layout_alternative(p) or {}
+    return plan
+
+
+def layout_alternative(p: Profile) -> Optional[dict]:
+    """The same GPUs arranged 4 or 8 per node (the other one): its instance, network, hours, dollars."""
+    from .catalog import PlanError
+
+    gpus, per_node = total_gpus(p), p.cluster.gpus_per_node
+    other = next((n for n in (8, 4) if n != per_node and gpus % n == 0), None)
+    if other is None or not p.cluster.accelerator_name:
+        return None
+    cluster = p.cluster.model_copy(update={"accelerators": f"{p.cluster.accelerator_name}:{other}",
+                                           "num_nodes": gpus // other})
+    q = p.model_copy(update={"cluster": cluster})
+    try:
+        alt = plan_profile(q, compare_layouts=False)
+    except PlanError:
+        return None
+    link = alt.speed.get("link") or {}
+    return {"num_nodes": alt.num_nodes, "accelerators": alt.accelerators, "instance_type": alt.instance_type,
+            "network": f"{link.get('kind', '-')} {link.get('gbps', 0):,.0f} Gb/s", "bound": alt.speed["bound"],
+            "total_hours": alt.total_hours, "total_usd": alt.total_usd, "price_per_hour": alt.price_per_hour}
 
 
 class _LocalChoice:

@@ -33,9 +33,15 @@ CREATE TABLE IF NOT EXISTS runs (
     state TEXT NOT NULL,
     reason TEXT,
     artifacts TEXT,
-    handle TEXT NOT NULL DEFAULT '{}'
+    handle TEXT NOT NULL DEFAULT '{}',
+    billed_s REAL,
+    billed_usd REAL,
+    billing_since REAL
 )
 """
+# Columns added after the first release: (name, SQL type). Older databases get them on open; a NULL
+# billed_s marks a run recorded before billing was accrued (its cost falls back to elapsed x price).
+_ADDED_COLUMNS = (("billed_s", "REAL"), ("billed_usd", "REAL"), ("billing_since", "REAL"))
 
 
 @dataclass
@@ -55,6 +61,14 @@ class Run:
     artifacts: Optional[str] = None
     handle: dict = field(default_factory=dict)
     """Backend-specific, JSON-serialisable (pids, host, remote run dir, managed job name...)."""
+    billed_s: Optional[float] = None
+    """Seconds a machine billed for this run, accrued on every refresh across restarts (setup included,
+    time down between a preemption and `--resume`, or while a managed job recovers, excluded). None:
+    not accrued (a run recorded before accrual existed): its cost is elapsed time x price."""
+    billed_usd: Optional[float] = None
+    """Dollars of billed_s, each interval at the price of the session it belongs to."""
+    billing_since: Optional[float] = None
+    """Start of the interval billing now, not yet in billed_s (None: nothing bills)."""
 
     @property
     def active(self) -> bool:
@@ -63,6 +77,13 @@ class Run:
     def elapsed_s(self, now: Optional[float] = None) -> float:
         end = self.ended_at or (now or time.time())
         return max(0.0, end - self.started_at)
+
+    def billed(self, now: Optional[float] = None) -> tuple[float, float]:
+        """(billed seconds, billed dollars) up to `now`, the open interval included."""
+        if self.billed_s is None:  # recorded before billing was accrued: elapsed time, as it was
+            return self.elapsed_s(now), self.elapsed_s(now) / 3600 * self.price_per_hour
+        open_s = max(0.0, (now or time.time()) - self.billing_since) if self.billing_since else 0.0
+        return self.billed_s + open_s, (self.billed_usd or 0.0) + open_s / 3600 * self.price_per_hour
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,9 +100,18 @@ def _connect() -> Iterator[sqlite3.Connection]:
         con.execute("PRAGMA journal_mode=WAL")
         con.execute("PRAGMA busy_timeout=30000")
         con.execute(_SCHEMA)
+        _migrate(con)
         yield con
     finally:
         con.close()
+
+
+def _migrate(con: sqlite3.Connection) -> None:
+    """Add the columns a database from an older launch lacks (no data changes)."""
+    have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+    for name, sql_type in _ADDED_COLUMNS:
+        if name not in have:
+            con.execute(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}")
 
 
 def _row_to_run(row: sqlite3.Row) -> Run:
@@ -121,6 +151,31 @@ def update(run_id: str, **changes) -> Run:
         d["handle"] = json.dumps(d["handle"], sort_keys=True)
         sets = ", ".join(f"{k} = ?" for k in d if k != "id")
         con.execute(f"UPDATE runs SET {sets} WHERE id = ?", [d[k] for k in d if k != "id"] + [run_id])
+        con.execute("COMMIT")
+    return run
+
+
+def accrue(run_id: str, billing: bool, now: Optional[float] = None) -> Run:
+    """Close the run's open billing interval into billed_s/billed_usd (at the run's current price),
+    then open a new one if a machine bills now. A run not accrued before starts from its elapsed time."""
+    now = now or time.time()
+    with _connect() as con:
+        con.row_factory = sqlite3.Row
+        con.execute("BEGIN IMMEDIATE")
+        row = con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            con.execute("ROLLBACK")
+            raise RunNotFound(run_id)
+        run = _row_to_run(row)
+        if run.billed_s is None:  # not accrued yet: what it cost so far is its elapsed time
+            run.billed_s, run.billed_usd = run.billed(now)
+        elif run.billing_since is not None:
+            dt = max(0.0, now - run.billing_since)
+            run.billed_s += dt
+            run.billed_usd = (run.billed_usd or 0.0) + dt / 3600 * run.price_per_hour
+        run.billing_since = now if billing else None
+        con.execute("UPDATE runs SET billed_s = ?, billed_usd = ?, billing_since = ? WHERE id = ?",
+                    (run.billed_s, run.billed_usd, run.billing_since, run_id))
         con.execute("COMMIT")
     return run
 

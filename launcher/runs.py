@@ -29,7 +29,8 @@ TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
 @click.option("--new", "force_new", is_flag=True, help="Start a fresh run even if an earlier one could resume.")
 @click.option("--nodes", type=int, help="local backend: number of local node processes.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a profile value (YAML), e.g. --set train.max_steps=10 (local/ssh backends).")
+              help="Override a profile value (YAML), e.g. --set train.max_steps=10 (local/ssh backends; "
+                   "cloud runs take budget.* only, e.g. --resume --set budget.max_usd=60, stored with the run).")
 @click.option("--follow", is_flag=True, help="Follow the logs after starting.")
 @click.option("--dry-run", is_flag=True, help="Render and check, print what would be uploaded and started; start nothing.")
 def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, follow, dry_run):
@@ -40,13 +41,15 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     from . import registry
     from .backends import BackendError, LaunchSpec, get_backend
     from .checks import load_checked
-    from .ui import console, hints
+    from .profile import load_profile
+    from .ui import console, hints, money
 
     # Config and local data files first, all in one report: nothing starts, nothing bills before.
     p = load_checked(profile, backend)[0] if not sets else _load_with_overrides(profile, sets, backend)
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
-    if sets and backend == "skypilot":
-        raise BackendError("--set works with the local and ssh backends; edit the profile for cloud runs")
+    if backend == "skypilot" and any(not item.startswith("budget.") for item in sets):
+        raise BackendError("--set works with the local and ssh backends (cloud runs take only budget.*, "
+                           "e.g. --set budget.max_usd=60); edit the profile for anything else")
     if backend == "ssh" and not host:
         raise BackendError("--backend ssh needs --host user@host[:port]")
     if backend == "local":
@@ -57,7 +60,12 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         run.price_per_hour, source = _price(p, backend)
     if dry_run:
         return _dry_run(p, run, backend, source)
-    task_yaml, config_yaml = _render_for_run(p, run, backend, source)
+    run.budget_usd = p.budget.max_usd  # a `--resume --set budget.max_usd=...` is the run's budget from now
+    if run.billed_s is None:  # new, or recorded before billing was accrued: what it billed so far
+        run.billed_s, run.billed_usd = run.billed()
+    run.billing_since = time.time()  # billed from here: provisioning and setup included
+    task_yaml, config_yaml = _render_for_run(load_profile(profile) if backend == "skypilot" else p, run,
+                                             backend, source)
     options = {"local": {"num_nodes": nodes}, "skypilot": {},
                "ssh": {"host": host, "accept_new_host_key": accept_new_host_key, "identity_file": identity_file}}
     be = get_backend(backend, **{k: v for k, v in options[backend].items() if v is not None})
@@ -72,8 +80,9 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     started.ended_at = None
     registry.save(started)
     verb = "resumed" if spec.resume else "started"
+    spent = f", {money(run.billed()[1])} spent so far" if spec.resume else ""
     console().print(f"[green]✓[/] {verb} [bold]{run.id}[/] ({p.name} on {backend}, "
-                    f"${run.price_per_hour:.2f}/h, budget ${p.budget.max_usd:g})")
+                    f"{money(run.price_per_hour)}/h, budget {money(p.budget.max_usd)}{spent})")
     if follow:
         return _follow(started, progress=False)
     hints(f"launch logs {run.id} --follow", f"launch status {run.id}", f"launch down {run.id} --fetch-artifacts")
@@ -245,19 +254,32 @@ def _refresh(run):
         changes["reason"] = st.reason
     if changes:
         run = registry.update(run.id, **changes)
+    run = registry.accrue(run.id, billing_now(run, st))
     run._remote = st
     return run
 
 
+def billing_now(run, st) -> bool:
+    """Whether a machine bills for the run now: the backend's word when it has one (a recovering managed
+    job does not bill), else while the run is active; unknown/unreachable keeps what was last known."""
+    if st.state in ("unknown", "unreachable"):
+        return run.billing_since is not None
+    if st.billing is not None:
+        return bool(st.billing)
+    return run.active
+
+
 def _row(run) -> dict:
-    """One run for status/cost. `cost_usd` is what the machine bills: elapsed x price while the run
-    was active (setup and downloads included); `train_cost_usd` is what the payload measured while
+    """One run for status/cost. `cost_usd` is what the machines billed: the billed seconds accrued on
+    every refresh (setup and downloads included; time down after a preemption, or while a managed job
+    recovers, excluded) at each session's price; `train_cost_usd` is what the payload measured while
     training (accumulated across restarts), when known."""
     st = getattr(run, "_remote", None)
+    billed_s, billed_usd = run.billed()
     row = {"id": run.id, "profile": run.profile, "backend": run.backend, "state": run.state,
            "reason": run.reason, "price_per_hour": run.price_per_hour, "budget_usd": run.budget_usd,
-           "elapsed_s": round(run.elapsed_s(), 1),
-           "cost_usd": round(run.elapsed_s() / 3600 * run.price_per_hour, 6),
+           "elapsed_s": round(run.elapsed_s(), 1), "billed_s": round(billed_s, 1),
+           "cost_usd": round(billed_usd, 6),
            "train_cost_usd": st.cost_usd if st else None,
            "started_at": run.started_at, "ended_at": run.ended_at, "artifacts": run.artifacts}
     if st:
@@ -332,7 +354,7 @@ def status(run_id, all_, as_json):
     Example: launch status --json
     """
     from . import registry
-    from .ui import console, err_console, status_table
+    from .ui import console, status_table
 
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
     rows = []
@@ -340,18 +362,45 @@ def status(run_id, all_, as_json):
         run = _refresh(run) if run.active else run
         row = _row(run)
         spent = max(row["cost_usd"], row["train_cost_usd"] or 0.0)
-        if run.active and run.budget_usd and spent >= run.budget_usd:
-            backend_for(run).down(run)
-            run = registry.update(run.id, state="budget_exhausted", ended_at=time.time(),
-                                  reason=f"spend ${spent:.2f} reached the ${run.budget_usd:g} budget")
-            err_console().print(f"[red]✗[/] {run.id}: spend reached the budget; torn down "
-                            f"(resume with a higher budget.max_usd and `launch up {run.profile} --resume`)")
-            row = _row(run)
+        if run.active and run.budget_usd and spent >= run.budget_usd and _stop_for_budget(run, spent):
+            row = _row(registry.get(run.id))
         rows.append(row)
     if as_json:
         click.echo(json.dumps(rows if all_ else rows[0], indent=2, default=str))
     else:
         console().print(status_table(rows))
+
+
+def interactive() -> bool:
+    return sys.stdin.isatty()
+
+
+def _stop_for_budget(run, spent: float) -> bool:
+    """Tear down a run whose billed spend reached its budget - once a checkpoint exists; before the
+    first one, say the work would be lost and ask (a script gets a warning: the payload stops itself,
+    with a checkpoint, when its own count reaches the budget). Returns whether it was torn down."""
+    from . import registry
+    from .ui import err_console, money
+
+    st = getattr(run, "_remote", None)
+    extra = st.extra if st else {}
+    checkpoint = extra.get("checkpoint_step") or extra.get("resumed_from")
+    said = f"{run.id}: billed spend {money(spent)} reached the {money(run.budget_usd)} budget"
+    if not checkpoint:
+        step = f"{st.step} steps" if st and st.step else "the work so far"
+        question = f"{said} before its first checkpoint: tearing down now loses {step}. Tear down anyway?"
+        if not (interactive() and click.confirm(question, default=False, err=True)):
+            err_console().print(f"[yellow]![/] {said}; no checkpoint yet, so it keeps running until the payload "
+                                f"saves one and stops (`launch down {run.id}` stops it now, losing {step})",
+                                soft_wrap=True)
+            return False
+    backend_for(run).down(run)
+    registry.accrue(run.id, False)
+    registry.update(run.id, state="budget_exhausted", ended_at=time.time(), reason=f"{said}; torn down")
+    kept = f"checkpoint {checkpoint} kept" if checkpoint else "no checkpoint"
+    err_console().print(f"[red]✗[/] {said}; torn down ({kept}): continue with `launch up {run.profile} "
+                        f"--resume {run.id} --set budget.max_usd=...`", soft_wrap=True)
+    return True
 
 
 # ----------------------------------------------------------------------------------- cost
@@ -412,9 +461,14 @@ def down(run_id, fetch_artifacts, merged, dest):
         registry.update(run.id, artifacts=str(report.dest))
     with console().status(f"stopping {run.id} (the trainer checkpoints on SIGTERM first)..."):
         be.down(run)
+    run = registry.accrue(run.id, False)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
     console().print(f"[green]✓[/] {run.id} is down ({run.state})")
+    from .volumes import still_billing_lines
+
+    for line in still_billing_lines(run):
+        console().print(f"[yellow]![/] still billing: {line}", soft_wrap=True)
     if fetch_artifacts:
         print_summary(run, report.dest)
     else:
@@ -463,9 +517,9 @@ def print_summary(run, target: Path) -> None:
     c.print(f"[bold]{escape(run.id)}[/]: {escape(str(s.get('state', run.state)))}")
     c.print(f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss {s.get('final_train_loss', s.get('final_loss', '-'))}, "
             f"eval loss {s.get('final_eval_loss', s.get('best_eval_loss', '-'))}", markup=False)
-    c.print(f"  {duration(run.elapsed_s())} on the machine, {money(run.elapsed_s() / 3600 * run.price_per_hour)} "
-            f"at ${run.price_per_hour:.2f}/h ({duration(s.get('duration_s'))} and "
-            f"{money(s.get('cost_usd'))} of it training)", markup=False)
+    billed_s, billed_usd = run.billed()
+    c.print(f"  {duration(billed_s)} billed, {money(billed_usd)} at {money(run.price_per_hour)}/h "
+            f"({duration(s.get('duration_s'))} and {money(s.get('cost_usd'))} of it training)", markup=False)
     names = [a.name + ("/" if a.directory else "") for a in layout.ARTIFACTS if (target / a.name).exists()]
     names += [layout.LOCAL_MANIFEST] if (target / layout.LOCAL_MANIFEST).exists() else []
     c.print(f"  artifacts: {target.resolve()}", markup=False, soft_wrap=True)

@@ -43,11 +43,15 @@ def duration(seconds) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def hours(h) -> str:
+    return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+
+
 def print_plan(p, plan) -> None:
     from rich.table import Table
 
     t = Table(show_header=False, box=None, padding=(0, 2))
-    t.add_column(style="bold")
+    t.add_column(style="bold", no_wrap=True)
     t.add_column()
     where = f"{plan.cloud} {plan.instance_type}" + (f" in {plan.region}" if plan.region else "")
     mode = "spot (managed job, auto-recovery)" if plan.use_spot else "on-demand"
@@ -66,8 +70,11 @@ def print_plan(p, plan) -> None:
                           f"({plan.data_source})")
     t.add_row("Throughput", f"~{plan.tokens_per_s_per_gpu:,.0f} tokens/s/GPU x {plan.gpus} GPU(s)  "
                             f"({plan.throughput_source})")
-    t.add_row("Duration", f"~{plan.train_hours:.2f} h training + {plan.overhead_hours:.2f} h setup/download/merge "
+    if plan.speed.get("link"):
+        t.add_row("Network", _network_line(plan.speed))
+    t.add_row("Duration", f"~{plan.train_hours:.2f} h training + {plan.overhead_hours:.2f} h other billed phases "
                           f"= ~{plan.total_hours:.2f} h")
+    t.add_row("Phases", ", ".join(f"{ph['name']} {hours(ph['hours'])}" for ph in plan.phases))
     t.add_row("Cost", f"~{money(plan.total_usd)}  (budget cap {money(plan.budget_usd)} = "
                       f"{plan.budget_hours:.1f} h at this price)")
     if plan.alternative:
@@ -75,13 +82,63 @@ def print_plan(p, plan) -> None:
         kind = "spot" if a["use_spot"] else "on-demand"
         t.add_row("Alternative", f"{kind}: {a['cloud']} {a['instance_type']} {money(a['price_per_hour'])}/h "
                                  f"→ ~{money(a['total_usd'])}")
+    if plan.layout:
+        lo = plan.layout
+        t.add_row("Layout", f"{lo['num_nodes']} x {lo['accelerators']} ({lo['instance_type']}, {lo['network']}) "
+                            f"would be {lo['bound']}-bound: ~{lo['total_hours']:.1f} h, ~{money(lo['total_usd'])}")
+    if plan.memory.get("status") not in (None, "n/a"):
+        t.add_row("GPU memory", f"{plan.memory['status']}: {plan.memory['detail']}")
+    for s in plan.storage:
+        t.add_row("Storage", _storage_line(s))
+    if plan.disk:
+        t.add_row("Disk", f"{plan.disk['size_gb']} GB per node (needs ~{plan.disk['needed_gb']} GB)")
     t.add_row("Secrets", ", ".join(f"{k} ({v})" for k, v in plan.secrets.items())
               + "  - passed at launch, never written")
     console().print(t)
-    if plan.total_usd > plan.budget_usd:
-        console().print(f"[yellow]![/] the estimate exceeds the budget: the run will stop at "
-                        f"{money(plan.budget_usd)} with a resumable checkpoint")
+    for line in plan_warnings(plan):
+        console().print(f"[yellow]![/] {line}", soft_wrap=True)
     hints(f"launch up {p.name}")
+
+
+def _network_line(speed: dict) -> str:
+    link = speed["link"]
+    return (f"{link['kind']} {link['gbps']:,.0f} Gb/s per node: {speed['bound']}-bound "
+            f"({speed['network_s']:.1f} s network vs {speed['compute_s']:.1f} s compute per micro-step; "
+            f"{link['source']})")
+
+
+def _storage_line(s: dict) -> str:
+    cost = "price unknown" if s["usd_per_month"] is None else f"{money(s['usd_per_month'])}/month"
+    size = f"~{s['size_gb']:,.0f} GB (estimate)" if s["kind"] == "bucket" else \
+        f"{s['size_gb']:,.0f} GB (~{s['needed_gb']:,.0f} GB used)"
+    return (f"{s['kind']} {s['name']} ({s['type']}), {size}: {cost} while it exists, "
+            f"also after `launch down` (delete: launch volumes rm {s['name']})")
+
+
+def plan_warnings(plan) -> list[str]:
+    out = []
+    if plan.snapshot_warning:
+        out.append(plan.snapshot_warning)
+    if plan.memory.get("status") == "does not fit":
+        out.append(f"GPU memory: {plan.memory['detail']} does not fit: the payload's preflight will refuse "
+                   "to train; lower train.per_device_batch_size or max_seq_length, or use a bigger GPU")
+    elif plan.memory.get("status") == "tight":
+        out.append(f"GPU memory: {plan.memory['detail']} is tight (estimate +-20%): may run out of memory")
+    if plan.total_usd > plan.budget_usd:
+        out.append(f"the estimate exceeds the budget: the run will stop at {money(plan.budget_usd)} with a "
+                   "resumable checkpoint")
+    disk = plan.disk
+    if disk and disk["size_gb"] < disk["needed_gb"]:
+        out.append(f"cluster.disk_size {disk['size_gb']} GB is below the ~{disk['needed_gb']} GB the run "
+                   "puts on each node's disk: raise it")
+    elif disk and disk["size_gb"] > 1.5 * disk["needed_gb"] and "kubernetes" in plan.cloud.lower():
+        out.append(f"cluster.disk_size {disk['size_gb']} GB is far above the ~{disk['needed_gb']} GB needed: "
+                   "large disk requests exclude Kubernetes node pools")
+    for s in plan.storage:
+        if s["kind"] == "volume" and s["needed_gb"] > s["size_gb"]:
+            out.append(f"volume {s['name']}: ~{s['needed_gb']:,.0f} GB to store but {s['size_gb']:,.0f} GB "
+                       "provisioned: raise cluster.volume.size_gb")
+    return out
 
 
 def print_profiles(as_json: bool) -> None:
@@ -92,12 +149,14 @@ def print_profiles(as_json: bool) -> None:
     for name in profile_names():
         try:
             p = load_profile(name)
-            pl = plan_profile(p)
+            pl = plan_profile(p, compare_layouts=False)
+            monthly = [s["usd_per_month"] for s in pl.storage if s["usd_per_month"] is not None]
             rows.append({"profile": name, "accelerators": p.cluster.accelerators or "CPU",
                          "nodes": p.cluster.num_nodes, "spot": p.cluster.use_spot,
                          "infra": ",".join(p.cluster.infra_list), "method": p.train.method,
                          "price_per_hour": pl.price_per_hour, "est_hours": pl.total_hours,
-                         "est_usd": pl.total_usd, "error": None})
+                         "est_usd": pl.total_usd, "gpu_memory": pl.memory.get("status"),
+                         "storage_usd_per_month": round(sum(monthly), 2) if monthly else None, "error": None})
         except (ProfileError, Exception) as e:  # one broken profile must not hide the others
             rows.append({"profile": name, "error": str(e).splitlines()[0]})
     if as_json:
@@ -105,13 +164,21 @@ def print_profiles(as_json: bool) -> None:
         return
     from rich.table import Table
 
-    t = Table("profile", "infra", "GPUs/node", "nodes", "spot", "method", "$/h", "est. hours", "est. cost")
+    from rich import box
+
+    t = Table("profile", "GPUs", "$/h", "hours", "est. $", "memory", "$/month", box=box.SIMPLE_HEAD,
+              padding=(0, 1))
+    t.columns[0].no_wrap = True  # names are copied into commands: never cut
+    t.columns[1].overflow = "fold"
     for r in rows:
         if r["error"]:
-            t.add_row(r["profile"], f"[red]invalid: {r['error']}[/]", "", "", "", "", "", "", "")
+            t.add_row(r["profile"], f"[red]invalid: {r['error']}[/]", "", "", "", "", "")
             continue
-        t.add_row(r["profile"], r["infra"], r["accelerators"], str(r["nodes"]), "yes" if r["spot"] else "no",
-                  r["method"], money(r["price_per_hour"]), f"{r['est_hours']:.1f}", money(r["est_usd"]))
+        gpus = (f"{r['nodes']}x " if r["nodes"] > 1 else "") + r["accelerators"] + (" spot" if r["spot"] else "")
+        t.add_row(r["profile"], gpus, money(r["price_per_hour"]), f"{r['est_hours']:.1f}", money(r["est_usd"]),
+                  r["gpu_memory"] or "-", money(r["storage_usd_per_month"]))
+    for col in t.columns[2:]:
+        col.no_wrap = True
     console().print(t)
 
 

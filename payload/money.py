@@ -5,6 +5,12 @@ its own wall time (model loading and evaluation included: the machine is billed 
 a job that was preempted and resumed shows the money of all its attempts. At 90% of
 `runtime.budget_usd` a warning is logged once; at 100% `exhausted()` turns true and the training
 loop saves a checkpoint and stops (state `budget_exhausted`, exit code `BudgetExhausted.exit_code`).
+The check runs after every optimizer step, so the overshoot is about one step plus that save
+(bench/bench_budget.py), within one logging interval's cost.
+
+What runs before `train` (install, model download, data) is not counted here: the launcher counts
+every billed second, setup included (registry billed_s), and `launch status` stops a run whose billed
+spend reaches the budget once a checkpoint exists; `checkpoint_step` in status.json tells it.
 """
 
 from __future__ import annotations
@@ -120,7 +126,9 @@ def _read(path: Path) -> dict:
 
 
 class CostCallback(Callback):
-    """Keeps cost.json current (every step, at most every 5 s) and at the end of training."""
+    """Keeps cost.json current (every step, at most every 5 s) and at the end of training, and tells
+    status.json the newest complete checkpoint (`checkpoint_step`): the launcher tears a run down for
+    its budget only once one exists, so a stop does not throw the work away."""
 
     def __init__(self, tracker: CostTracker):
         self.tracker = tracker
@@ -130,6 +138,14 @@ class CostCallback(Callback):
 
     def on_log(self, args, state, control, **kwargs):
         self.tracker.save()
+
+    def on_save(self, args, state, control, **kwargs):
+        # The Trainer calls on_save after _save_checkpoint, which finalizes it (COMPLETE marker).
+        from payload.observe import write_status  # observe imports this module
+
+        self.tracker.save()
+        if self.tracker.write:
+            write_status(self.tracker.path.parent, checkpoint_step=state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.tracker.save()

@@ -66,7 +66,7 @@ def test_plan_json_sonia():
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["cloud"] == "RunPod" and d["instance_type"] == "2x_H100-SXM_SECURE"
-    assert d["price_per_hour"] == pytest.approx(5.38) and d["total_usd"] > 0
+    assert d["price_per_hour"] == pytest.approx(6.58) and d["total_usd"] > 0  # catalog extract: 2x 3.29
     assert d["secrets"] == {"HF_TOKEN": "not set"}  # WANDB_API_KEY only for profiles reporting to wandb
 
 
@@ -141,7 +141,7 @@ def test_up_on_a_full_disk_is_one_line(monkeypatch):
     assert registry.all_runs() == []
 
 
-def test_status_tears_down_a_run_past_its_budget():
+def test_status_tears_down_a_run_past_its_budget_once_a_checkpoint_exists(tmp_path):
     import os
     import signal
     import time
@@ -150,12 +150,19 @@ def test_status_tears_down_a_run_past_its_budget():
     try:
         registry.save(registry.Run(id="pricey", profile="local-demo", backend="local",
                                    started_at=time.time() - 3600, price_per_hour=2.0, budget_usd=1.0,
-                                   state="running", handle={"pid": proc.pid, "pgid": proc.pid}))
+                                   state="running", handle={"pid": proc.pid, "pgid": proc.pid,
+                                                            "volume": str(tmp_path)}))
+        r = invoke("status", "pricey", "--json")  # no checkpoint yet: stopping would lose the work
+        assert "no checkpoint yet, so it keeps running" in r.output and proc.poll() is None
+        assert registry.get("pricey").state == "running"
+        status = tmp_path / "runs" / "pricey" / "status.json"
+        status.parent.mkdir(parents=True)
+        status.write_text(json.dumps({"state": "training", "step": 25, "checkpoint_step": 20}))
         r = invoke("status", "pricey", "--json")
-        assert "spend reached the budget; torn down" in r.output
+        assert "billed spend $2.00 reached the $1.00 budget; torn down (checkpoint 20 kept)" in r.output
         proc.wait(timeout=20)  # the process group was stopped
         run = registry.get("pricey")
-        assert run.state == "budget_exhausted" and "reached the $1 budget" in run.reason
+        assert run.state == "budget_exhausted" and "reached the $1.00 budget" in run.reason
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -169,6 +176,7 @@ def test_up_ssh_needs_a_host():
 def test_set_is_refused_for_cloud_runs():
     r = invoke("up", "sonia-h100", "--set", "train.max_steps=5")
     assert r.exit_code == 1 and "--set works with the local and ssh backends" in r.output
+    assert "cloud runs take only budget.*" in r.output
 
 
 def test_bad_set_value_names_the_key(tmp_path):

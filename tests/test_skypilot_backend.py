@@ -196,10 +196,10 @@ def test_qwen_multi_node_cluster_ordered_infra_bucket_no_volume(fake):
     assert "volumes.apply" not in fake.names() and "volumes.ls" not in fake.names()
     (task,), kwargs = fake.one("launch")[1:]
     assert kwargs == {"cluster_name": "qwen3-32b-4x4-a100-1", "idle_minutes_to_autostop": 10, "down": True}
-    assert task.num_nodes == 4
+    assert task.num_nodes == 2
     assert isinstance(task.resources, list)  # `ordered:` keeps the order
     assert [str(r.cloud) for r in task.resources] == ["Kubernetes", "Azure"]
-    assert all(r.accelerators == {"A100-80GB": 4} for r in task.resources)
+    assert all(r.accelerators == {"A100-80GB": 8} for r in task.resources)
     (store,) = task.storage_mounts.values()
     assert list(task.storage_mounts) == ["/checkpoints"] and store.name == "qwen3-32b-checkpoints"
     assert task.volumes == {} and task.secrets == {} and task.managed_secret_refs == []
@@ -229,11 +229,13 @@ def with_region(profile, region):
 
 
 def test_new_volume_datacenter_follows_cluster_region():
+    from launcher.backends.runpod_volumes import new_volume_infra
+
     sonia = load_profile("sonia-h100")
-    assert sp._volume_infra(with_region(sonia, "RO")) == "runpod/RO/EU-RO-1"
-    assert sp._volume_infra(with_region(sonia, "SE")) == "runpod/SE/EU-SE-1"
+    assert new_volume_infra(with_region(sonia, "RO"), None) == "runpod/RO/EU-RO-1"
+    assert new_volume_infra(with_region(sonia, "SE"), None) == "runpod/SE/EU-SE-1"
     with pytest.raises(BackendError, match="snapshot offers H100-SXM:2 in region ZZ: change cluster"):
-        sp._volume_infra(with_region(sonia, "ZZ"))
+        new_volume_infra(with_region(sonia, "ZZ"), None)
 
 
 def test_no_credentials_says_what_to_run_and_launches_nothing(fake):
@@ -352,9 +354,11 @@ def test_price_from_runpod_api_then_catalog_then_profile(monkeypatch):
 
     # SkyPilot's optimizer on the snapshot (in a child process: see sp._catalog_price).
     runpod_graphql(monkeypatch, ConnectionError("api.runpod.io unreachable"))
-    assert sp.hourly_price(sonia) == (5.38, "catalog 2026-11-21")
+    from launcher.catalog import SNAPSHOT_DATE
+
+    assert sp.hourly_price(sonia) == (6.58, f"catalog {SNAPSHOT_DATE}")  # extract: 2x_H100-SXM $6.58/h
     monkeypatch.delenv("RUNPOD_API_KEY")
-    assert sp.hourly_price(load_profile("lovecraft-a100-spot")) == (0.82, "catalog 2026-11-21")
+    assert sp.hourly_price(load_profile("lovecraft-a100-spot")) == (1.39, f"catalog {SNAPSHOT_DATE}")
 
     # No instance in the snapshot for 3 GPUs: the profile's own price is the last resort.
     body = yaml.safe_load((REPO_ROOT / "clusters/sonia-h100.yaml").read_text())

@@ -13,7 +13,6 @@ fetch from without asking SkyPilot.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -28,7 +27,7 @@ import yaml
 from payload import layout
 from payload.errors import END_STATES
 
-from ..profile import CATALOG_DIR, REPO_ROOT
+from ..profile import REPO_ROOT
 from ..registry import ACTIVE_STATES, STATES, Run
 from ..uploads import remove_staged, stage_workdir
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
@@ -36,10 +35,6 @@ from . import skypilot_control as control
 from .tasks import workdir_files
 
 PRICE_TIMEOUT_S = 120
-# RunPod datacenters with the S3-compatible API (docs.runpod.io/storage/s3-api); new volumes are
-# put in one of these when the GPU is offered there, so a managed job's results can come home.
-S3_DATACENTERS = ("US-CA-2", "EU-RO-1", "EU-CZ-1", "EUR-IS-1", "EUR-NO-1", "US-GA-2", "US-KS-2",
-                  "US-MD-1", "US-MO-2", "US-NC-1", "US-NC-2")
 _CREDENTIALS_HINT = {
     "runpod": "set RUNPOD_API_KEY (or ~/.runpod/config.toml) and run `sky check runpod`",
     "azure": "run `az login`, then `sky check azure`",
@@ -72,10 +67,18 @@ def _sky():
     return sky
 
 
+def sdk():
+    """The `sky` SDK for other launcher modules (`launch volumes`), with the same guard as here."""
+    return _sky()
+
+
 def _get(record, key, default=None):
     """A field of an SDK response record (pydantic response models and dicts both have .get)."""
     value = record.get(key, default) if hasattr(record, "get") else getattr(record, key, default)
     return default if value is None else value
+
+
+record_field = _get  # public face of _get: a field of an SDK response record
 
 
 def _name(value) -> str:
@@ -251,26 +254,6 @@ def build_task(spec: LaunchSpec):
                                      secrets_overrides=list(given.items()))
 
 
-def _volume_infra(profile) -> str:
-    """`runpod/REGION/DATACENTER` for a new network volume: a datacenter of the catalog snapshot
-    that offers the profile's GPUs (in cluster.region if set), one with the S3 API first."""
-    c = profile.cluster
-    if c.volume.type == "k8s-pvc":
-        return "kubernetes"
-    with (CATALOG_DIR / "runpod" / "vms.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if r["AcceleratorName"] == c.accelerator_name
-                and float(r["AcceleratorCount"] or 0) == c.gpus_per_node
-                and (not c.region or r["Region"] == c.region)]
-    zones = list(dict.fromkeys((r["Region"], r["AvailabilityZone"]) for r in rows))
-    zones.sort(key=lambda rz: rz[1] not in S3_DATACENTERS)
-    if not zones:
-        where = f" in region {c.region}" if c.region else ""
-        raise BackendError(f"no RunPod datacenter in the catalog snapshot offers {c.accelerators}{where}: "
-                           "change cluster.accelerators or cluster.region")
-    region, zone = zones[0]
-    return f"runpod/{region}/{zone}"
-
-
 def _volume_record(sky, name: str):
     records = sky.get(sky.volumes.ls(names=[name]))
     return next((r for r in records or [] if _get(r, "name") == name), None)
@@ -346,12 +329,16 @@ class SkyPilotBackend(Backend):
             raise BackendError(credentials_message(wanted))
 
     def _ensure_volume(self, sky, p) -> dict:
-        """Create the profile's network volume, or reuse it if SkyPilot knows it (`sky volumes apply`)."""
+        """The profile's network volume: reused if SkyPilot knows it, else an existing RunPod volume of
+        that name adopted (`use_existing`), else created where the GPUs are in stock (runpod_volumes)."""
+        from .runpod_volumes import stock_note, volume_config
+
         v = p.cluster.volume
         record = _volume_record(sky, v.name)
+        how = "reused"
         if record is None:
-            volume = sky.volumes.Volume.from_yaml_config(
-                {"name": v.name, "type": v.type, "infra": _volume_infra(p), "size": f"{v.size_gb}GB"})
+            config, how = volume_config(p)
+            volume = sky.volumes.Volume.from_yaml_config(config)
             sky.stream_and_get(sky.volumes.apply(volume), output_stream=self.out)
             region, zone = volume.region, volume.zone
         else:
@@ -359,9 +346,14 @@ class SkyPilotBackend(Backend):
             if p.cluster.region and region and p.cluster.region != region:
                 raise BackendError(f"volume {v.name} is in {region}/{zone} but cluster.region is "
                                    f"{p.cluster.region}: drop cluster.region or use another volume name")
+            note = stock_note(p, zone)
+            if note:
+                from ..ui import err_console
+
+                err_console().print(f"[yellow]![/] {note}", soft_wrap=True)
         key_prefix = str(PurePosixPath(layout.run_dir(v.mount, "x")).parent.relative_to(v.mount))
         return {"name": v.name, "type": v.type, "region": region, "zone": zone, "mount": v.mount,
-                "key_prefix": key_prefix, "created": record is None}
+                "key_prefix": key_prefix, "created": how == "created", "adopted": how == "adopted"}
 
     def _launch_cluster(self, sky, task, name: str, p) -> tuple[Optional[int], Optional[str]]:
         request = None

@@ -9,8 +9,11 @@ credential check is the one thing that needs the network). The user's own `~/.sk
 from __future__ import annotations
 
 import contextlib
+import csv
+import datetime
 import functools
 import io
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -19,9 +22,39 @@ from typing import Optional
 
 from ..state import state_dir
 
-SNAPSHOT = Path(__file__).resolve().parent / "v8"
-SNAPSHOT_DATE = "2026-11-21"
+HERE = Path(__file__).resolve().parent
+SNAPSHOT = HERE / "v8"
+SNAPSHOT_META = json.loads((HERE / "snapshot.json").read_text())  # written by build_snapshot.py
+SNAPSHOT_DATE: str = SNAPSHOT_META["date"]  # when the rows were read from SkyPilot's catalog
+STALE_AFTER_DAYS = 60
 OFFLINE_CLOUDS = ["RunPod", "Azure"]
+
+
+def snapshot_age_days(today: Optional[datetime.date] = None) -> int:
+    today = today or datetime.date.today()
+    return (today - datetime.date.fromisoformat(SNAPSHOT_DATE)).days
+
+
+def snapshot_warning(today: Optional[datetime.date] = None) -> Optional[str]:
+    """One line when the snapshot is older than STALE_AFTER_DAYS (list prices move), else None."""
+    age = snapshot_age_days(today)
+    if age <= STALE_AFTER_DAYS:
+        return None
+    return (f"the catalog snapshot is {age} days old ({SNAPSHOT_DATE}): prices may have moved; refresh "
+            "launcher/catalog/extract/ from skypilot-org/skypilot-catalog and run "
+            "`python -m launcher.catalog.build_snapshot` (RUNPOD_API_KEY gives live RunPod prices at `up`)")
+
+
+@functools.cache
+def storage_prices() -> dict[str, tuple[Optional[float], str]]:
+    """{volume type or bucket store: ($/GB-month or None when unknown, source)} from the extract."""
+    lines = [ln for ln in (HERE / "extract" / "storage_prices.csv").read_text().splitlines() if not ln.startswith("#")]
+    return {r["kind"]: (float(r["usd_per_gb_month"]) if r["usd_per_gb_month"] else None, r["source"])
+            for r in csv.DictReader(lines)}
+
+
+def storage_price(kind: str) -> tuple[Optional[float], str]:
+    return storage_prices().get(kind, (None, f"no price known for `{kind}`"))
 
 
 def offline_runtime_dir() -> Path:

@@ -1,0 +1,258 @@
+"""`launch volumes`: the volumes and buckets that keep billing after `launch down`, and deleting one.
+
+Network volumes and buckets hold the model cache and the checkpoints a `--resume` needs, so `down`
+leaves them; they bill per GB-month until deleted (prices: launcher/catalog/extract/storage_prices.csv).
+The list comes from SkyPilot (`sky.volumes.ls`, `sky.storage_ls`), joined with launch's run registry
+(the last run that used each) and the profiles (a bucket's size is not reported: the profile's
+estimate is shown, marked `~`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import click
+
+
+@dataclass
+class Stored:
+    name: str
+    kind: str  # "volume" | "bucket"
+    type: str  # runpod-network-volume, k8s-pvc, s3, azure, ...
+    where: str
+    size_gb: Optional[float]
+    size_estimated: bool
+    created_at: Optional[float]
+    usd_per_month: Optional[float]
+    last_run: Optional[str] = None
+    last_run_state: Optional[str] = None
+    active_runs: list = field(default_factory=list)
+    in_use_by: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _size_gb(size) -> Optional[float]:
+    m = re.match(r"\s*(\d+(?:\.\d+)?)", str(size or ""))
+    return float(m.group(1)) if m else None
+
+
+def _declared() -> dict[str, object]:
+    """{volume or bucket name: the profile that declares it} (sizes and prices of buckets)."""
+    from .profile import load_profile, profile_names
+
+    out = {}
+    for n in profile_names():
+        try:
+            p = load_profile(n)
+        except Exception:  # noqa: BLE001 - a broken profile is `launch validate`'s business
+            continue
+        for s in (p.cluster.volume, p.cluster.bucket):
+            if s is not None:
+                out.setdefault(s.name, p)
+    return out
+
+
+def _priced(kind: str, size_gb: Optional[float]) -> Optional[float]:
+    from .catalog import storage_price
+
+    price, _ = storage_price(kind)
+    return None if price is None or size_gb is None else round(price * size_gb, 2)
+
+
+def _from_skypilot(sky, declared: dict) -> list[Stored]:
+    from .backends.skypilot import record_field as f
+    from .storage import storage_for
+
+    rows = []
+    for r in sky.get(sky.volumes.ls()) or []:
+        size = _size_gb(f(r, "size"))
+        where = " ".join(x for x in (str(f(r, "cloud", "")), f(r, "zone") or f(r, "region") or "") if x)
+        rows.append(Stored(f(r, "name"), "volume", f(r, "type", ""), where, size, False, f(r, "launched_at"),
+                           _priced(f(r, "type", ""), size), in_use_by=list(f(r, "usedby_clusters", []) or [])))
+    for r in sky.get(sky.storage_ls()) or []:
+        stores = [str(getattr(s, "value", s)).lower() for s in f(r, "store", []) or []]
+        kind = stores[0] if stores else "?"
+        p = declared.get(f(r, "name"))
+        est = next((s.size_gb for s in storage_for(p) if s.name == f(r, "name")), None) if p else None
+        rows.append(Stored(f(r, "name"), "bucket", kind, kind, est, True, f(r, "launched_at"), _priced(kind, est)))
+    return rows
+
+
+def _from_registry(runs) -> list[Stored]:
+    """What launch's runs used, when SkyPilot cannot be asked (unverified: may already be deleted)."""
+    seen: dict[str, Stored] = {}
+    for run in runs:
+        for kind in ("volume", "bucket"):
+            h = (run.handle or {}).get(kind)
+            if isinstance(h, dict) and h.get("name") and h["name"] not in seen:
+                typ = h.get("type") or h.get("store") or "?"
+                seen[h["name"]] = Stored(h["name"], kind, typ, h.get("zone") or typ, None, True, None, None)
+    return list(seen.values())
+
+
+def _join_runs(rows: list[Stored], runs) -> None:
+    for row in rows:
+        used = [r for r in runs if ((r.handle or {}).get(row.kind) or {}).get("name") == row.name]
+        if used:  # registry order: newest first
+            row.last_run, row.last_run_state = used[0].id, used[0].state
+            row.active_runs = [r.id for r in used if r.active]
+
+
+def collect() -> tuple[list[Stored], Optional[str]]:
+    """(volumes and buckets, a note when SkyPilot could not be asked)."""
+    from . import registry
+    from .backends.skypilot import map_sky_error, sdk
+
+    runs, note = registry.all_runs(), None
+    try:
+        rows = _from_skypilot(sdk(), _declared())
+    except Exception as e:  # noqa: BLE001 - SDK errors become one line
+        rows, note = _from_registry(runs), f"{map_sky_error(e)}; showing what launch's runs used (unverified)"
+    _join_runs(rows, runs)
+    return rows, note
+
+
+def _age(created_at: Optional[float]) -> str:
+    if not created_at:
+        return "age unknown"
+    days = (time.time() - created_at) / 86400
+    return f"{days:.0f} days old" if days >= 2 else f"{days * 24:.0f} h old"
+
+
+def print_rows(rows: list[Stored], note: Optional[str]) -> None:
+    from .ui import console, money
+
+    c = console()
+    if note:
+        c.print(f"[yellow]![/] {note}")
+    if not rows:
+        c.print("[green]✓[/] no volumes or buckets: nothing bills between runs")
+        return
+    for r in rows:
+        size = "size unknown" if r.size_gb is None else f"{'~' if r.size_estimated else ''}{r.size_gb:,.0f} GB"
+        cost = "price unknown" if r.usd_per_month is None else f"{money(r.usd_per_month)}/month"
+        where = f", {r.where}" if r.where and r.where != r.type else ""
+        c.print(f"[bold]{r.name}[/]  {r.kind} ({r.type}{where})  {size}  {_age(r.created_at)}  {cost}")
+        last = f"last run {r.last_run} ({r.last_run_state})" if r.last_run else "no launch run used it"
+        users = r.active_runs + [u for u in r.in_use_by if u not in r.active_runs]
+        c.print(f"  {last}" + (f"; in use by {', '.join(users)}" if users else ""))
+    total = sum(r.usd_per_month or 0.0 for r in rows)
+    c.print(f"[bold]total[/] {money(total)}/month for {len(rows)} volume(s)/bucket(s)")
+    c.print(f"  [dim]→[/] [bold]launch volumes rm {rows[0].name}[/]  (deletes its data; asks first)")
+
+
+# ---------------------------------------------------------------------------------------- delete
+
+
+def interactive() -> bool:
+    return sys.stdin.isatty()
+
+
+def delete(name: str, yes: bool) -> Stored:
+    """Delete one volume or bucket after saying what is lost and asking (`yes`: don't ask)."""
+    from .backends import BackendError
+    from .backends.skypilot import map_sky_error, sdk
+    from .ui import money
+
+    rows, note = collect()
+    if note:
+        raise BackendError(f"cannot delete {name}: {note}")
+    row = next((r for r in rows if r.name == name), None)
+    if row is None:
+        known = ", ".join(r.name for r in rows) or "none"
+        raise BackendError(f"no volume or bucket named {name} (known: {known}; see `launch volumes`)")
+    if row.active_runs or row.in_use_by:
+        users = ", ".join(row.active_runs + row.in_use_by)
+        raise BackendError(f"{name} is in use by {users}: stop it first (`launch down {users.split(', ')[0]}`)")
+    cost = "" if row.usd_per_month is None else f", {money(row.usd_per_month)}/month"
+    lost = f"; run {row.last_run} cannot --resume afterwards" if row.last_run else ""
+    question = f"Delete {row.kind} {name} ({row.type}{cost}) and everything on it (model cache, checkpoints{lost})?"
+    if not yes:
+        if not interactive():
+            raise BackendError(f"not deleting {name} without confirmation: pass --yes to delete from a script")
+        click.confirm(question, default=False, abort=True)
+    sky = sdk()
+    try:
+        sky.get(sky.volumes.delete([name]) if row.kind == "volume" else sky.storage_delete(name))
+    except Exception as e:  # noqa: BLE001
+        raise map_sky_error(e) from None
+    return row
+
+
+# ------------------------------------------------------------------------------------------ down
+
+
+def still_billing_lines(run) -> list[str]:
+    """What keeps billing once `launch down` has stopped a run's machines, with the command that stops it."""
+    from .catalog import storage_price
+    from .ui import money
+
+    h, lines = run.handle or {}, []
+    if run.backend == "ssh":
+        return [f"the machine {h.get('host', '(ssh host)')} is yours: it bills until you stop it at your provider"]
+    sizes = {}
+    try:
+        from .profile import load_profile
+        from .storage import storage_for
+
+        sizes = {s.name: s for s in storage_for(load_profile(run.profile))}
+    except Exception:  # noqa: BLE001 - the profile may be gone: report without sizes
+        pass
+    for kind in ("volume", "bucket"):
+        item = h.get(kind)
+        if not isinstance(item, dict) or not item.get("name"):
+            continue
+        name, s = item["name"], sizes.get(item["name"])
+        typ = item.get("type") or item.get("store") or (s.type if s else "?")
+        price = s.usd_per_month if s else None
+        size = f"{'~' if kind == 'bucket' else ''}{s.size_gb:,.0f} GB, " if s else ""
+        cost = f"~{money(price)}/month" if price is not None else f"price unknown ({storage_price(typ)[1]})"
+        lines.append(f"{kind} {name} ({size}{typ}) keeps billing {cost}: it holds the model cache and "
+                     f"checkpoints for `launch up {run.profile} --resume`; delete: launch volumes rm {name}")
+    if h.get("kind") == "managed_job":
+        lines.append("SkyPilot's managed-jobs controller is a machine of its own and bills until it autostops "
+                     "(`sky status` lists it)")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------- cli
+
+
+@click.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def volumes(ctx, as_json):
+    """Volumes and buckets (they bill after `launch down`): size, age, $/month, last run.
+
+    Example: launch volumes
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    rows, note = collect()
+    if as_json:
+        click.echo(json.dumps({"volumes": [r.to_dict() for r in rows], "note": note,
+                               "total_usd_per_month": round(sum(r.usd_per_month or 0 for r in rows), 2)}, indent=2))
+    else:
+        print_rows(rows, note)
+
+
+@volumes.command("rm")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask (scripts).")
+def rm(name, yes):
+    """Delete a volume or bucket and everything on it (asks first).
+
+    Example: launch volumes rm sonia-workspace
+    """
+    from .ui import console, money
+
+    row = delete(name, yes)
+    saved = "" if row.usd_per_month is None else f" ({money(row.usd_per_month)}/month less)"
+    console().print(f"[green]✓[/] deleted {row.kind} {name}{saved}")

@@ -1,0 +1,161 @@
+"""Budgets that match the bill: billed time accrued on every refresh (setup in, downtime out), a
+`--resume --set budget.max_usd=` stored with the run, a budget stop that keeps the work, cents shown."""
+
+import json
+import sqlite3
+import types
+
+import pytest
+from click.testing import CliRunner
+
+from launcher import registry, runs
+from launcher.backends import RemoteStatus
+from launcher.cli import cli
+from launcher.registry import Run
+
+PRICE = 3.6  # $/h = $0.001 per second
+
+
+class Clock:
+    def __init__(self, t):
+        self.t = t
+
+    def time(self):
+        return self.t
+
+
+class FakeBackend:
+    """A backend reduced to what the launcher asks: the state it reports, whether a machine bills."""
+
+    def __init__(self):
+        self.reply = RemoteStatus(state="running")
+        self.downs, self.specs = [], []
+
+    def status(self, run):
+        return self.reply
+
+    def down(self, run):
+        self.downs.append(run.id)
+
+    def up(self, spec):
+        self.specs.append(spec)
+        run = spec.run
+        run.cluster, run.handle = run.id, {**run.handle, "kind": "cluster", "cluster": run.id}
+        return run
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock(1000.0)
+    fake_time = types.SimpleNamespace(time=c.time, sleep=lambda s: None, strftime=__import__("time").strftime,
+                                      gmtime=__import__("time").gmtime)
+    monkeypatch.setattr(registry, "time", fake_time)
+    monkeypatch.setattr(runs, "time", fake_time)
+    return c
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    be = FakeBackend()
+    monkeypatch.setattr(runs, "backend_for", lambda run: be)
+    import launcher.backends
+
+    monkeypatch.setattr(launcher.backends, "get_backend", lambda name, **kw: be)
+    return be
+
+
+def launch(*args, input=None):
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def status(rid):
+    return json.loads(launch("status", rid, "--json").output)
+
+
+def test_billed_time_counts_setup_but_not_recovery_nor_the_time_down_before_resume(clock, backend):
+    registry.save(Run(id="r", profile="sonia-h100", backend="skypilot", started_at=1000.0, state="running",
+                      price_per_hour=PRICE, billed_s=0.0, billed_usd=0.0, billing_since=1000.0))
+    clock.t = 2000.0  # provisioning, setup and training so far: billed
+    assert status("r")["billed_s"] == 1000
+    backend.reply = RemoteStatus(state="starting", reason="preempted; recovering", billing=False)
+    clock.t = 2500.0  # billed up to this refresh (the last one saw a machine)
+    assert status("r")["billed_s"] == 1500
+    clock.t = 4000.0  # recovering: no machine bills
+    assert status("r")["billed_s"] == 1500
+    backend.reply = RemoteStatus(state="running", billing=True)
+    clock.t = 4100.0
+    status("r")
+    clock.t = 4200.0
+    assert status("r")["billed_s"] == 1600
+    backend.reply = RemoteStatus(state="preempted")  # machine gone until `launch up --resume`
+    clock.t = 4300.0
+    assert status("r")["cost_usd"] == pytest.approx(1.7)
+    clock.t = 9000.0  # down for 78 min: not billed (elapsed would say $8.00)
+    d = json.loads(launch("cost", "--json").output)
+    assert d["total_usd"] == pytest.approx(1.7) and d["runs"][0]["elapsed_s"] == 3300
+
+
+def test_resume_stores_the_budget_override_and_shows_cents(clock, backend):
+    from launcher.render import config_path, task_path
+
+    committed = {p: p.read_text() for p in (task_path("sonia-h100"), config_path("sonia-h100"))}
+    registry.save(Run(id="s1", profile="sonia-h100", backend="skypilot", started_at=1000.0, ended_at=1600.0,
+                      state="preempted", price_per_hour=PRICE, budget_usd=40.0, billed_s=600.0, billed_usd=0.6))
+    clock.t = 5000.0
+    r = launch("up", "sonia-h100", "--resume", "s1", "--set", "budget.max_usd=0.5")
+    assert r.exit_code == 0, r.output
+    assert "resumed s1 (sonia-h100 on skypilot, $3.60/h, budget $0.50, $0.60 spent so far)" in r.output
+    run = registry.get("s1")
+    assert (run.budget_usd, run.billed_s, run.billing_since, run.state) == (0.5, 600.0, 5000.0, "running")
+    (spec,) = backend.specs
+    assert spec.envs["LAUNCH_BUDGET_USD"] == "0.5" and spec.resume
+    assert {p: p.read_text() for p in committed} == committed  # sky/ keeps the profile's own budget
+    clock.t = 5100.0
+    assert json.loads(launch("cost", "--json").output)["runs"][0]["billed_s"] == 700
+
+
+def test_a_budget_stop_keeps_the_work_it_asks_before_losing_it(clock, backend, monkeypatch):
+    registry.save(Run(id="b", profile="sonia-h100", backend="skypilot", started_at=1000.0, state="running",
+                      price_per_hour=PRICE, budget_usd=0.5, billed_s=0.0, billed_usd=0.0, billing_since=1000.0))
+    clock.t = 1600.0  # $0.60 billed, no checkpoint yet
+    backend.reply = RemoteStatus(state="running", step=12)
+    r = launch("status", "b")
+    assert "before" not in r.output and "no checkpoint yet, so it keeps running" in r.output
+    assert backend.downs == [] and registry.get("b").state == "running"
+    monkeypatch.setattr(runs, "interactive", lambda: True)
+    r = launch("status", "b", input="n\n")
+    assert "tearing down now loses 12 steps. Tear down anyway?" in r.output and backend.downs == []
+    backend.reply = RemoteStatus.from_report("running", {"state": "training", "step": 30, "checkpoint_step": 25})
+    r = launch("status", "b")  # a checkpoint exists: no question, torn down
+    assert "billed spend $0.60 reached the $0.50 budget; torn down (checkpoint 25 kept)" in r.output
+    assert "--resume b --set budget.max_usd=" in r.output
+    run = registry.get("b")
+    assert backend.downs == ["b"] and run.state == "budget_exhausted" and run.billing_since is None
+
+
+def test_an_older_registry_database_gains_the_billing_columns(clock):
+    db = registry.db_path()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, profile TEXT NOT NULL, backend TEXT NOT NULL, "
+                "cluster TEXT, job_id TEXT, config_hash TEXT, started_at REAL NOT NULL, ended_at REAL, "
+                "price_per_hour REAL NOT NULL DEFAULT 0, budget_usd REAL, state TEXT NOT NULL, reason TEXT, "
+                "artifacts TEXT, handle TEXT NOT NULL DEFAULT '{}')")
+    con.execute("INSERT INTO runs (id, profile, backend, started_at, ended_at, price_per_hour, state) "
+                "VALUES ('old', 'sonia-h100', 'skypilot', 1000, 1900, 3.6, 'completed')")
+    con.commit()
+    con.close()
+    (old,) = registry.all_runs()
+    assert old.billed_s is None and old.billed() == (900.0, pytest.approx(0.9))  # as it was: elapsed x price
+    assert registry.accrue("old", False).billed() == (900.0, pytest.approx(0.9))
+    cols = {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(runs)")}
+    assert {"billed_s", "billed_usd", "billing_since"} <= cols
+
+
+def test_the_payload_tells_the_launcher_its_newest_checkpoint(tmp_path):
+    from payload.money import CostCallback, CostTracker
+
+    cb = CostCallback(CostTracker(tmp_path, price_per_hour=1.0, budget_usd=2.0))
+    cb.on_save(None, types.SimpleNamespace(global_step=40), None)
+    assert json.loads((tmp_path / "status.json").read_text())["checkpoint_step"] == 40
+    assert (tmp_path / "cost.json").exists()
