@@ -15,8 +15,8 @@ from typing import Optional
 
 from payload.config import ConfigError, line_for, load_yaml_with_lines
 
-from .backends.tasks import WORKDIR_INCLUDE
 from .profile import REPO_ROOT, Profile, ProfileError, load_profile, resolve_profile_path
+from .uploads import repo_relative
 
 
 def shown_path(path: Path):
@@ -43,9 +43,9 @@ def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optiona
                     "under data/ and give its path from the repo root, e.g. data/my.jsonl"), None
         target = Path(rel)
     else:
-        if not p.parts or p.parts[0] not in WORKDIR_INCLUDE or ".." in p.parts:
-            return (f"{rel} is outside {', '.join(d + '/' for d in WORKDIR_INCLUDE)} - all that is "
-                    "uploaded to the machine; move it under data/"), None
+        if not p.parts or ".." in p.parts or repo_relative(rel) is None:
+            return (f"{rel} is outside the repo, which is all that is uploaded to the machine; move it "
+                    "under data/"), None
         target = REPO_ROOT / rel
     if not target.exists():
         return f"{rel} not found (looked for {target}); put the file there or fix the path", None

@@ -57,7 +57,7 @@ def upload_plan(profile, config_yaml: Path, config_rel: str) -> Upload:
 
 
 def _add_data(up: Upload, source, profile) -> None:
-    rel = _repo_relative(source.path)
+    rel = repo_relative(source.path)
     if rel is None:
         up.not_uploaded.append((source.path, "outside the repo: the machine must have it at that path"))
         return
@@ -70,14 +70,14 @@ def _add_data(up: Upload, source, profile) -> None:
     if images is None and getattr(profile.model, "kind", None) == "image_text_to_text":
         images = str(PurePosixPath(rel).parent)
     if images is not None:
-        root = _repo_relative(images) if images not in ("", ".") else None
+        root = repo_relative(images) if images not in ("", ".") else None
         if root is None:
             up.not_uploaded.append((images, "image root outside the repo (or the repo root itself)"))
         else:
             up.files.update(_tree(REPO_ROOT / root, IMAGE_SUFFIXES))
 
 
-def _repo_relative(value: str) -> Optional[str]:
+def repo_relative(value: str) -> Optional[str]:
     """`value` as a clean path inside the repo (relative paths are relative to it), else None."""
     p = Path(value).expanduser()
     p = p if p.is_absolute() else REPO_ROOT / p

@@ -62,7 +62,7 @@ def test_config_and_data_problems_come_in_one_report(tmp_path):
     assert "train.max_stepz: unknown key; did you mean `max_steps`?" in lines[1]
     assert "data.sources.1.path: data/none.jsonl not found" in lines[2]
     assert "data.sources.2.path: /etc/hostname is an absolute path on this machine, which is not uploaded" in lines[3]
-    assert re.search(r"data.sources.3.path: ../outside.jsonl is outside payload/, sky/, data/ - all that is "
+    assert re.search(r"data.sources.3.path: ../outside.jsonl is outside the repo, which is all that is "
                      r"uploaded to the machine; move it under data/ \(present: "
                      r"payload/samples/demo_alpaca.jsonl \(13.4 KB\)\)$", lines[4]), lines[4]
 
