@@ -88,9 +88,10 @@ def data_file_report(path: Path, on_this_machine: Optional[bool] = None) -> tupl
     return problems, present
 
 
-def load_checked(name_or_path: str, backend: Optional[str] = None) -> tuple[Profile, list[str]]:
-    """(profile, present data files) or one ProfileError with every config and data problem.
-    `backend`: the one `launch up` will use (default: local for `infra: local`, else a remote one)."""
+def check_profile(name_or_path: str, backend: Optional[str] = None) -> tuple[Profile, list[str], list[str]]:
+    """(profile, present data files, data problems); config problems (and data problems with them,
+    so the user sees everything at once) raise one ProfileError. `backend`: the one `launch up` will
+    use (default: local for `infra: local`, else a remote one)."""
     path = resolve_profile_path(name_or_path)
     problems: list[str] = []
     profile = None
@@ -99,6 +100,15 @@ def load_checked(name_or_path: str, backend: Optional[str] = None) -> tuple[Prof
     except ProfileError as e:
         problems = list(e.problems)
     data_problems, present = data_file_report(path, None if backend is None else backend == "local")
-    if problems or data_problems:
+    if problems:
         raise ProfileError(problems + data_problems)
+    return profile, present, data_problems
+
+
+def load_checked(name_or_path: str, backend: Optional[str] = None) -> tuple[Profile, list[str]]:
+    """(profile, present data files) or one ProfileError with every config and data problem:
+    what `validate` and `up` use (a run cannot start without its data)."""
+    profile, present, data_problems = check_profile(name_or_path, backend)
+    if data_problems:
+        raise ProfileError(data_problems)
     return profile, present

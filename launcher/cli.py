@@ -139,18 +139,22 @@ def plan(profile, as_json):
 
     Example: launch plan sonia-h100
     """
-    from .checks import load_checked
+    from .checks import check_profile
     from .plan import plan_profile
-    from .ui import print_plan
+    from .ui import err_console, print_plan
 
-    p, _ = load_checked(profile)
+    p, _, data_problems = check_profile(profile)  # planning costs nothing: missing data is a warning here
     result = plan_profile(p)
     if as_json:
         import json
 
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json.dumps({**result.to_dict(), "data_problems": data_problems}, indent=2))
     else:
         print_plan(p, result)
+    from rich.text import Text
+
+    for line in data_problems:  # user text: printed literally
+        err_console().print(Text.assemble(("! ", "yellow"), f"{line}; `launch up` refuses until it is fixed"))
 
 
 @cli.command()

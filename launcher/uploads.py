@@ -1,7 +1,7 @@
 """What goes to the GPU machine: an allowlist, not a denylist.
 
 Exactly three kinds of files are uploaded as the task's workdir, at their repo-relative paths:
-- the payload's code: `payload/**/{*.py, *.txt, *.lock, *.jinja}` (no caches, dotfiles or symlinks);
+- the payload's code: `payload/**/{*.py, *.sh, *.txt, *.lock, *.jinja}` (no caches, dotfiles or symlinks);
 - the resolved run config, at the path the task's LAUNCH_CONFIG names (`sky/config/<profile>.yaml`);
 - the local data files the profile names (`data.sources[].path`), plus the image files under a
   source's `image_root` (or beside the data file, for vision-language models).
@@ -26,7 +26,7 @@ from typing import Optional
 from .profile import REPO_ROOT
 
 PAYLOAD_DIR = "payload"
-PAYLOAD_SUFFIXES = (".py", ".txt", ".lock", ".jinja")
+PAYLOAD_SUFFIXES = (".py", ".sh", ".txt", ".lock", ".jinja")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 STAGED_SKYIGNORE = "# launch: this directory holds exactly the upload allowlist; nothing to exclude.\n"
 STAGE_KEEP_S = 24 * 3600  # a staged workdir left by a detached launch is removed after a day
