@@ -88,27 +88,10 @@ def _require_training_extras():
 
 
 def _load_with_overrides(profile: str, sets: tuple[str, ...]):
-    """Apply KEY=VALUE overrides to a copy of the profile file and load that."""
-    import tempfile
+    """The profile with KEY=VALUE overrides applied in memory (nothing is written)."""
+    from .profile import load_profile
 
-    import yaml
-
-    from .profile import load_profile, resolve_profile_path
-
-    path = resolve_profile_path(profile)
-    data = yaml.safe_load(path.read_text())
-    for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"`{item}`: expected KEY=VALUE, e.g. train.max_steps=10", param_hint="--set")
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = yaml.safe_load(value)
-    out = Path(tempfile.mkdtemp(prefix="launch-profile-")) / path.name
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_profile(str(out))
+    return load_profile(profile, overrides=tuple(sets))
 
 
 def _pick_run(p, backend: str, resume, force_new):
