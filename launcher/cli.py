@@ -30,10 +30,10 @@ class LaunchGroup(click.Group):
             lines = user_error_lines(e)
             if lines is None:
                 raise
-            from .ui import err_console
+            from .ui import err_console, literal
 
-            for line in lines:
-                err_console().print(f"[red]✗[/] {line}", highlight=False, soft_wrap=True)
+            for line in lines:  # error text carries user and remote text: printed literally, never as markup
+                err_console().print(literal("[red]✗[/] ", line), highlight=False, soft_wrap=True)
             ctx.exit(1)
 
 
@@ -42,13 +42,13 @@ def user_error_lines(e: Exception):
 
     from .backends import BackendError
     from .catalog import PlanError
-    from .registry import RunNotFound
+    from .registry import RegistryError, RunNotFound
 
     if isinstance(e, ConfigError):
         n = len(e.problems)
         head = [f"{n} problem{'s' if n > 1 else ''} in the profile:"] if n > 1 else []
         return head + list(e.problems)
-    if isinstance(e, (BackendError, PlanError, RunNotFound)):
+    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError)):
         return [str(e)]
     if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
         return [f"disk full: {e.filename or ''} - free space or set LAUNCH_HOME to a larger disk"]
@@ -79,11 +79,11 @@ def validate(profile):
     Example: launch validate clusters/sonia-h100.yaml
     """
     from .profile import load_profile
-    from .ui import console
+    from .ui import console, literal
 
     p = load_profile(profile)
-    console().print(f"[green]✓[/] {p.name}: valid ({p.cluster.accelerators or 'CPU'} x {p.cluster.num_nodes} "
-                    f"node(s), {p.train.method}, {p.model.name_or_path})")
+    console().print(literal("[green]✓[/] ", f"{p.name}: valid ({p.cluster.accelerators or 'CPU'} x "
+                            f"{p.cluster.num_nodes} node(s), {p.train.method}, {p.model.name_or_path})"))
 
 
 @cli.command()

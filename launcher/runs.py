@@ -40,7 +40,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     from . import registry
     from .backends import BackendError, LaunchSpec, get_backend
     from .profile import load_profile
-    from .ui import console, hints
+    from .ui import console, esc, hints
 
     p = load_profile(profile) if not sets else _load_with_overrides(profile, sets)
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
@@ -63,13 +63,13 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
             "LAUNCH_BUDGET_USD": f"{p.budget.max_usd:g}"}
     spec = LaunchSpec(run=run, profile=p, task_yaml=task_yaml, config_yaml=config_yaml, envs=envs,
                       secrets=secrets, resume=resuming)
-    with console().status(f"starting {run.id} on {backend}..."):
+    with console().status(f"starting {esc(run.id)} on {backend}..."):
         started = be.up(spec)
     started.state = "running"
     started.ended_at = None
     registry.save(started)
     verb = "resumed" if spec.resume else "started"
-    console().print(f"[green]✓[/] {verb} [bold]{run.id}[/] ({p.name} on {backend}, "
+    console().print(f"[green]✓[/] {verb} [bold]{esc(run.id)}[/] ({esc(p.name)} on {backend}, "
                     f"${run.price_per_hour:.2f}/h, budget ${p.budget.max_usd:g})")
     if follow:
         return _follow(started, progress=False)
@@ -121,10 +121,10 @@ def _pick_run(p, backend: str, resume, force_new):
     if not force_new:
         latest = next((r for r in registry.all_runs() if r.profile == p.name), None)
         if latest is not None and _refresh(latest).state in ("preempted", "failed", "stopped", "budget_exhausted"):
-            from .ui import console
+            from .ui import console, literal
 
-            console().print(f"[yellow]![/] last run {latest.id} ended {latest.state}; starting a new one "
-                            f"(continue it instead with `launch up {p.name} --resume {latest.id}`)")
+            console().print(literal("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
+                                    f"one (continue it instead with `launch up {p.name} --resume {latest.id}`)"))
     return registry.Run(id=registry.new_run_id(p.name), profile=p.name, backend=backend,
                         config_hash=p.config_hash(), budget_usd=p.budget.max_usd), False
 
@@ -144,7 +144,7 @@ def _price(p, backend: str) -> tuple[float, str]:
 def _render_for_run(p, run, backend: str, price_source: str):
     """Cloud: the committed sky/ files (re-rendered if stale). Local/ssh: per-run copies."""
     from .render import config_path, render_text, task_path, write
-    from .state import state_dir
+    from .state import private_dir, state_dir, write_private
 
     if backend == "skypilot":
         # sky/ is committed and CI runs `launch render --check`: render it with the offline price, as
@@ -158,11 +158,8 @@ def _render_for_run(p, run, backend: str, price_source: str):
         write({task_path(p.name): task_text, config_path(p.name): config_text})
         return task_path(p.name), config_path(p.name)
     task_text, config_text = render_text(p, run.price_per_hour)
-    d = state_dir() / "rendered" / run.id
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "task.yaml").write_text(task_text)
-    (d / f"{p.name}.yaml").write_text(config_text)
-    return d / "task.yaml", d / f"{p.name}.yaml"
+    d = private_dir(private_dir(state_dir() / "rendered") / run.id)
+    return write_private(d / "task.yaml", task_text), write_private(d / f"{p.name}.yaml", config_text)
 
 
 def backend_for(run):
@@ -235,10 +232,10 @@ def _follow(run, progress: bool):
     else:
         _progress(run)
     run = _refresh(run)
-    from .ui import console
+    from .ui import console, literal
 
-    mark = "[green]✓[/]" if run.state == "completed" else "[yellow]![/]"
-    console().print(f"{mark} {run.id}: {run.state}" + (f" ({run.reason})" if run.reason else ""))
+    mark = "[green]✓[/] " if run.state == "completed" else "[yellow]![/] "
+    console().print(literal(mark, f"{run.id}: {run.state}" + (f" ({run.reason})" if run.reason else "")))
     if run.state != "completed":
         sys.exit(1)
 
@@ -246,11 +243,11 @@ def _follow(run, progress: bool):
 def _progress(run):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .ui import console
+    from .ui import console, esc
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console()) as bar:
-        task = bar.add_task(run.id, total=None, info="starting")
+        task = bar.add_task(esc(run.id), total=None, info="starting")
         while True:
             run = _refresh(run)
             st = run._remote
@@ -277,7 +274,7 @@ def status(run_id, all_, as_json):
     Example: launch status --json
     """
     from . import registry
-    from .ui import console, err_console, status_table
+    from .ui import console, err_console, literal, status_table
 
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
     rows = []
@@ -289,8 +286,8 @@ def status(run_id, all_, as_json):
             backend_for(run).down(run)
             run = registry.update(run.id, state="budget_exhausted", ended_at=time.time(),
                                   reason=f"spend ${spent:.2f} reached the ${run.budget_usd:g} budget")
-            err_console().print(f"[red]✗[/] {run.id}: spend reached the budget; torn down "
-                            f"(resume with a higher budget.max_usd and `launch up {run.profile} --resume`)")
+            err_console().print(literal("[red]✗[/] ", f"{run.id}: spend reached the budget; torn down (resume "
+                                        f"with a higher budget.max_usd and `launch up {run.profile} --resume`)"))
             row = _row(run)
         rows.append(row)
     if as_json:
@@ -312,7 +309,7 @@ def cost(as_json):
     from rich.table import Table
 
     from . import registry
-    from .ui import console, duration, money
+    from .ui import cell, console, duration, money
 
     rows = [_row(_refresh(r) if r.active else r) for r in registry.all_runs()]
     total = round(sum(r["cost_usd"] for r in rows), 6)
@@ -321,8 +318,8 @@ def cost(as_json):
         return
     t = Table("run", "profile", "state", "$/h", "elapsed", "spent", "budget")
     for r in rows:
-        t.add_row(r["id"], r["profile"], r["state"], money(r["price_per_hour"]), duration(r["elapsed_s"]),
-                  money(r["cost_usd"]), money(r["budget_usd"]))
+        t.add_row(cell(r["id"]), cell(r["profile"]), cell(r["state"]), money(r["price_per_hour"]),
+                  duration(r["elapsed_s"]), money(r["cost_usd"]), money(r["budget_usd"]))
     console().print(t)
     console().print(f"[bold]total[/] {money(total)} over {len(rows)} run(s)")
 
@@ -343,25 +340,26 @@ def down(run_id, fetch_artifacts, dest):
 
     from . import registry
     from .backends import BackendError
-    from .ui import console, hints
+    from .ui import console, esc, hints, literal
 
     run = registry.get(run_id)
     run = _refresh(run)
     be = backend_for(run)
     target = Path(dest) / run.id
     if fetch_artifacts:
-        with console().status(f"fetching artifacts of {run.id}..."):
+        with console().status(f"fetching artifacts of {esc(run.id)}..."):
             got = be.fetch(run, target, layout.ARTIFACTS)
         problems = verify_artifacts(target)
         if problems:
             raise BackendError(f"not tearing down {run.id}: fetching artifacts failed ({'; '.join(problems)}); "
                                f"retry `launch down {run.id} --fetch-artifacts`, or tear down without --fetch-artifacts")
         registry.update(run.id, artifacts=str(target.resolve()))
-        console().print(f"[green]✓[/] {len(got)} artifacts in {target} (checksums in {target}/MANIFEST.json)")
+        console().print(literal("[green]✓[/] ", f"{len(got)} artifacts in {target} (checksums in "
+                                                f"{target}/MANIFEST.json)"))
     be.down(run)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
-    console().print(f"[green]✓[/] {run.id} is down ({run.state})")
+    console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state})"))
     if fetch_artifacts:
         print_summary(run, target)
     else:
@@ -394,17 +392,27 @@ def verify_artifacts(target: Path) -> list[str]:
 
 
 def print_summary(run, target: Path) -> None:
-    from .ui import console, duration, money
+    from .ui import console, duration, literal, money
 
     try:
         s = json.loads((target / "training_summary.json").read_text())
     except (OSError, ValueError):
         s = {}
-    c = console()
-    c.print(f"[bold]{run.id}[/]: {s.get('state', run.state)}")
-    c.print(f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss {s.get('final_train_loss', s.get('final_loss', '-'))}, "
-            f"eval loss {s.get('final_eval_loss', s.get('best_eval_loss', '-'))}")
-    c.print(f"  {duration(run.elapsed_s())} on the machine, {money(run.elapsed_s() / 3600 * run.price_per_hour)} "
-            f"at ${run.price_per_hour:.2f}/h ({duration(s.get('duration_s'))} and "
-            f"{money(s.get('cost_usd'))} of it training)")
-    c.print(f"  artifacts: {target.resolve()}" + ("  (loss plot: loss.png)" if (target / "loss.png").exists() else ""))
+    if not isinstance(s, dict):
+        s = {}
+    c = console()  # the summary comes from the remote machine: every value is printed literally
+    c.print(literal("", run.id, ": ", s.get("state", run.state)))
+    c.print(literal("", f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss "
+                        f"{s.get('final_train_loss', s.get('final_loss', '-'))}, eval loss "
+                        f"{s.get('final_eval_loss', s.get('best_eval_loss', '-'))}"))
+    machine = money(run.elapsed_s() / 3600 * run.price_per_hour)
+    c.print(literal("", f"  {duration(run.elapsed_s())} on the machine, {machine} at ${run.price_per_hour:.2f}/h "
+                        f"({duration(_number(s.get('duration_s')))} and {money(_number(s.get('cost_usd')))} of it "
+                        "training)"))
+    plot = "  (loss plot: loss.png)" if (target / "loss.png").exists() else ""
+    c.print(literal("", f"  artifacts: {target.resolve()}{plot}"))
+
+
+def _number(value):
+    """A number from remote JSON, or None (a string there must not crash the summary)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
