@@ -115,13 +115,17 @@ class DataConfig(Strict):
     dedup: bool = True
     """Drop records whose content hash (after transforms) was already seen in any source."""
     max_tokens: Optional[int] = Field(default=None, gt=0)
-    """Drop records longer than this many tokens (needs a tokenizer). Defaults to no filter."""
+    """Drop records longer than this many tokens of the model's tokenizer (chat template applied), at
+    the data stage; drops are counted as `too many tokens`. Defaults to no filter."""
     max_invalid_fraction: float = Field(default=0.01, ge=0, le=1)
     """Fail the stage when more than this fraction of a source's records are invalid."""
     strict: bool = False
     """Fail on the first invalid record instead of skipping and counting it."""
     report_first: int = Field(default=20, ge=0)
     """How many dropped records (with reason and file:line) `data_stats.json` lists per source."""
+    max_image_pixels: int = Field(default=50_000_000, gt=0)
+    """Largest accepted image (width x height); larger ones are dropped as `bad image` at the data
+    stage (every image is opened and decoded there, once per distinct file)."""
     max_record_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     """Longest accepted line (JSONL/CSV) or JSON-array element in bytes; longer ones are skipped
     and reported as invalid without being held in memory."""

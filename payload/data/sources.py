@@ -23,7 +23,8 @@ from typing import Any, Iterator, Optional
 from payload.config import SourceConfig
 from payload.errors import PayloadError
 
-from .records import ImageContext, RecordError, first_required
+from .images import ImageChecker, ImageContext, file_digest
+from .records import RecordError, first_required
 
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 _SKIP_CHUNK = 1 << 20
@@ -59,21 +60,23 @@ class Source:
                 return
 
     def fingerprint(self) -> dict:
-        """What identifies the input for the cache marker."""
+        """What identifies the input for the cache marker: a local file by its content (sha256)."""
         if self.path is None:
             return {"hf": self.cfg.hf_dataset, "config": self.cfg.hf_config, "split": self.cfg.hf_split}
-        st = self.path.stat()
-        return {"path": str(self.path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return {"path": str(self.path), "sha256": file_digest(self.path)}
 
 
-def open_source(cfg: SourceConfig, index: int, base: Path, out_dir: Path, max_bytes: int) -> Source:
-    """Check a source before any record is read; raise PayloadError naming the file and the fix."""
+def open_source(cfg: SourceConfig, index: int, base: Path, out_dir: Path, max_bytes: int,
+                checker: Optional[ImageChecker] = None) -> Source:
+    """Check a source before any record is read; raise PayloadError naming the file and the fix.
+    `checker` is shared by the sources of one run (each image is checked once)."""
+    checker = checker or ImageChecker()
     save_dir = out_dir / "images"
     key = f"data.sources[{index}]"
     if cfg.hf_dataset:
         root = _under(base, cfg.image_root) if cfg.image_root else base
         label = f"{cfg.hf_dataset}[{cfg.hf_split}]"
-        return Source(cfg, index, label, "hf", None, ImageContext(root, save_dir), max_bytes)
+        return Source(cfg, index, label, "hf", None, ImageContext(root, save_dir, checker), max_bytes)
     path = _under(base, cfg.path)
     if not path.exists():
         raise PayloadError(f"{cfg.name}: data file {cfg.path} not found (looked for {path}); "
@@ -88,7 +91,7 @@ def open_source(cfg: SourceConfig, index: int, base: Path, out_dir: Path, max_by
         raise PayloadError(f"{cfg.name}: {cfg.path} is empty (0 bytes); "
                            f"point {key}.path at the real file or remove the source")
     root = _under(base, cfg.image_root) if cfg.image_root else path.parent
-    src = Source(cfg, index, cfg.path, kind, path, ImageContext(root, save_dir), max_bytes)
+    src = Source(cfg, index, cfg.path, kind, path, ImageContext(root, save_dir, checker), max_bytes)
     if kind == "csv":
         _check_columns(src, _csv_header(src), "CSV header")
     elif kind == "parquet":
