@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 from typing import Literal, Optional, Union
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from payload.config import (
     ConfigError,
@@ -31,6 +31,16 @@ NO_MULTI_NODE = {"runpod", "vast", "hyperbolic", "primeintellect", "seeweb", "sh
                  "vsphere", "yotta"}
 
 
+def mount_point(value: str) -> str:
+    """A mount point on the GPU machine: the run directory lives under it, so it must be a plain
+    absolute path (no `..`, not `/`), e.g. `/workspace`."""
+    parts = value.split("/")
+    if not value.startswith("/") or value == "/" or any(x in ("..", ".") for x in parts) or "\n" in value:
+        raise ValueError(f"{value!r} is not a usable mount point: give an absolute path without `.`/`..` "
+                         "components (not `/` itself), e.g. /workspace")
+    return value
+
+
 class VolumeConfig(Strict):
     """A persistent network volume (created or reused with `sky volumes apply` before launch)."""
 
@@ -40,6 +50,8 @@ class VolumeConfig(Strict):
     mount: str = "/workspace"
     type: Literal["runpod-network-volume", "k8s-pvc"] = "runpod-network-volume"
 
+    _mount = field_validator("mount")(mount_point)
+
 
 class BucketConfig(Strict):
     """An object-store bucket mounted on every node (multi-node checkpoints, shared storage)."""
@@ -48,6 +60,8 @@ class BucketConfig(Strict):
     store: Literal["s3", "gcs", "azure", "r2"] = "s3"
     mount: str = "/checkpoints"
     mode: Literal["MOUNT", "MOUNT_CACHED"] = "MOUNT_CACHED"
+
+    _mount = field_validator("mount")(mount_point)
 
 
 class ClusterConfig(Strict):
