@@ -57,6 +57,7 @@ class ImageChecker:
     files: dict = field(default_factory=dict)  # (path, size, mtime_ns) -> None | reason
     embedded: dict = field(default_factory=dict)  # content digest -> stored path | reason
     used: dict = field(default_factory=dict)  # absolute path -> sha256 of the file (cache key)
+    refs: dict = field(default_factory=dict)  # (base dir, path as written) -> path | (kind, detail)
 
     def check_file(self, path: Path, where: str) -> str:
         """The absolute path of a valid image file, or RecordError."""
@@ -164,8 +165,17 @@ def resolve_image(ref: Any, where: str, images: ImageContext) -> str:
             return checker.check_bytes(_data_uri(ref, where, checker), where, images.save_dir)
         if ref.startswith(("http://", "https://")):
             raise RecordError("bad image", f"{where}: remote URL {ref[:80]!r}; download images and use local paths")
-        path = Path(ref)
-        return checker.check_file(path if path.is_absolute() else images.base / path, where)
+        got = checker.refs.get((images.base, ref))  # most records repeat a reference: no stat, no Path
+        if got is None:
+            path = Path(ref)
+            try:
+                got = checker.check_file(path if path.is_absolute() else images.base / path, "")
+            except RecordError as e:
+                got = (e.kind, e.detail)
+            checker.refs[(images.base, ref)] = got
+        if type(got) is tuple:
+            raise RecordError(got[0], where + got[1])
+        return got
     if isinstance(ref, dict):
         data = ref.get("bytes")
         if data is not None and data != b"" and data != "":
