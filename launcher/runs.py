@@ -30,7 +30,8 @@ TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
 @click.option("--new", "force_new", is_flag=True, help="Start a fresh run even if an earlier one could resume.")
 @click.option("--nodes", type=int, help="local backend: number of local node processes.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a profile value (YAML), e.g. --set train.max_steps=10 (local/ssh backends).")
+              help="Override a profile value (YAML), e.g. --set train.max_steps=10 or, for a list item, "
+                   "--set data.sources.0.path=d.jsonl (local/ssh backends).")
 @click.option("--follow", is_flag=True, help="Follow the logs after starting.")
 def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, follow):
     """Render the SkyPilot task, upload the payload, start the run (detached).
