@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_data.py                    # 200k records
     .venv/bin/python bench/bench_data.py --records 1000000  # the 1M memory check
+    .venv/bin/python bench/bench_data.py --images 200       # 10% of records reference 200 image files
 
 Generates two JSONL files (persona chats with a system prompt; glm-style chats with empty system
 prompts and `<think>` blocks, ~1% exact duplicates), then runs `payload.data.prepare` on the
@@ -9,7 +10,10 @@ runbook-000 recipe in a fresh child process pinned to one core, and reports reco
 child's peak resident memory (baseline of the interpreter + imports reported separately). The rate
 is given per wall-clock second and per CPU-second of the child (the latter is what one free core
 would do; the two differ on a busy machine).
-Target: >= 50k records/s on one core for the JSONL path; memory a few hundred MB at 1M records.
+Every image is opened, size-checked and decoded by the data stage, once per distinct file, and the
+inputs are content-hashed for the cache key: both are inside the measured time.
+Target: >= 50k records/s on one core for the JSONL path, with or without image references (images
+validated once per distinct file); memory a few hundred MB at 1M records.
 """
 
 from __future__ import annotations
@@ -44,9 +48,32 @@ def _chat(rng: random.Random, i: int, glm: bool) -> dict:
                          {"role": "assistant", "content": "That one is lovely too. " * rng.randint(1, 4)}]}
 
 
-def generate(out: Path, records: int, seed: int = 0) -> dict:
-    """Write sonia.jsonl (~80%) and glm.jsonl (~20%) with ~1% duplicates; return paths and sizes."""
+def _images(out: Path, n: int, rng: random.Random) -> list[str]:
+    """`n` distinct 256x256 JPEG photos-to-be (noise), the kind of file a VL record references."""
+    from PIL import Image
+
+    names = []
+    for i in range(n):
+        img = Image.effect_noise((256, 256), 40 + rng.random() * 40).convert("RGB")
+        name = f"img_{i:04d}.jpg"
+        img.save(out / name, format="JPEG", quality=85)
+        names.append(name)
+    return names
+
+
+def _with_image(rec: dict, image: str) -> dict:
+    msgs = rec["messages"]
+    user = next(m for m in msgs if m["role"] == "user")
+    user["content"] = [{"type": "image", "image": image}, {"type": "text", "text": user["content"]}]
+    return rec
+
+
+def generate(out: Path, records: int, seed: int = 0, images: int = 0, image_share: float = 0.1) -> dict:
+    """Write sonia.jsonl (~80%) and glm.jsonl (~20%) with ~1% duplicates; return paths and sizes.
+    With `images`, that many distinct image files exist and `image_share` of the sonia records
+    reference one of them (the data stage validates each file once)."""
     rng = random.Random(seed)
+    pool = _images(out, images, rng) if images else []
     n_glm = records // 5
     files = {"sonia": (out / "sonia.jsonl", records - n_glm, False), "glm": (out / "glm.jsonl", n_glm, True)}
     for name, (path, n, glm) in files.items():
@@ -56,7 +83,10 @@ def generate(out: Path, records: int, seed: int = 0) -> dict:
                 if recent and rng.random() < 0.01:
                     line = rng.choice(recent)
                 else:
-                    line = json.dumps(_chat(rng, i, glm), ensure_ascii=False)
+                    rec = _chat(rng, i, glm)
+                    if pool and not glm and rng.random() < image_share:
+                        rec = _with_image(rec, rng.choice(pool))
+                    line = json.dumps(rec, ensure_ascii=False)
                     recent = (recent + [line])[-100:]
                 f.write(line + "\n")
     return {name: {"path": str(p), "records": n, "mb": round(p.stat().st_size / 2**20, 1)}
@@ -93,6 +123,8 @@ def child(config_json: str, out_dir: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--images", type=int, default=0, metavar="N",
+                    help="N distinct image files, referenced by 10%% of the sonia records (validated once each)")
     ap.add_argument("--keep", help="generate into (and keep) this directory instead of a temp dir")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -102,7 +134,7 @@ def main() -> None:
         corpus = Path(args.keep or tmp)
         corpus.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        files = generate(corpus, args.records)
+        files = generate(corpus, args.records, images=args.images)
         print(f"generated {args.records:,} records in {time.perf_counter() - t0:.1f}s: {json.dumps(files)}")
         cmd = [sys.executable, __file__, "--child", json.dumps(recipe(corpus)), str(corpus / "out")]
         if _has_taskset():

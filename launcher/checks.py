@@ -15,7 +15,7 @@ from typing import Optional
 
 from payload.config import ConfigError, line_for, load_yaml_with_lines
 
-from .profile import REPO_ROOT, Profile, ProfileError, load_profile, resolve_profile_path
+from .profile import REPO_ROOT, Profile, ProfileError, apply_override, load_profile, resolve_profile_path
 from .uploads import repo_relative
 
 
@@ -59,12 +59,15 @@ def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optiona
     return None, size
 
 
-def data_file_report(path: Path, on_this_machine: Optional[bool] = None) -> tuple[list[str], list[str]]:
-    """(problems, present) for the local data files a profile file names: problems as
-    `file:line: key: what; fix`, present as `path (size)`. `on_this_machine`: the run uses the local
-    backend, where an absolute path works (default: when the profile's infra is `local`)."""
+def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
+                     overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """(problems, present) for the local data files a profile file names (after `--set` overrides):
+    problems as `file:line: key: what; fix`, present as `path (size)`. `on_this_machine`: the run uses
+    the local backend, where an absolute path works (default: when the profile's infra is `local`)."""
     try:
         data, lines = load_yaml_with_lines(path)
+        for item in overrides:
+            apply_override(data, lines, item)
     except ConfigError:
         return [], []  # the profile's own loading reports it
     shown = shown_path(path)
@@ -88,7 +91,8 @@ def data_file_report(path: Path, on_this_machine: Optional[bool] = None) -> tupl
     return problems, present
 
 
-def check_profile(name_or_path: str, backend: Optional[str] = None) -> tuple[Profile, list[str], list[str]]:
+def check_profile(name_or_path: str, backend: Optional[str] = None,
+                  overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str], list[str]]:
     """(profile, present data files, data problems); config problems (and data problems with them,
     so the user sees everything at once) raise one ProfileError. `backend`: the one `launch up` will
     use (default: local for `infra: local`, else a remote one)."""
@@ -96,19 +100,20 @@ def check_profile(name_or_path: str, backend: Optional[str] = None) -> tuple[Pro
     problems: list[str] = []
     profile = None
     try:
-        profile = load_profile(str(path))
+        profile = load_profile(str(path), overrides=overrides)
     except ProfileError as e:
         problems = list(e.problems)
-    data_problems, present = data_file_report(path, None if backend is None else backend == "local")
+    data_problems, present = data_file_report(path, None if backend is None else backend == "local", overrides)
     if problems:
         raise ProfileError(problems + data_problems)
     return profile, present, data_problems
 
 
-def load_checked(name_or_path: str, backend: Optional[str] = None) -> tuple[Profile, list[str]]:
+def load_checked(name_or_path: str, backend: Optional[str] = None,
+                 overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str]]:
     """(profile, present data files) or one ProfileError with every config and data problem:
     what `validate` and `up` use (a run cannot start without its data)."""
-    profile, present, data_problems = check_profile(name_or_path, backend)
+    profile, present, data_problems = check_profile(name_or_path, backend, overrides)
     if data_problems:
         raise ProfileError(data_problems)
     return profile, present

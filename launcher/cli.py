@@ -30,10 +30,10 @@ class LaunchGroup(click.Group):
             lines = user_error_lines(e)
             if lines is None:
                 raise
-            from .ui import err_console
+            from .ui import err_console, literal
 
-            for line in lines:
-                err_console().print(f"[red]✗[/] {line}", highlight=False, soft_wrap=True)
+            for line in lines:  # error text carries user and remote text: printed literally, never as markup
+                err_console().print(literal("[red]✗[/] ", line), highlight=False, soft_wrap=True)
             ctx.exit(1)
 
 
@@ -42,13 +42,13 @@ def user_error_lines(e: Exception):
 
     from .backends import BackendError
     from .catalog import PlanError
-    from .registry import RunNotFound
+    from .registry import RegistryError, RunNotFound
 
     if isinstance(e, ConfigError):
         n = len(e.problems)
         head = [f"{n} problem{'s' if n > 1 else ''} in the profile:"] if n > 1 else []
         return head + list(e.problems)
-    if isinstance(e, (BackendError, PlanError, RunNotFound)):
+    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError)):
         return [str(e)]
     if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
         return [f"disk full: {e.filename or ''} - free space or set LAUNCH_HOME to a larger disk"]
@@ -81,20 +81,20 @@ def validate(profile):
     from .checks import load_checked
     from .plan import MEMORY_FIX, memory_verdict
     from .profile import ProfileError, resolve_profile_path
-    from .ui import console
+    from .ui import console, literal
 
     p, data_files = load_checked(profile)
     mem = memory_verdict(p)
     if mem["status"] == "does not fit":
         raise ProfileError([f"{resolve_profile_path(profile)}: train: GPU memory {mem['detail']} does not fit "
                             f"{p.cluster.accelerators}; {MEMORY_FIX}"])
-    console().print(f"[green]✓[/] {p.name}: valid ({p.cluster.accelerators or 'CPU'} x {p.cluster.num_nodes} "
-                    f"node(s), {p.train.method}, {p.model.name_or_path})")
+    console().print(literal("[green]✓[/] ", f"{p.name}: valid ({p.cluster.accelerators or 'CPU'} x "
+                            f"{p.cluster.num_nodes} node(s), {p.train.method}, {p.model.name_or_path})"))
     for line in data_files:
-        console().print(f"  data: {line}", soft_wrap=True)
+        console().print(literal("  data: ", line), soft_wrap=True)
     if mem["status"] not in ("n/a",):
         mark = "[yellow]![/]" if mem["status"] in ("tight", "unknown") else "[green]✓[/]"
-        console().print(f"{mark} GPU memory {mem['status']}: {mem['detail']} (estimate, +-20%)")
+        console().print(literal(f"{mark} ", f"GPU memory {mem['status']}: {mem['detail']} (estimate, +-20%)"))
 
 
 @cli.command()

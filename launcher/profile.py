@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 from typing import Literal, Optional, Union
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from payload.config import (
     ConfigError,
@@ -20,6 +20,7 @@ from payload.config import (
     line_for,
     load_yaml_with_lines,
 )
+from payload.yamlio import YamlProblem, parse_yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CLUSTERS_DIR = REPO_ROOT / "clusters"
@@ -28,6 +29,16 @@ CATALOG_DIR = Path(__file__).resolve().parent / "catalog" / "v8"
 # SkyPilot 0.14.1 clouds that cannot run a task on several nodes (clouds/*.py: MULTI_NODE unsupported).
 NO_MULTI_NODE = {"runpod", "vast", "hyperbolic", "primeintellect", "seeweb", "shadeform", "verda",
                  "vsphere", "yotta"}
+
+
+def mount_point(value: str) -> str:
+    """A mount point on the GPU machine: the run directory lives under it, so it must be a plain
+    absolute path (no `..`, not `/`), e.g. `/workspace`."""
+    parts = value.split("/")
+    if not value.startswith("/") or value == "/" or any(x in ("..", ".") for x in parts) or "\n" in value:
+        raise ValueError(f"{value!r} is not a usable mount point: give an absolute path without `.`/`..` "
+                         "components (not `/` itself), e.g. /workspace")
+    return value
 
 
 class VolumeConfig(Strict):
@@ -39,6 +50,8 @@ class VolumeConfig(Strict):
     mount: str = "/workspace"
     type: Literal["runpod-network-volume", "k8s-pvc"] = "runpod-network-volume"
 
+    _mount = field_validator("mount")(mount_point)
+
 
 class BucketConfig(Strict):
     """An object-store bucket mounted on every node (multi-node checkpoints, shared storage)."""
@@ -47,6 +60,8 @@ class BucketConfig(Strict):
     store: Literal["s3", "gcs", "azure", "r2"] = "s3"
     mount: str = "/checkpoints"
     mode: Literal["MOUNT", "MOUNT_CACHED"] = "MOUNT_CACHED"
+
+    _mount = field_validator("mount")(mount_point)
 
 
 class ClusterConfig(Strict):
@@ -168,8 +183,11 @@ def resolve_profile_path(name_or_path: str) -> Path:
                         f"(or give a path to a .yaml file)"])
 
 
-def load_profile(name_or_path: str) -> Profile:
-    """Load and validate a profile; every problem is reported at once in a ProfileError."""
+def load_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> Profile:
+    """Load and validate a profile; every problem is reported at once in a ProfileError.
+
+    `overrides` are `KEY=VALUE` strings (`--set`), applied to the file's data before validation; the
+    file itself is never copied or changed."""
     path = resolve_profile_path(name_or_path)
     try:
         shown = path.resolve().relative_to(Path.cwd())
@@ -179,6 +197,8 @@ def load_profile(name_or_path: str) -> Profile:
         data, lines = load_yaml_with_lines(path)
     except ConfigError as e:
         raise ProfileError(e.problems) from None
+    for item in overrides:
+        apply_override(data, lines, item)
     problems: list[str] = []
     try:
         profile = Profile.model_validate(data)
@@ -193,6 +213,47 @@ def load_profile(name_or_path: str) -> Profile:
         raise ProfileError([f"{shown}:{line_for(lines, ('name',)) or 1}: name: `{profile.name}` must "
                             f"match the file name `{path.stem}`"])
     return profile
+
+
+def apply_override(data: dict, lines: dict, item: str) -> None:
+    """Apply one `--set KEY=VALUE` (KEY dotted, list items by index: `data.sources.0.path=x`) in place.
+    VALUE is YAML. The key's lines are forgotten, so a problem with it names its section's line."""
+    key, sep, value = item.partition("=")
+    parts = key.split(".")
+    if not sep or not all(parts):
+        raise ProfileError([f"--set {item}: expected KEY=VALUE with a dotted key, e.g. train.max_steps=10 "
+                            "or data.sources.0.path=data.jsonl"])
+    try:
+        parsed, _ = parse_yaml(value, f"--set {key}")
+    except YamlProblem as e:
+        raise ProfileError([str(e)]) from None
+    node, path = data, ()
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[:i]) or "the profile"
+        if isinstance(node, list):
+            if not (part.isdigit() and int(part) < len(node)):
+                have = f"use an index from 0 to {len(node) - 1}, or" if node else "it is empty:"
+                raise ProfileError([f"--set {key}: {where} is a list of {len(node)}; {have} set the whole list "
+                                    f"with --set {where}=[...]"])
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise ProfileError([f"--set {key}: {where} is a value ({_brief(node)}), not a section; use "
+                                f"--set {where}=... instead"])
+        path += (part,)
+        if last:
+            node[part] = parsed
+        else:
+            if isinstance(node, dict) and node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+    for loc in [k for k in lines if k[:len(path)] == path]:
+        del lines[loc]
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:36] + "..."
 
 
 def _semantic_checks(p: Profile, path, lines) -> list[str]:

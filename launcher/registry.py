@@ -6,14 +6,17 @@ a busy timeout, each change in its own transaction). No secret is ever stored he
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from typing import Iterator, Optional
 
-from .state import state_dir
+from .state import state_dir, tighten
 
 ACTIVE_STATES = ("starting", "running")
 STATES = ("starting", "running", "completed", "failed", "preempted", "stopped", "budget_exhausted")
@@ -89,21 +92,104 @@ class Run:
         return asdict(self)
 
 
+_FIELDS = {f.name for f in fields(Run)}
+
+
 def db_path():
     return state_dir() / "runs.db"
 
 
+# Run ids handed out, each reserved by an INSERT in the transaction that picks it, so two `launch up`
+# at the same second never get the same id (a reservation outlives a launch that failed).
+_SCHEMA_IDS = "CREATE TABLE IF NOT EXISTS run_ids (id TEXT PRIMARY KEY)"
+_CHECKED: set[str] = set()
+
+
+class RegistryError(Exception):
+    """The registry cannot be opened (permissions, a full disk): one line with the path."""
+
+
 @contextmanager
 def _connect() -> Iterator[sqlite3.Connection]:
-    con = sqlite3.connect(db_path(), timeout=30, isolation_level=None)
+    path = db_path()
     try:
-        con.execute("PRAGMA journal_mode=WAL")
-        con.execute("PRAGMA busy_timeout=30000")
-        con.execute(_SCHEMA)
-        _migrate(con)
+        try:
+            con = _open(path)
+        except sqlite3.DatabaseError as e:
+            if not _corrupt(e):
+                raise
+            _move_aside(path, e)
+            con = _open(path)
+    except (sqlite3.Error, OSError) as e:
+        raise RegistryError(f"run registry {path}: {e}; check that LAUNCH_HOME ({path.parent}) is a "
+                            "writable directory") from None
+    try:
         yield con
     finally:
         con.close()
+
+
+def _open(path) -> sqlite3.Connection:
+    """Connect (creating the file 0600 first, so SQLite's -wal/-shm files get 0600 too) and check the
+    file once per process."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for p in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
+        tighten(p, 0o600)
+    con = sqlite3.connect(path, timeout=30, isolation_level=None)
+    try:
+        con.execute("PRAGMA busy_timeout=30000")
+        con.execute("PRAGMA journal_mode=WAL")
+        if str(path) not in _CHECKED:
+            result = con.execute("PRAGMA quick_check").fetchone()
+            if result and result[0] != "ok":
+                raise sqlite3.DatabaseError(f"database disk image is malformed ({result[0]})")
+            _CHECKED.add(str(path))
+        con.execute(_SCHEMA)
+        con.execute(_SCHEMA_IDS)
+        _migrate(con)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _corrupt(e: sqlite3.DatabaseError) -> bool:
+    """SQLITE_CORRUPT / SQLITE_NOTADB (not a lock or a permission problem)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (11, 26):
+        return True
+    text = str(e).lower()
+    return "not a database" in text or "malformed" in text
+
+
+def _move_aside(path, err: Exception) -> None:
+    """Rename a corrupt registry (and its -wal/-shm) to `runs.db.corrupt-<UTC time>`, under a lock so
+    concurrent commands move it once; say so in one line on stderr."""
+    lock = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            _open(path).close()  # another process may have replaced it while we waited
+            return
+        except sqlite3.DatabaseError as e:
+            if not _corrupt(e):
+                raise
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        aside, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+        while aside.exists():
+            n += 1
+            aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        for suffix in ("", "-wal", "-shm"):
+            src = path.with_name(path.name + suffix)
+            if src.exists():
+                os.replace(src, aside.with_name(aside.name + suffix))
+    finally:
+        os.close(lock)  # releases the flock
+    _CHECKED.discard(str(path))
+    sys.stderr.write(f"! run registry {path} was unreadable ({err}); moved it to {aside.name} and started an "
+                     "empty one: runs it listed are no longer tracked, so check your provider (`sky status`, "
+                     "the RunPod console) for machines still running\n")
 
 
 def _migrate(con: sqlite3.Connection) -> None:
@@ -116,8 +202,12 @@ def _migrate(con: sqlite3.Connection) -> None:
 
 def _row_to_run(row: sqlite3.Row) -> Run:
     d = dict(row)
-    d["handle"] = json.loads(d.get("handle") or "{}")
-    return Run(**d)
+    try:
+        handle = json.loads(d.get("handle") or "{}")
+    except ValueError:
+        handle = None
+    d["handle"] = handle if isinstance(handle, dict) else {}
+    return Run(**{k: v for k, v in d.items() if k in _FIELDS})
 
 
 def save(run: Run) -> None:
@@ -208,14 +298,26 @@ def active_for_profile(profile: str) -> Optional[Run]:
 
 
 def new_run_id(profile: str) -> str:
+    """`PROFILE-YYYYmmdd-HHMMSS[-N]`, unique even when several processes ask at the same second: the id
+    is picked and reserved in one write transaction."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = f"{profile}-{stamp}"
-    taken = {r.id for r in all_runs()}
-    rid, n = base, 1
-    while rid in taken:
-        n += 1
-        rid = f"{base}-{n}"
+    with _connect() as con:
+        con.execute("BEGIN IMMEDIATE")
+        taken = {r[0] for r in con.execute("SELECT id FROM runs WHERE id = ? OR id LIKE ? ESCAPE '!' "
+                                           "UNION SELECT id FROM run_ids WHERE id = ? OR id LIKE ? ESCAPE '!'",
+                                           (base, _like(base), base, _like(base)))}
+        rid, n = base, 1
+        while rid in taken:
+            n += 1
+            rid = f"{base}-{n}"
+        con.execute("INSERT INTO run_ids (id) VALUES (?)", (rid,))
+        con.execute("COMMIT")
     return rid
+
+
+def _like(base: str) -> str:
+    return base.replace("!", "!!").replace("%", "!%").replace("_", "!_") + "-%"
 
 
 class RunNotFound(Exception):

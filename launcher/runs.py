@@ -29,8 +29,9 @@ TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
 @click.option("--new", "force_new", is_flag=True, help="Start a fresh run even if an earlier one could resume.")
 @click.option("--nodes", type=int, help="local backend: number of local node processes.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a profile value (YAML), e.g. --set train.max_steps=10 (local/ssh backends; "
-                   "cloud runs take budget.* only, e.g. --resume --set budget.max_usd=60, stored with the run).")
+              help="Override a profile value (YAML), e.g. --set train.max_steps=10 or, for a list item, "
+                   "--set data.sources.0.path=d.jsonl (local/ssh backends; cloud runs take budget.* only, "
+                   "e.g. --resume --set budget.max_usd=60, stored with the run).")
 @click.option("--follow", is_flag=True, help="Follow the logs after starting.")
 @click.option("--dry-run", is_flag=True, help="Render and check, print what would be uploaded and started; start nothing.")
 def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, follow, dry_run):
@@ -42,7 +43,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     from .backends import BackendError, LaunchSpec, get_backend
     from .checks import load_checked
     from .profile import load_profile
-    from .ui import console, hints, money
+    from .ui import console, esc, hints, money
 
     # Config and local data files first, all in one report: nothing starts, nothing bills before.
     p = load_checked(profile, backend)[0] if not sets else _load_with_overrides(profile, sets, backend)
@@ -74,14 +75,14 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
             "LAUNCH_BUDGET_USD": f"{p.budget.max_usd:g}"}
     spec = LaunchSpec(run=run, profile=p, task_yaml=task_yaml, config_yaml=config_yaml, envs=envs,
                       secrets=secrets, resume=resuming)
-    with console().status(f"starting {run.id} on {backend}..."):
+    with console().status(f"starting {esc(run.id)} on {backend}..."):
         started = be.up(spec)
     started.state = "running"
     started.ended_at = None
     registry.save(started)
     verb = "resumed" if spec.resume else "started"
     spent = f", {money(run.billed()[1])} spent so far" if spec.resume else ""
-    console().print(f"[green]✓[/] {verb} [bold]{run.id}[/] ({p.name} on {backend}, "
+    console().print(f"[green]✓[/] {verb} [bold]{esc(run.id)}[/] ({esc(p.name)} on {backend}, "
                     f"{money(run.price_per_hour)}/h, budget {money(p.budget.max_usd)}{spent})")
     if follow:
         return _follow(started, progress=False)
@@ -100,28 +101,11 @@ def _require_training_extras():
 
 
 def _load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
-    """Apply KEY=VALUE overrides to a copy of the profile file and load that."""
-    import tempfile
-
-    import yaml
-
+    """The profile with KEY=VALUE overrides applied in memory (nothing is written), checked like
+    `launch up` checks every profile (config and data files in one report)."""
     from .checks import load_checked
-    from .profile import resolve_profile_path
 
-    path = resolve_profile_path(profile)
-    data = yaml.safe_load(path.read_text())
-    for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"`{item}`: expected KEY=VALUE, e.g. train.max_steps=10", param_hint="--set")
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = yaml.safe_load(value)
-    out = Path(tempfile.mkdtemp(prefix="launch-profile-")) / path.name
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_checked(str(out), backend)[0]
+    return load_checked(profile, backend, overrides=tuple(sets))[0]
 
 
 def _pick_run(p, backend: str, resume, force_new):
@@ -151,10 +135,10 @@ def _pick_run(p, backend: str, resume, force_new):
     if not force_new:
         latest = next((r for r in registry.all_runs() if r.profile == p.name), None)
         if latest is not None and _refresh(latest).state in ("preempted", "failed", "stopped", "budget_exhausted"):
-            from .ui import console
+            from .ui import console, literal
 
-            console().print(f"[yellow]![/] last run {latest.id} ended {latest.state}; starting a new one "
-                            f"(continue it instead with `launch up {p.name} --resume {latest.id}`)")
+            console().print(literal("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
+                                    f"one (continue it instead with `launch up {p.name} --resume {latest.id}`)"))
     return registry.Run(id=registry.new_run_id(p.name), profile=p.name, backend=backend,
                         config_hash=p.config_hash(), budget_usd=p.budget.max_usd), False
 
@@ -174,7 +158,7 @@ def _price(p, backend: str) -> tuple[float, str]:
 def _render_for_run(p, run, backend: str, price_source: str):
     """Cloud: the committed sky/ files (re-rendered if stale). Local/ssh: per-run copies."""
     from .render import config_path, render_text, task_path, write
-    from .state import state_dir
+    from .state import private_dir, state_dir, write_private
 
     if backend == "skypilot":
         # sky/ is committed and CI runs `launch render --check`: render it with the offline price, as
@@ -188,11 +172,8 @@ def _render_for_run(p, run, backend: str, price_source: str):
         write({task_path(p.name): task_text, config_path(p.name): config_text})
         return task_path(p.name), config_path(p.name)
     task_text, config_text = render_text(p, run.price_per_hour)
-    d = state_dir() / "rendered" / run.id
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "task.yaml").write_text(task_text)
-    (d / f"{p.name}.yaml").write_text(config_text)
-    return d / "task.yaml", d / f"{p.name}.yaml"
+    d = private_dir(private_dir(state_dir() / "rendered") / run.id)
+    return write_private(d / "task.yaml", task_text), write_private(d / f"{p.name}.yaml", config_text)
 
 
 def _dry_run(p, run, backend: str, price_source: str) -> None:
@@ -312,10 +293,10 @@ def _follow(run, progress: bool):
     else:
         _progress(run)
     run = _refresh(run)
-    from .ui import console
+    from .ui import console, literal
 
-    mark = "[green]✓[/]" if run.state == "completed" else "[yellow]![/]"
-    console().print(f"{mark} {run.id}: {run.state}" + (f" ({run.reason})" if run.reason else ""))
+    mark = "[green]✓[/] " if run.state == "completed" else "[yellow]![/] "
+    console().print(literal(mark, f"{run.id}: {run.state}" + (f" ({run.reason})" if run.reason else "")))
     if run.state != "completed":
         sys.exit(1)
 
@@ -323,11 +304,11 @@ def _follow(run, progress: bool):
 def _progress(run):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .ui import console
+    from .ui import console, esc
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console()) as bar:
-        task = bar.add_task(run.id, total=None, info="starting")
+        task = bar.add_task(esc(run.id), total=None, info="starting")
         while True:
             run = _refresh(run)
             st = run._remote
@@ -416,7 +397,7 @@ def cost(as_json):
     from rich.table import Table
 
     from . import registry
-    from .ui import console, duration, money
+    from .ui import cell, console, duration, money
 
     rows = [_row(_refresh(r) if r.active else r) for r in registry.all_runs()]
     total = round(sum(r["cost_usd"] for r in rows), 6)
@@ -425,8 +406,8 @@ def cost(as_json):
         return
     t = Table("run", "profile", "state", "$/h", "elapsed", "spent", "budget")
     for r in rows:
-        t.add_row(r["id"], r["profile"], r["state"], money(r["price_per_hour"]), duration(r["elapsed_s"]),
-                  money(r["cost_usd"]), money(r["budget_usd"]))
+        t.add_row(cell(r["id"]), cell(r["profile"]), cell(r["state"]), money(r["price_per_hour"]),
+                  duration(r["elapsed_s"]), money(r["cost_usd"]), money(r["budget_usd"]))
     console().print(t)
     console().print(f"[bold]total[/] {money(total)} over {len(rows)} run(s)")
 
@@ -448,7 +429,7 @@ def down(run_id, fetch_artifacts, merged, dest):
     Example: launch down --fetch-artifacts
     """
     from . import registry
-    from .ui import console, hints
+    from .ui import console, hints, literal
 
     if merged and not fetch_artifacts:
         raise click.BadParameter("--merged goes with --fetch-artifacts", param_hint="--merged")
@@ -464,11 +445,11 @@ def down(run_id, fetch_artifacts, merged, dest):
     run = registry.accrue(run.id, False)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
-    console().print(f"[green]✓[/] {run.id} is down ({run.state})")
+    console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state})"))
     from .volumes import still_billing_lines
 
     for line in still_billing_lines(run):
-        console().print(f"[yellow]![/] still billing: {line}", soft_wrap=True)
+        console().print(literal("[yellow]![/] ", f"still billing: {line}"), soft_wrap=True)
     if fetch_artifacts:
         print_summary(run, report.dest)
     else:
@@ -502,25 +483,31 @@ def _fetch(be, run, target: Path, merged: bool):
 
 def print_summary(run, target: Path) -> None:
     """The run in four lines, and what its artifacts directory holds (the artifact layout's names)."""
-    from rich.markup import escape
-
     from payload import layout
 
-    from .ui import console, duration, money
+    from .ui import console, duration, literal, money
 
     try:
         s = json.loads((target / "training_summary.json").read_text())
     except (OSError, ValueError):
         s = {}
-    s = s if isinstance(s, dict) else {}
-    c = console()
-    c.print(f"[bold]{escape(run.id)}[/]: {escape(str(s.get('state', run.state)))}")
-    c.print(f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss {s.get('final_train_loss', s.get('final_loss', '-'))}, "
-            f"eval loss {s.get('final_eval_loss', s.get('best_eval_loss', '-'))}", markup=False)
+    if not isinstance(s, dict):
+        s = {}
+    c = console()  # the summary comes from the remote machine: every value is printed literally
+    c.print(literal("", run.id, ": ", s.get("state", run.state)))
+    c.print(literal("", f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss "
+                        f"{s.get('final_train_loss', s.get('final_loss', '-'))}, eval loss "
+                        f"{s.get('final_eval_loss', s.get('best_eval_loss', '-'))}"))
     billed_s, billed_usd = run.billed()
-    c.print(f"  {duration(billed_s)} billed, {money(billed_usd)} at {money(run.price_per_hour)}/h "
-            f"({duration(s.get('duration_s'))} and {money(s.get('cost_usd'))} of it training)", markup=False)
+    c.print(literal("", f"  {duration(billed_s)} billed, {money(billed_usd)} at {money(run.price_per_hour)}/h "
+                        f"({duration(_number(s.get('duration_s')))} and {money(_number(s.get('cost_usd')))} of it "
+                        "training)"))
     names = [a.name + ("/" if a.directory else "") for a in layout.ARTIFACTS if (target / a.name).exists()]
     names += [layout.LOCAL_MANIFEST] if (target / layout.LOCAL_MANIFEST).exists() else []
-    c.print(f"  artifacts: {target.resolve()}", markup=False, soft_wrap=True)
-    c.print(f"    {' '.join(names) or '(none)'}", markup=False, soft_wrap=True)
+    c.print(literal("", f"  artifacts: {target.resolve()}"), soft_wrap=True)
+    c.print(literal("", f"    {' '.join(names) or '(none)'}"), soft_wrap=True)
+
+
+def _number(value):
+    """A number from remote JSON, or None (a string there must not crash the summary)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,4 +1,6 @@
-"""Where `launch` keeps its own state: `$LAUNCH_HOME`, default `~/.launch` (runs.db, sky-offline/)."""
+"""Where `launch` keeps its own state: `$LAUNCH_HOME`, default `~/.launch` (runs.db, rendered/,
+sky-offline/). The run history names hosts, clusters and paths, so the directory is private (0700)
+and the files `launch` writes there are 0600; an older, looser directory is tightened on first use."""
 
 from __future__ import annotations
 
@@ -8,5 +10,35 @@ from pathlib import Path
 
 def state_dir() -> Path:
     d = Path(os.environ.get("LAUNCH_HOME") or Path.home() / ".launch").expanduser()
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return private_dir(d)
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only its owner can read (created 0700, tightened if group/other had access)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tighten(path, 0o700)
+    return path
+
+
+def tighten(path: Path, mode: int) -> None:
+    """chmod `path` to `mode` when it is ours and grants group/other anything."""
+    try:
+        st = os.stat(path)
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():
+            os.chmod(path, mode)
+    except OSError:
+        pass
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write a file readable by its owner only (0600), atomically (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

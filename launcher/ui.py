@@ -22,10 +22,34 @@ def err_console():
     return Console(stderr=True, highlight=False)
 
 
+def esc(value) -> str:
+    """User or remote text for use inside a markup string: shown exactly, never read as markup."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
+def literal(markup: str, *texts):
+    """Our own markup (e.g. `[red]✗[/] `) followed by `texts` printed exactly as given."""
+    from rich.text import Text
+
+    out = Text.from_markup(markup)
+    for t in texts:
+        out.append(str(t))
+    return out
+
+
+def cell(value):
+    """A table cell holding user or remote text (rich would read a plain `str` cell as markup)."""
+    from rich.text import Text
+
+    return value if isinstance(value, Text) else Text("-" if value is None else str(value))
+
+
 def hints(*commands: str) -> None:
     c = console()
     for cmd in commands:
-        c.print(f"  [dim]→[/] [bold]{cmd}[/]")
+        c.print(f"  [dim]→[/] [bold]{esc(cmd)}[/]")
 
 
 def money(x) -> str:
@@ -55,8 +79,8 @@ def print_plan(p, plan) -> None:
     t.add_column()
     where = f"{plan.cloud} {plan.instance_type}" + (f" in {plan.region}" if plan.region else "")
     mode = "spot (managed job, auto-recovery)" if plan.use_spot else "on-demand"
-    t.add_row("Profile", f"{p.name}: {p.description or ''}")
-    t.add_row("Instance", f"{where}  [{plan.num_nodes} x {plan.accelerators}, {mode}]")
+    t.add_row("Profile", cell(f"{p.name}: {p.description or ''}"))
+    t.add_row("Instance", cell(f"{where}  [{plan.num_nodes} x {plan.accelerators}, {mode}]"))
     t.add_row("Price", f"{money(plan.price_per_hour)}/h  ({plan.price_source})")
     if p.cluster.use_spot:
         from .render import CONTROLLER_AUTOSTOP
@@ -66,8 +90,8 @@ def print_plan(p, plan) -> None:
                                 "(jobs.controller.resources.autostop, set by launch up)")
     elif not p.cluster.is_local:
         t.add_row("Autostop", f"the cluster is torn down {p.cluster.autostop_minutes} idle min after the job")
-    t.add_row("Training", f"{p.train.method} of {p.model.name_or_path}, {plan.train_tokens / 1e6:,.2f}M tokens "
-                          f"({plan.data_source})")
+    t.add_row("Training", cell(f"{p.train.method} of {p.model.name_or_path}, {plan.train_tokens / 1e6:,.2f}M "
+                               f"tokens ({plan.data_source})"))
     t.add_row("Throughput", f"~{plan.tokens_per_s_per_gpu:,.0f} tokens/s/GPU x {plan.gpus} GPU(s)  "
                             f"({plan.throughput_source})")
     if plan.speed.get("link"):
@@ -172,10 +196,10 @@ def print_profiles(as_json: bool) -> None:
     t.columns[1].overflow = "fold"
     for r in rows:
         if r["error"]:
-            t.add_row(r["profile"], f"[red]invalid: {r['error']}[/]", "", "", "", "", "")
+            t.add_row(cell(r["profile"]), f"[red]invalid: {esc(r['error'])}[/]", "", "", "", "", "")
             continue
         gpus = (f"{r['nodes']}x " if r["nodes"] > 1 else "") + r["accelerators"] + (" spot" if r["spot"] else "")
-        t.add_row(r["profile"], gpus, money(r["price_per_hour"]), f"{r['est_hours']:.1f}", money(r["est_usd"]),
+        t.add_row(cell(r["profile"]), gpus, money(r["price_per_hour"]), f"{r['est_hours']:.1f}", money(r["est_usd"]),
                   r["gpu_memory"] or "-", money(r["storage_usd_per_month"]))
     for col in t.columns[2:]:
         col.no_wrap = True
@@ -192,7 +216,7 @@ def status_table(rows: list[dict]):
         loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-"
         color = {"running": "cyan", "completed": "green", "failed": "red", "preempted": "yellow",
                  "budget_exhausted": "yellow"}.get(r["state"], "white")
-        t.add_row(r["id"], r["profile"], r["backend"], f"[{color}]{r['state']}[/]", step, loss,
+        t.add_row(cell(r["id"]), cell(r["profile"]), cell(r["backend"]), f"[{color}]{esc(r['state'])}[/]", step, loss,
                   duration(r.get("elapsed_s")), money(r.get("cost_usd")), duration(r.get("eta_s")),
                   money(r.get("projected_cost_usd")))
     return t

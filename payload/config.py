@@ -14,13 +14,38 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ROLES = ("system", "user", "assistant")
+
+# A profile name becomes file names (sky/<name>.yaml), run ids, cluster names and YAML values.
+NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+# A run id becomes one directory name under {volume}/runs/: no separator, never `.` or `..`.
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def slugify(value: str) -> str:
+    """The nearest valid profile name: lowercase, runs of other characters as `-`, at most 63."""
+    return re.sub(r"[^a-z0-9]+", "-", str(value).lower())[:63].strip("-") or "run"
+
+
+def check_name(value: str) -> str:
+    """A profile name, or ValueError with the fix (used by the schema and by the CLI)."""
+    if not NAME_RE.fullmatch(value):
+        raise ValueError(f"{_shown(value)} is not a valid name: use lowercase letters, digits and `-` (at most "
+                         f"63 characters, a letter or digit at each end), e.g. `{slugify(value)}`")
+    return value
+
+
+def _shown(value: str) -> str:
+    """A user value inside a one-line message: quoted, escapes visible, cut to 60 characters."""
+    text = repr(str(value))
+    return text if len(text) <= 62 else text[:58] + "...'"
 
 
 class Strict(BaseModel):
@@ -90,13 +115,17 @@ class DataConfig(Strict):
     dedup: bool = True
     """Drop records whose content hash (after transforms) was already seen in any source."""
     max_tokens: Optional[int] = Field(default=None, gt=0)
-    """Drop records longer than this many tokens (needs a tokenizer). Defaults to no filter."""
+    """Drop records longer than this many tokens of the model's tokenizer (chat template applied), at
+    the data stage; drops are counted as `too many tokens`. Defaults to no filter."""
     max_invalid_fraction: float = Field(default=0.01, ge=0, le=1)
     """Fail the stage when more than this fraction of a source's records are invalid."""
     strict: bool = False
     """Fail on the first invalid record instead of skipping and counting it."""
     report_first: int = Field(default=20, ge=0)
     """How many dropped records (with reason and file:line) `data_stats.json` lists per source."""
+    max_image_pixels: int = Field(default=50_000_000, gt=0)
+    """Largest accepted image (width x height); larger ones are dropped as `bad image` at the data
+    stage (every image is opened and decoded there, once per distinct file)."""
     max_record_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     """Longest accepted line (JSONL/CSV) or JSON-array element in bytes; longer ones are skipped
     and reported as invalid without being held in memory."""
@@ -265,17 +294,31 @@ class RuntimeConfig(Strict):
     hf_home: Optional[str] = None
     """HF cache location; defaults to `{volume}/.hf` so restarts re-download nothing."""
 
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_is_one_directory(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not RUN_ID_RE.fullmatch(v):
+            raise ValueError(f"{_shown(v)} is not a valid run id: letters, digits, `.`, `_` and `-` only, starting "
+                             f"with a letter or digit (it names one directory under runs/), e.g. `{_safe_id(v)}`")
+        return v
+
 
 class RunConfig(Strict):
     """Everything the payload needs. A profile is this plus `cluster:` and `budget:`."""
 
     name: str = "run"
+    """Lowercase letters, digits and `-`, at most 63 characters: it names files, runs and clusters."""
     description: Optional[str] = None
     data: DataConfig
     model: ModelConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_slug(cls, v: str) -> str:
+        return check_name(v)
 
     @model_validator(mode="after")
     def _cross(self):
@@ -292,7 +335,7 @@ class RunConfig(Strict):
         if env.get("LAUNCH_VOLUME"):
             rt.volume = env["LAUNCH_VOLUME"]
         if env.get("LAUNCH_RUN_ID"):
-            rt.run_id = env["LAUNCH_RUN_ID"]
+            rt.run_id = _safe_id(env["LAUNCH_RUN_ID"])
         elif not rt.run_id and env.get("SKYPILOT_TASK_ID"):
             rt.run_id = _safe_id(env["SKYPILOT_TASK_ID"])
         if env.get("LAUNCH_PRICE_PER_HOUR"):
@@ -314,7 +357,9 @@ class RunConfig(Strict):
 
 
 def _safe_id(value: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in value)[:96]
+    """A run id usable as one directory name: never empty, `.`/`..`, or containing a separator."""
+    safe = "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "-" for c in value)
+    return safe.lstrip("-_.")[:96] or "run"
 
 
 # ------------------------------------------------------------------------------------ load / dump
@@ -329,30 +374,14 @@ class ConfigError(Exception):
 
 
 def load_yaml_with_lines(path: Path) -> tuple[dict, dict[tuple, int]]:
-    """Parse YAML and return (data, {key path tuple: 1-based line}) for error messages."""
-    text = Path(path).read_text(encoding="utf-8")
+    """Parse a YAML config file (bounded: size, UTF-8, depth, aliases; see `payload.yamlio`) and return
+    (data, {key path tuple: 1-based line}) for error messages."""
+    from payload.yamlio import YamlProblem, read_yaml_file
+
     try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError([f"{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
-    lines: dict[tuple, int] = {}
-
-    def walk(n, prefix: tuple):
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                key = prefix + (k.value,)
-                lines[key] = k.start_mark.line + 1
-                walk(v, key)
-        elif isinstance(n, yaml.SequenceNode):
-            for i, v in enumerate(n.value):
-                lines[prefix + (i,)] = v.start_mark.line + 1
-                walk(v, prefix + (i,))
-
-    if node is not None:
-        walk(node, ())
+        data, lines = read_yaml_file(path)
+    except YamlProblem as e:
+        raise ConfigError([str(e)]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -231,7 +231,8 @@ def plot_losses(metrics_path: Path, out_png: Path, title: str = "") -> Optional[
         ax.plot(*zip(*evals), marker="o", label="val loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(title or "loss")
+    # A title is user text (profile, run id, description): `$` would start matplotlib mathtext.
+    ax.set_title((title or "loss").replace("$", r"\$"))
     ax.grid(alpha=0.3)
     ax.legend()
     out_png = Path(out_png)

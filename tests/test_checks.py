@@ -5,7 +5,6 @@ config problems, in one report, before credentials, prices or any SkyPilot call.
 import re
 from pathlib import Path
 
-import pytest
 import yaml
 from click.testing import CliRunner
 

@@ -1,4 +1,5 @@
 """Data stage on bad input: one clear line per problem (file:line: what), counted, never a traceback.
+CSV quoting and line endings, images checked where they are read, max_tokens and the cache key too.
 
 Run: .venv/bin/python -m pytest -x -q tests/test_data_bad_input.py
 """
@@ -281,3 +282,205 @@ def test_cli_exit_code_and_single_stderr_line(tmp_path):
     assert proc.returncode == 2, proc.stderr  # EXIT_CONFIG: the user must fix the input
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "bad: 13 of 63 records invalid" in err[0] and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------- CSV
+
+
+def qa_csv(n: int = 100) -> list[str]:
+    return ["prompt,question,response"] + [f"sys,q{i},r{i}" for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("later_quote", [False, True])
+def test_csv_unclosed_quote_is_reported_and_the_rest_is_kept(tmp_path, later_quote):
+    """One unclosed quote on line 6 used to swallow the rest of the file into one field (100 in, 3 out,
+    exit 0). Now: that line is counted and reported, the lines after it are read again as rows."""
+    rows = qa_csv()
+    rows[5] = 'sys,"unclosed q5,r5'
+    if later_quote:  # a later quoted field closes the runaway one: the merge ends there, not at EOF
+        rows[50] = 'sys,"quoted q50",r50'
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    stats = run(tmp_path, cfg_for("d.csv"), [])
+    s = stats["sources"]["bad"]
+    assert (s["in"], s["out"], s["invalid"]) == (100, 99, 1)
+    assert s["dropped_by_reason"] == {"unclosed quote": 1}
+    to, detail, after = (("line 51", "',' expected after '\"'", 45) if later_quote else
+                         ("the end of the file", "unexpected end of data", 95))
+    assert s["problems"] == [{"where": "d.csv:6", "reason": f"unclosed quote (a quoted field opened on this line "
+                              f"runs to {to} ({detail}); this line is skipped and the {after} lines after it are "
+                              "read again as rows)"}]
+    users = [json.loads(x)["messages"][1]["content"] for x in (tmp_path / "out/train.jsonl").read_text().splitlines()]
+    assert "q6" in users and "q100" in users and not any("\n" in u for u in users)
+
+
+def test_csv_unclosed_quote_counts_against_the_threshold(tmp_path):
+    rows = qa_csv(20)
+    rows[5] = 'sys,"unclosed q5,r5'
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    with pytest.raises(PayloadError) as e:
+        run(tmp_path, cfg_for("d.csv"), [])
+    assert str(e.value).startswith("bad: 1 of 20 records invalid (5% > max_invalid_fraction 1%); first: "
+                                   "d.csv:6: unclosed quote (a quoted field opened on this line runs to the end")
+
+
+def test_csv_bare_cr_line_endings(tmp_path):
+    (tmp_path / "mac.csv").write_bytes(("\r".join(qa_csv(30)) + "\r").encode())
+    s = run(tmp_path, cfg_for("mac.csv"), [])["sources"]["bad"]
+    assert (s["in"], s["out"], s["invalid"]) == (30, 30, 0)
+    (tmp_path / "header.csv").write_bytes(b'prompt,"question"x,response\nsys,q,r\n')
+    with pytest.raises(PayloadError) as e:
+        run(tmp_path, cfg_for("header.csv"), [])
+    assert str(e.value) == ("bad: header.csv:1: CSV header is not valid CSV (',' expected after '\"'); fix the first "
+                            "line of the file")
+
+
+def test_csv_stray_cr_inside_a_row_is_one_invalid_record(tmp_path):
+    rows = qa_csv(200)
+    rows[3] = "sys,q3\rtail,r3"
+    (tmp_path / "d.csv").write_bytes(("\n".join(rows) + "\n").encode())
+    s = run(tmp_path, cfg_for("d.csv"), [])["sources"]["bad"]
+    assert (s["in"], s["out"], s["invalid"]) == (200, 199, 1)
+    assert s["problems"][0]["where"] == "d.csv:4" and s["problems"][0]["reason"].startswith("invalid CSV (new-line")
+
+
+# ------------------------------------------------------------------------------------------ images
+
+
+def png(path: Path, size=(8, 8), noise: bool = False) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    img = Image.effect_noise(size, 60).convert("RGB") if noise else Image.new("RGB", size, "red")
+    img.save(buf, format="PNG")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buf.getvalue())
+    return buf.getvalue()
+
+
+def vl_record(image) -> bytes:
+    part = image if isinstance(image, dict) else {"type": "image", "image": image}
+    rec = {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "what is it?"}]},
+                        {"role": "assistant", "content": "red"}]}
+    return json.dumps(rec).encode() + b"\n"
+
+
+def test_every_bad_image_is_dropped_at_the_data_stage_with_a_reason(tmp_path):
+    import base64
+
+    good = png(tmp_path / "ok.png")
+    (tmp_path / "text.png").write_text("I am not a picture\n")
+    (tmp_path / "empty.png").write_bytes(b"")
+    noisy = png(tmp_path / "noisy.png", (64, 64), noise=True)
+    (tmp_path / "cut.png").write_bytes(noisy[: len(noisy) // 2])  # header intact, pixel data cut
+    png(tmp_path / "thin.png", (402, 2))
+    png(tmp_path / "big.png", (300, 200))
+    records = [
+        ("ok.png", None),
+        ("text.png", f"bad image (messages[0].content[0]: {tmp_path / 'text.png'}: not an image (no format PIL can read))"),
+        ("empty.png", f"bad image (messages[0].content[0]: {tmp_path / 'empty.png'}: 0 bytes)"),
+        ("cut.png", f"bad image (messages[0].content[0]: {tmp_path / 'cut.png'}: not a readable image ("),
+        ("thin.png", f"bad image (messages[0].content[0]: {tmp_path / 'thin.png'}: 402x2 has an aspect ratio over "
+                     "200, which the image processor refuses)"),
+        ("big.png", f"bad image (messages[0].content[0]: {tmp_path / 'big.png'}: 300x200 is 60,000 pixels > "
+                    "data.max_image_pixels 50,000; downscale it)"),
+        ({"type": "image", "image": {"bytes": base64.b64encode(good).decode()}}, None),
+        ("data:image/png;base64," + base64.b64encode(good).decode(), None),
+        ({"type": "image", "image": {"bytes": "%%% not base64 %%%"}},
+         "bad image (messages[0].content[0]: image 'bytes' is a string that is not base64)"),
+        ({"type": "image", "image": {"bytes": 10 ** 12}},
+         "wrong type (messages[0].content[0]: image 'bytes' is a number, expected bytes or a base64 string)"),
+        ({"type": "image", "image": {"bytes": base64.b64encode(b"plain text").decode()}},
+         "bad image (messages[0].content[0]: embedded bytes: not an image (no format PIL can read))"),
+    ]
+    (tmp_path / "vl.jsonl").write_bytes(b"".join(vl_record(ref) for ref, _ in records))
+    stats = run(tmp_path, cfg_for("vl.jsonl", max_invalid_fraction=1.0, max_image_pixels=50_000), [])
+    s = stats["sources"]["bad"]
+    bad = {f"vl.jsonl:{i + 1}": reason for i, (_, reason) in enumerate(records) if reason}
+    got = {p["where"]: p["reason"] for p in s["problems"]}
+    assert list(got) == list(bad)
+    for where, reason in bad.items():
+        assert got[where].startswith(reason), (where, got[where])
+    assert s["dropped_by_reason"] == {"bad image": 7, "wrong type": 1}
+    # base64 and data-URI carry the same bytes: one stored file, the second record a duplicate
+    assert (s["out"], s["duplicates"]) == (2, 1)
+    stored = list((tmp_path / "out/images").iterdir())
+    assert len(stored) == 1 and stored[0].read_bytes() == good
+
+
+def test_each_distinct_image_file_is_decoded_once(tmp_path, monkeypatch):
+    from payload.data.images import ImageChecker
+
+    calls = []
+    real = ImageChecker.inspect
+    monkeypatch.setattr(ImageChecker, "inspect", lambda self, fp: calls.append(1) or real(self, fp))
+    png(tmp_path / "a.png")
+    png(tmp_path / "b.png", (9, 9))
+    lines = []
+    for i in range(300):
+        rec = json.loads(vl_record("a.png" if i % 2 else "b.png"))
+        rec["messages"][1]["content"] = f"answer {i}"
+        lines.append(json.dumps(rec).encode() + b"\n")
+    (tmp_path / "vl.jsonl").write_bytes(b"".join(lines))
+    stats = run(tmp_path, cfg_for("vl.jsonl"), [])
+    assert stats["totals"]["out"] == 300 and len(calls) == 2
+
+
+# ------------------------------------------------------------------------------ tokens and the cache
+
+
+def test_standalone_data_stage_applies_max_tokens_with_the_models_tokenizer(tmp_path):
+    """`python -m payload data` (main without a tokenizer) loads the tiny model's tokenizer itself."""
+    from payload.config import RunConfig
+    from payload.data import main
+
+    short = good(1)
+    long = json.dumps({"messages": [{"role": "user", "content": "tell me " + "more " * 200},
+                                    {"role": "assistant", "content": "no"}]}).encode() + b"\n"
+    (tmp_path / "d.jsonl").write_bytes(short + long + good(2))
+    cfg = RunConfig.model_validate({
+        "data": {"sources": [{"name": "d", "path": str(tmp_path / "d.jsonl")}], "max_tokens": 64},
+        "model": {"name_or_path": "tiny", "tiny": {}},
+        "runtime": {"volume": str(tmp_path / "vol"), "run_id": "r1"}})
+    summary = main(cfg)
+    assert (summary["in"], summary["train"], summary["dropped"]) == (3, 2, 1)
+    stats = json.loads((tmp_path / "vol/runs/r1/data/data_stats.json").read_text())
+    assert stats["max_tokens_applied"] is True and stats["token_lengths"]["max"] <= 64
+    problem = stats["sources"]["d"]["problems"][0]
+    assert problem["where"].endswith("d.jsonl:2") and problem["reason"].startswith("too many tokens (")
+    assert problem["reason"].endswith(" > data.max_tokens 64)")
+    assert stats["sources"]["d"]["dropped_by_reason"] == {"too many tokens": 1}
+    assert stats["sources"]["d"]["invalid"] == 0  # a filter, not bad input
+
+
+def _same_size_and_time(path: Path, new: bytes) -> None:
+    st = path.stat()
+    assert len(new) == st.st_size
+    path.write_bytes(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_cache_key_covers_input_and_image_content_not_size_and_mtime(tmp_path):
+    import io
+
+    from PIL import Image
+
+    def bmp(color: str) -> bytes:  # uncompressed: same size whatever the color
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8), color).save(buf, format="BMP")
+        return buf.getvalue()
+
+    (tmp_path / "img.bmp").write_bytes(bmp("red"))
+    (tmp_path / "d.jsonl").write_bytes(good(1) + vl_record("img.bmp"))
+    cfg = cfg_for("d.jsonl")
+    assert run(tmp_path, cfg, [])["cached"] is False
+    assert run(tmp_path, cfg, [])["cached"] is True
+    _same_size_and_time(tmp_path / "d.jsonl", good(2) + vl_record("img.bmp"))  # question 1 -> 2
+    assert run(tmp_path, cfg, [])["cached"] is False
+    assert "question 2" in (tmp_path / "out/train.jsonl").read_text()
+    assert run(tmp_path, cfg, [])["cached"] is True
+    _same_size_and_time(tmp_path / "img.bmp", bmp("blue"))  # a referenced image changes
+    assert run(tmp_path, cfg, [])["cached"] is False
+    marker = json.loads((tmp_path / "out/.complete").read_text())
+    assert list(marker["images"]) == [str(tmp_path / "img.bmp")]

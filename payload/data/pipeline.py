@@ -19,13 +19,15 @@ from typing import Callable, Optional
 from payload.config import DataConfig
 from payload.errors import PayloadError
 
+from .images import ImageChecker
+from .images import unchanged as images_unchanged
 from .records import Dropped, RecordError, canonicalize
 from .sources import Source, open_source
 from .transforms import (SPLITS, Splitter, apply_transforms, encode_messages, percentiles, record_line,
                          source_tail, text_tokenizer, token_length, tokenizer_id)
 from .writer import SplitWriter, read_cached, start_rebuild, write_marker, write_stats
 
-FORMAT_VERSION = 1  # bump when the output of the same inputs changes (invalidates caches)
+FORMAT_VERSION = 2  # bump when the output of the same inputs changes (invalidates caches)
 PROGRESS_EVERY = 250_000
 
 
@@ -48,16 +50,17 @@ def prepare(data: DataConfig, out_dir, *, tokenizer=None, base_dir=None,
     out = Path(out_dir)
     started = time.perf_counter()
     try:
-        sources = [open_source(s, i, base, out, data.max_record_bytes) for i, s in enumerate(data.sources)]
+        checker = ImageChecker(data.max_image_pixels)
+        sources = [open_source(s, i, base, out, data.max_record_bytes, checker) for i, s in enumerate(data.sources)]
         inputs = [s.fingerprint() for s in sources]
         key = cache_key(data, inputs, tokenizer)
-        cached = read_cached(out, key)
+        cached = read_cached(out, key, lambda marker: images_unchanged(marker.get("images") or {}))
         if cached is not None:
             t = cached.get("totals", {})
             log(f"data: cached ({out}: train {t.get('train')}, val {t.get('val')}, test {t.get('test')})")
             return dict(cached, cached=True)
         stats = _build(data, sources, out, tokenizer, log)
-        write_marker(out, key, inputs)
+        write_marker(out, key, inputs, checker.used)
     except OSError as e:  # unreadable input, full or read-only volume: one line, not a traceback
         where = f"{e.filename}: " if e.filename else ""
         raise PayloadError(f"data: {where}{e.strerror or e}; check the file permissions and the free space "

@@ -8,22 +8,21 @@ understood:
 - alpaca `instruction` / `input` / `output` (runbook 001; an optional `system` column is kept),
 - `prompt` / `question` / `response` (runbook 004 CSV; `prompt` becomes the system turn).
 
-Vision-language content parts `{"type": "image", "image": ...}` reference a local file (relative to
-the source's `image_root` or the data file's directory) or carry a dataset image object (PIL image,
-raw bytes, or `{"bytes": ..., "path": ...}` as Parquet/HF store it), which is saved once under
-`data/images/<hash>.<ext>`. A part `{"type": "image"}` without a reference takes the next entry of
-the record's `images` column (the Hugging Face convention). Image paths in the output are absolute.
+Vision-language content parts `{"type": "image", "image": ...}` reference a local file or carry the
+image itself; `payload.data.images` checks and stores them. A part `{"type": "image"}` without a
+reference takes the next entry of the record's `images` column (the Hugging Face convention). Image
+paths in the output are absolute.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
-import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Optional
+
+from .images import ImageContext, resolve_image
+from .problems import Dropped, RecordError, tname
+
+__all__ = ["Dropped", "ImageContext", "RecordError", "canonicalize", "first_required", "tname"]
 
 ROLE_ALIASES = {
     "system": "system",
@@ -41,38 +40,6 @@ REQUIRED_COLUMNS = {
     "alpaca": ({"instruction", "output"},),
     "prompt_response": ({"question", "response"},),
 }
-
-
-class RecordError(Exception):
-    """One record cannot be used. `kind` is the short category counted in the stats."""
-
-    invalid = True  # counts against data.max_invalid_fraction
-
-    def __init__(self, kind: str, detail: str = ""):
-        self.kind = kind
-        self.detail = detail
-        super().__init__(f"{kind} ({detail})" if detail else kind)
-
-
-class Dropped(RecordError):
-    """A well-formed record removed by a filter (empty after transforms, too many tokens)."""
-
-    invalid = False
-
-
-@dataclass
-class ImageContext:
-    """Where a source's relative image paths resolve and where embedded images are written."""
-
-    base: Path
-    save_dir: Path
-
-
-def _tname(v: Any) -> str:
-    if v is None:
-        return "null"
-    return {str: "a string", int: "a number", float: "a number", bool: "a boolean", list: "a list",
-            dict: "an object"}.get(type(v), type(v).__name__)
 
 
 def detect_format(obj: dict) -> str:
@@ -93,7 +60,7 @@ def detect_format(obj: dict) -> str:
 def canonicalize(obj: Any, fmt: str, images: ImageContext) -> list[dict]:
     """Validate one raw record and return its messages `[{role, content}, ...]` (not yet transformed)."""
     if not isinstance(obj, dict):
-        raise RecordError("wrong type", f"record is {_tname(obj)}, expected an object")
+        raise RecordError("wrong type", f"record is {tname(obj)}, expected an object")
     if fmt == "auto":
         fmt = detect_format(obj)
     if fmt == "messages":
@@ -117,7 +84,7 @@ def _text(obj: dict, key: str, fmt: str, required: bool) -> str:
         return ""
     v = obj[key]
     if not isinstance(v, str):
-        raise RecordError("wrong type", f"'{key}' is {_tname(v)}, expected a string")
+        raise RecordError("wrong type", f"'{key}' is {tname(v)}, expected a string")
     return v
 
 
@@ -160,7 +127,7 @@ def from_messages(obj: dict, images: ImageContext) -> list[dict]:
         except ValueError:
             raise RecordError("wrong type", f"'{key}' is a string that is not a JSON list") from None
     if not isinstance(msgs, list):
-        raise RecordError("wrong type", f"'{key}' is {_tname(msgs)}, expected a list of turns")
+        raise RecordError("wrong type", f"'{key}' is {tname(msgs)}, expected a list of turns")
     pool, out, aliases = None, [], ROLE_ALIASES
     for i, m in enumerate(msgs):
         if type(m) is dict:  # fast path: a plain text turn with a canonical role
@@ -171,7 +138,7 @@ def from_messages(obj: dict, images: ImageContext) -> list[dict]:
                 continue
         where = f"{key}[{i}]"
         if not isinstance(m, dict):
-            raise RecordError("wrong type", f"{where} is {_tname(m)}, expected an object")
+            raise RecordError("wrong type", f"{where} is {tname(m)}, expected an object")
         if pool is None:
             pool = _image_pool(obj)
         out.append({"role": _role(m, where), "content": _content(m, where, images, pool)})
@@ -183,7 +150,7 @@ def _role(m: dict, where: str) -> str:
     if raw is None:
         raise RecordError("missing key", f"{where} has no 'role'")
     if not isinstance(raw, str):
-        raise RecordError("wrong type", f"{where}.role is {_tname(raw)}, expected a string")
+        raise RecordError("wrong type", f"{where}.role is {tname(raw)}, expected a string")
     role = ROLE_ALIASES.get(raw) or ROLE_ALIASES.get(raw.strip().lower())
     if role is None:
         raise RecordError(
@@ -206,7 +173,7 @@ def _content(m: dict, where: str, images: ImageContext, pool: Iterator) -> Any:
         return ""
     if isinstance(c, list):
         return _parts(c, f"{where}.content", images, pool)
-    raise RecordError("wrong type", f"{where}.content is {_tname(c)}, expected a string or a list of parts")
+    raise RecordError("wrong type", f"{where}.content is {tname(c)}, expected a string or a list of parts")
 
 
 def _parts(parts: list, where: str, images: ImageContext, pool: Iterator) -> Any:
@@ -216,12 +183,12 @@ def _parts(parts: list, where: str, images: ImageContext, pool: Iterator) -> Any
         if isinstance(p, str):
             p = {"type": "text", "text": p}
         if not isinstance(p, dict):
-            raise RecordError("wrong type", f"{pw} is {_tname(p)}, expected an object")
+            raise RecordError("wrong type", f"{pw} is {tname(p)}, expected an object")
         kind = p.get("type")
         if kind == "text":
             text = p.get("text")
             if not isinstance(text, str):
-                raise RecordError("wrong type", f"{pw}.text is {_tname(text)}, expected a string")
+                raise RecordError("wrong type", f"{pw}.text is {tname(text)}, expected a string")
             if text:
                 out.append({"type": "text", "text": text})
         elif kind == "image":
@@ -250,58 +217,6 @@ def is_empty(content: Any) -> bool:
     if type(content) is str:
         return not content or content.isspace()
     return not any(p["type"] == "image" or p["text"].strip() for p in content)
-
-
-# ------------------------------------------------------------------------------------------ images
-
-
-def resolve_image(ref: Any, where: str, images: ImageContext) -> str:
-    """A path (checked to exist) or an embedded image (saved) -> absolute path string."""
-    if isinstance(ref, str):
-        if ref.startswith(("http://", "https://")):
-            raise RecordError("bad image", f"{where}: remote URL {ref[:80]!r}; download images and use local paths")
-        path = Path(ref)
-        if not path.is_absolute():
-            path = images.base / path
-        if not path.is_file():
-            raise RecordError("image not found", f"{where}: {path}")
-        return os.path.abspath(path)
-    if isinstance(ref, dict):
-        if ref.get("bytes"):
-            return _save_bytes(bytes(ref["bytes"]), where, images)
-        if ref.get("path"):
-            return resolve_image(ref["path"], where, images)
-        raise RecordError("bad image", f"{where}: image object has neither 'bytes' nor 'path'")
-    if isinstance(ref, (bytes, bytearray)):
-        return _save_bytes(bytes(ref), where, images)
-    if hasattr(ref, "save") and hasattr(ref, "mode"):  # a PIL image (HF `Image` feature, decoded)
-        buf = io.BytesIO()
-        ref.save(buf, format="PNG")
-        return _store(buf.getvalue(), "png", images)
-    raise RecordError("wrong type", f"{where}.image is {_tname(ref)}, expected a path or an image")
-
-
-def _save_bytes(data: bytes, where: str, images: ImageContext) -> str:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            fmt = (img.format or "png").lower()
-            img.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise RecordError("bad image", f"{where}: embedded bytes are not a readable image ({e})") from None
-    return _store(data, {"jpeg": "jpg"}.get(fmt, fmt), images)
-
-
-def _store(data: bytes, ext: str, images: ImageContext) -> str:
-    name = hashlib.blake2b(data, digest_size=16).hexdigest()
-    path = images.save_dir / f"{name}.{ext}"
-    if not path.is_file():
-        images.save_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    return os.path.abspath(path)
 
 
 def first_required(fmt: str) -> Optional[tuple]:

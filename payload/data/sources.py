@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -22,7 +23,8 @@ from typing import Any, Iterator, Optional
 from payload.config import SourceConfig
 from payload.errors import PayloadError
 
-from .records import ImageContext, RecordError, first_required
+from .images import ImageChecker, ImageContext, file_digest
+from .records import RecordError, first_required
 
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 _SKIP_CHUNK = 1 << 20
@@ -58,21 +60,23 @@ class Source:
                 return
 
     def fingerprint(self) -> dict:
-        """What identifies the input for the cache marker."""
+        """What identifies the input for the cache marker: a local file by its content (sha256)."""
         if self.path is None:
             return {"hf": self.cfg.hf_dataset, "config": self.cfg.hf_config, "split": self.cfg.hf_split}
-        st = self.path.stat()
-        return {"path": str(self.path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return {"path": str(self.path), "sha256": file_digest(self.path)}
 
 
-def open_source(cfg: SourceConfig, index: int, base: Path, out_dir: Path, max_bytes: int) -> Source:
-    """Check a source before any record is read; raise PayloadError naming the file and the fix."""
+def open_source(cfg: SourceConfig, index: int, base: Path, out_dir: Path, max_bytes: int,
+                checker: Optional[ImageChecker] = None) -> Source:
+    """Check a source before any record is read; raise PayloadError naming the file and the fix.
+    `checker` is shared by the sources of one run (each image is checked once)."""
+    checker = checker or ImageChecker()
     save_dir = out_dir / "images"
     key = f"data.sources[{index}]"
     if cfg.hf_dataset:
         root = _under(base, cfg.image_root) if cfg.image_root else base
         label = f"{cfg.hf_dataset}[{cfg.hf_split}]"
-        return Source(cfg, index, label, "hf", None, ImageContext(root, save_dir), max_bytes)
+        return Source(cfg, index, label, "hf", None, ImageContext(root, save_dir, checker), max_bytes)
     path = _under(base, cfg.path)
     if not path.exists():
         raise PayloadError(f"{cfg.name}: data file {cfg.path} not found (looked for {path}); "
@@ -87,7 +91,7 @@ def open_source(cfg: SourceConfig, index: int, base: Path, out_dir: Path, max_by
         raise PayloadError(f"{cfg.name}: {cfg.path} is empty (0 bytes); "
                            f"point {key}.path at the real file or remove the source")
     root = _under(base, cfg.image_root) if cfg.image_root else path.parent
-    src = Source(cfg, index, cfg.path, kind, path, ImageContext(root, save_dir), max_bytes)
+    src = Source(cfg, index, cfg.path, kind, path, ImageContext(root, save_dir, checker), max_bytes)
     if kind == "csv":
         _check_columns(src, _csv_header(src), "CSV header")
     elif kind == "parquet":
@@ -120,10 +124,12 @@ def _check_columns(src: Source, columns: list[str], what: str) -> None:
 # ------------------------------------------------------------------------------------ line reading
 
 
-def _lines(fh, cap: int) -> Iterator[tuple[int, Any]]:
-    """(line number, str | RecordError) for every physical line, decoded one by one."""
-    n = 0
+def _lines(fh, cap: int, n: int = 0, mark=None) -> Iterator[tuple[int, Any]]:
+    """(line number, str | RecordError) for every physical line after line `n`, decoded one by one.
+    `mark(line, offset)`, when given, is told where each line starts (CSV resynchronisation)."""
     while True:
+        if mark is not None:
+            mark(n + 1, fh.tell())
         raw = fh.readline(cap + 1)
         if not raw:
             return
@@ -148,9 +154,51 @@ def _lines(fh, cap: int) -> Iterator[tuple[int, Any]]:
         yield n, text
 
 
+@contextmanager
+def _open_lines(path: Path):
+    """The file in binary mode for `_lines`; a file whose lines end in a bare CR (old Mac/Excel
+    exports) is read as if they ended in LF (universal newlines, without decoding the whole file)."""
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+        fh.seek(0)
+        yield _CRLines(fh) if b"\r" in head and b"\n" not in head else fh
+
+
+class _CRLines:
+    """`readline`/`tell`/`seek` over a binary file whose line ends are `\\r`, returning them as `\\n`."""
+
+    def __init__(self, fh):
+        self.fh, self.buf, self.i, self.pos = fh, b"", 0, 0  # pos: file offset of buf[i]
+
+    def readline(self, limit: int) -> bytes:
+        while True:
+            end = self.buf.find(b"\r", self.i, self.i + limit)
+            if end >= 0:
+                return self._take(end - self.i, b"\n", 1)
+            if len(self.buf) - self.i >= limit:
+                return self._take(limit, b"", 0)
+            chunk = self.fh.read(1 << 16)
+            if not chunk:
+                return self._take(len(self.buf) - self.i, b"", 0)
+            self.buf, self.i = self.buf[self.i:] + chunk, 0
+
+    def _take(self, size: int, ending: bytes, skip: int) -> bytes:
+        line = self.buf[self.i:self.i + size] + ending
+        self.i += size + skip
+        self.pos += size + skip
+        return line
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int) -> None:
+        self.fh.seek(offset)
+        self.buf, self.i, self.pos = b"", 0, offset
+
+
 def _iter_jsonl(src: Source) -> Iterator[tuple[Any, Any]]:
     loads = json.loads
-    with open(src.path, "rb") as fh:
+    with _open_lines(src.path) as fh:
         for n, text in _lines(fh, src.max_bytes):
             if isinstance(text, RecordError):
                 yield n, text
@@ -274,45 +322,87 @@ class _JsonArray:
 
 
 def _csv_header(src: Source) -> list[str]:
-    with open(src.path, "rb") as fh:
-        for _n, text in _lines(fh, src.max_bytes):
+    with _open_lines(src.path) as fh:
+        for n, text in _lines(fh, src.max_bytes):
             if isinstance(text, RecordError):
-                raise PayloadError(f"{src.cfg.name}: {src.label}:1: CSV header: {text}; fix the file")
+                raise PayloadError(f"{src.cfg.name}: {src.label}:{n}: CSV header: {text}; fix the file")
             if text.strip():
-                return [c.strip() for c in next(csv.reader([text]))]
+                try:
+                    return [c.strip() for c in next(csv.reader([text], strict=True))]
+                except csv.Error as e:
+                    raise PayloadError(f"{src.cfg.name}: {src.label}:{n}: CSV header is not valid CSV ({e}); "
+                                       "fix the first line of the file") from None
     raise PayloadError(f"{src.cfg.name}: {src.label} has no CSV header (only blank lines); fix the file")
 
 
-def _iter_csv(src: Source) -> Iterator[tuple[Any, Any]]:
-    csv.field_size_limit(max(csv.field_size_limit(), src.max_bytes))
-    bad: dict[int, RecordError] = {}
+class _CsvCursor:
+    """Physical lines for the csv module, restartable at a line: a quote that never closes properly
+    swallows the lines after it into one field; those lines are then read again as rows."""
 
-    def physical(fh):
-        for n, text in _lines(fh, src.max_bytes):
+    def __init__(self, src: Source, fh):
+        self.src, self.fh = src, fh
+        self.bad: dict[int, RecordError] = {}
+        self.n = 0  # last physical line handed to the csv reader
+        self.want, self.want_offset = 0, None
+
+    def reader(self, offset: int = 0, n: int = 0):
+        self.fh.seek(offset)
+        self.n = n
+        return csv.reader(self._physical(n), strict=True)
+
+    def _physical(self, n: int):
+        for n, text in _lines(self.fh, self.src.max_bytes, n, self._mark):
+            self.n = n
             if isinstance(text, RecordError):
-                bad[n] = text
+                self.bad[n] = text
                 text = "\n"
             yield text
 
-    with open(src.path, "rb") as fh:
-        reader = csv.reader(physical(fh))
-        header = []
+    def _mark(self, line: int, offset: int) -> None:
+        if line == self.want:
+            self.want_offset = offset
+
+
+def _iter_csv(src: Source) -> Iterator[tuple[Any, Any]]:
+    """Rows as dicts by the header, numbered by their first physical line. The csv module runs in
+    strict mode, so a stray quote is an error rather than a silent merge of the lines that follow."""
+    csv.field_size_limit(max(csv.field_size_limit(), src.max_bytes))
+    with _open_lines(src.path) as fh:
+        cur = _CsvCursor(src, fh)
+        reader = cur.reader()
+        header: list[str] = []
         while not header:
-            header = [c.strip() for c in next(reader)]
-        end = reader.line_num
+            try:
+                header = [c.strip() for c in next(reader)]
+            except (csv.Error, StopIteration):
+                raise PayloadError(f"{src.cfg.name}: {src.label}:{cur.n}: CSV header is not valid CSV; fix the "
+                                   "first line of the file") from None
+        end = cur.n
         while True:
             start = end + 1
+            cur.want, cur.want_offset = start + 1, None
+            error = None
             try:
                 row = next(reader)
             except StopIteration:
                 return
             except csv.Error as e:
-                end = reader.line_num
-                yield start, RecordError("invalid CSV", str(e))
+                row, error = None, str(e)
+            end = cur.n
+            if end > start and (error or len(row) != len(header)):
+                detail = error or f"{len(row)} fields, header has {len(header)}"
+                to = "the end of the file" if error == "unexpected end of data" else f"line {end}"
+                yield start, RecordError("unclosed quote", f"a quoted field opened on this line runs to {to} "
+                                         f"({detail}); this line is skipped and the {end - start} lines after it "
+                                         "are read again as rows")
+                if cur.want_offset is not None:
+                    reader, end = cur.reader(cur.want_offset, start), start
                 continue
-            end = reader.line_num
-            if bad:
-                problem = _pop_bad(bad, start, end)
+            if error:
+                yield start, RecordError("invalid CSV", error)
+                continue
+            if cur.bad:
+                problem = _pop_bad(cur.bad, start, end)
                 if problem is not None:
                     yield start, problem
                     continue

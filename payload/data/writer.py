@@ -2,8 +2,9 @@
 
 Everything is written to a hidden temp file in the data directory and renamed into place, so a
 killed job never leaves a half-written file under a final name. The marker is written last and holds
-the cache key (hash of the data config, the input files' sizes/mtimes and the tokenizer): when it
-matches, the stage is already done and is not redone on resume.
+the cache key (hash of the data config, the input files' contents and the tokenizer) and the content
+hashes of the image files the records use: when both match, the stage is already done and is not
+redone on resume.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from .transforms import SPLITS
 
@@ -58,11 +59,14 @@ def write_stats(out_dir: Path, stats: dict) -> None:
     write_text_atomic(out_dir / STATS, json.dumps(stats, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
 
 
-def read_cached(out_dir: Path, key: str) -> Optional[dict]:
-    """The stats of a finished run with the same cache key, or None (then the stage must run)."""
+def read_cached(out_dir: Path, key: str, still_valid: Optional[Callable[[dict], bool]] = None) -> Optional[dict]:
+    """The stats of a finished run with the same cache key (and `still_valid(marker)`), or None (then
+    the stage must run)."""
     try:
         marker = json.loads((out_dir / MARKER).read_text(encoding="utf-8"))
         if marker.get("key") != key:
+            return None
+        if still_valid is not None and not still_valid(marker):
             return None
         if not all((out_dir / name).is_file() for name in OUTPUTS):
             return None
@@ -79,8 +83,10 @@ def start_rebuild(out_dir: Path) -> None:
         (out_dir / name).unlink(missing_ok=True)
 
 
-def write_marker(out_dir: Path, key: str, inputs: list) -> None:
-    write_text_atomic(out_dir / MARKER, json.dumps({"key": key, "inputs": inputs}, indent=1) + "\n")
+def write_marker(out_dir: Path, key: str, inputs: list, images: Optional[dict] = None) -> None:
+    """The cache marker: the key, the inputs' content hashes and those of the image files used."""
+    body = {"key": key, "inputs": inputs, "images": dict(sorted((images or {}).items()))}
+    write_text_atomic(out_dir / MARKER, json.dumps(body, indent=1) + "\n")
     _fsync_dir(out_dir)
 
 
