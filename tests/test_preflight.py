@@ -88,9 +88,24 @@ def test_estimate_scales_with_batch_sequence_and_checkpointing():
     no_ckpt = base.model_copy(update={"train": base.train.model_copy(update={"gradient_checkpointing": False})})
     e2 = preflight.estimate_gpu_memory_gb(longer, mem, gpus)
     e3 = preflight.estimate_gpu_memory_gb(no_ckpt, mem, gpus)
-    assert e2["components_gb"]["logits"] == pytest.approx(2 * est["components_gb"]["logits"], rel=1e-2)
+    # TRL's fused LM head: tiles + a few bytes of hidden state per token, never B x S x V
+    assert e2["components_gb"]["logits"] == pytest.approx(2 * est["components_gb"]["logits"], rel=0.05)
+    plain = preflight.estimate_gpu_memory_gb(longer, mem, gpus, fused_lm_head=False)
+    assert plain["components_gb"]["logits"] == pytest.approx(4096 * 152064 * 10 / 2**30, rel=1e-2)
+    assert plain["components_gb"]["logits"] > 10 * e2["components_gb"]["logits"]
     assert e2["components_gb"]["activations"] == pytest.approx(2 * est["components_gb"]["activations"], rel=1e-2)
     assert e3["components_gb"]["activations"] > 10 * est["components_gb"]["activations"]
+
+
+def test_gradient_checkpointing_auto_decided_by_the_estimate():
+    body, _mem, _gpus = PROFILES["lovecraft"]
+    auto = RunConfig(data=HUB_DATA, **body)
+    auto = auto.model_copy(update={"train": auto.train.model_copy(update={"gradient_checkpointing": "auto"})})
+    big, small = (preflight.estimate_gpu_memory_gb(auto, mem, 1) for mem in (141.0, 24.0))
+    assert big["gradient_checkpointing"] is False and "auto: off" in big["gradient_checkpointing_reason"]
+    assert small["gradient_checkpointing"] is True and "exceeds" in small["gradient_checkpointing_reason"]
+    assert big["components_gb"]["activations"] > 10 * small["components_gb"]["activations"]
+    assert preflight.estimate_gpu_memory_gb(auto, None, 1)["gradient_checkpointing"] is True  # unknown GPU: on
 
 
 def test_model_shapes_by_name_and_from_config():
