@@ -50,27 +50,32 @@ def gpu_memory_gb() -> float | None:
 
 
 def gradient_checkpointing(cfg) -> bool:
-    """`train.gradient_checkpointing` resolved: a bool as set; `auto` off on CPU, and on a GPU decided
-    by the memory estimate without it (payload.memory.choose_gradient_checkpointing). Logged once."""
+    """`train.gradient_checkpointing` resolved (see `gradient_checkpointing_decision`); logged once."""
+    return gradient_checkpointing_decision(cfg)[0]
+
+
+def gradient_checkpointing_decision(cfg) -> tuple[bool, str]:
+    """(on?, why): a bool as set; `auto` off on CPU, and on a GPU decided by the memory estimate
+    without it (payload.memory.choose_gradient_checkpointing) for this GPU and WORLD_SIZE."""
     from payload.memory import choose_gradient_checkpointing
     from payload.preflight import model_dims
 
     setting = cfg.train.gradient_checkpointing
     if isinstance(setting, bool):
-        return setting
+        return setting, "set in train.gradient_checkpointing"
     key = cfg.config_hash()
     if key not in _CKPT_DECISIONS:
         if not on_gpu():
-            on, why = False, "auto: off on CPU"
+            decision = (False, "auto: off on CPU")
         else:
             world = int(os.environ.get("WORLD_SIZE") or 1)
-            on, why = choose_gradient_checkpointing(cfg, gpu_memory_gb(), world, model_dims(cfg))
-        log.info("gradient checkpointing %s (%s)", "on" if on else "off", why)
-        _CKPT_DECISIONS[key] = on
+            decision = choose_gradient_checkpointing(cfg, gpu_memory_gb(), world, model_dims(cfg))
+        log.info("gradient checkpointing %s (%s)", "on" if decision[0] else "off", decision[1])
+        _CKPT_DECISIONS[key] = decision
     return _CKPT_DECISIONS[key]
 
 
-_CKPT_DECISIONS: dict[str, bool] = {}
+_CKPT_DECISIONS: dict[str, tuple[bool, str]] = {}
 
 
 def use_liger(cfg) -> bool:
@@ -137,7 +142,7 @@ def _ensure_pad(tok) -> None:
 # -------------------------------------------------------------------------------------------- model
 
 
-def _auto_class(kind: str):
+def auto_class(kind: str):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     return AutoModelForCausalLM if kind == "causal_lm" else AutoModelForImageTextToText
@@ -164,7 +169,7 @@ def load_model(cfg, path: str, dtype=None):
     kwargs = dict(dtype=dtype, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
     if cfg.train.method == "qlora":
         kwargs["quantization_config"] = quantization_config(cfg.train.quantization)
-    cls = _auto_class(cfg.model.kind)
+    cls = auto_class(cfg.model.kind)
     errors = []
     for impl in cfg.model.attn_implementation:
         why = _attn_unavailable(impl)
