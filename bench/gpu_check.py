@@ -87,11 +87,15 @@ def run_child(spec: dict, work: Path, timeout: float) -> dict:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return {**row, "status": "timeout", "reason": f"timed out after {timeout:.0f} s (log {log})"}
+    lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
     if out.is_file():
-        return json.loads(out.read_text())
-    tail = [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-1:] or ["no output"]
+        result = json.loads(out.read_text())
+        if result.get("status") != "ok":
+            result["log_tail"] = lines[-15:]  # the device returns few files: keep the evidence in the row
+        return result
+    tail = lines[-1:] or ["no output"]
     why = "killed (out of host memory?)" if proc.returncode in (-9, 137) else f"exit {proc.returncode}"
-    return {**row, "status": "failed", "reason": f"{why}: {tail[0][:300]}",
+    return {**row, "status": "failed", "reason": f"{why}: {tail[0][:300]}", "log_tail": lines[-15:],
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -159,8 +163,7 @@ class Check:
                 print(f"gpu-check: {m['name']} {role} ...", flush=True)
                 self.add(run_child(self.spec(m, role), self.work / "logs", budget), m)
         jpath, mpath = self.save()
-        print(gpu_report.summary(self.results))
-        print(f"gpu-check: wrote {jpath} and {mpath}")
+        report(self.results, jpath, mpath)
         return 0
 
     def add(self, row: dict, m: dict) -> None:
@@ -190,9 +193,21 @@ def merge(paths: list[str], out: Path) -> int:
         first["command"] += " ; " + data["command"]
     first["rows"] = list(rows.values())
     jpath, mpath = gpu_report.write(first, out)
-    print(gpu_report.summary(first))
-    print(f"gpu-check: wrote {jpath} and {mpath}")
+    report(first, jpath, mpath)
     return 0
+
+
+def report(results: dict, jpath: Path, mpath: Path) -> None:
+    print(gpu_report.summary(results))
+    print(f"gpu-check: wrote {jpath} and {mpath}")
+    try:
+        rel = jpath.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        rel = jpath.name
+    cites = gpu_report.citations(results, rel)
+    if cites:
+        print("launcher/throughput.py MEASURED entries (one per method; keep the one of the mode you plan with):")
+        print("\n".join("    " + c for c in cites))
 
 
 def main(argv=None) -> int:

@@ -173,7 +173,7 @@ def flops(result: dict, cfg, lengths, trainable: int, device: str | None) -> Non
     per_token = gpu_flops.flops_per_token(dims, cfg.train.method, lora, ctx)
     peak, peak_src = gpu_flops.peak_tflops(device)
     rate = result.get("tokens_per_s")
-    result.update({"context_tokens": round(ctx, 1), "flops_per_token_g": round(per_token / 1e9, 3),
+    result.update({"params_b": round(dims.params / 1e9, 2), "context_tokens": round(ctx, 1), "flops_per_token_g": round(per_token / 1e9, 3),
                    "peak_tflops": peak, "peak_source": peak_src,
                    "model_tflops": round(rate * per_token / 1e12, 2) if rate else None,
                    "mfu": None if gpu_flops.mfu(rate, per_token, peak) is None

@@ -92,6 +92,22 @@ def _yn(x) -> str:
     return "-" if x is None else ("on" if x else "off")
 
 
+CATALOG_NAME = {"H100 SXM": "H100-SXM", "H100 PCIe": "H100", "H200": "H200", "A100": "A100-80GB", "L40S": "L40S"}
+
+
+def citations(results: dict, json_path: str) -> list[str]:
+    """`launcher/throughput.py` MEASURED entries for the payload rows that ran (paste them there)."""
+    from gpu_flops import gpu_key
+
+    accel = CATALOG_NAME.get(gpu_key(results.get("device") or "") or "")
+    out = []
+    for r in pair(results["rows"]):
+        if accel and r.get("status") == "ok" and r.get("tokens_per_s") and r.get("params_b"):
+            method = "full" if r["mode"].startswith("full") else "qlora" if r["mode"].startswith("qlora") else "lora"
+            out.append(f'("{accel}", "{method}"): ({r["tokens_per_s"]}, {r["params_b"]}, "{json_path}#{r["mode"]}"),')
+    return out
+
+
 def summary(results: dict) -> str:
     lines = [f"gpu-check on {results.get('device') or 'CPU (smoke)'}: {len(results['rows'])} runs"]
     for r in pair(results["rows"]):

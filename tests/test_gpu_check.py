@@ -119,3 +119,13 @@ def test_minimum_versions_are_checked_per_run():
     with pytest.raises(ValueError, match="full fine-tuning in `model.dtype: float16` needs fp32 master"):
         RunConfig.model_validate({**base, "model": {"name_or_path": "x", "dtype": "float16"},
                                   "train": {"method": "full"}})
+
+
+def test_planning_cites_a_measured_figure(monkeypatch):
+    from launcher import throughput
+
+    cite = "bench/results/nvidia-h100-80gb-hbm3-2026-12-01.json#lora-bf16-sdpa"
+    monkeypatch.setitem(throughput.MEASURED, ("H100-SXM", "lora"), (3200.0, 8.0, cite))
+    rate, src = throughput.tokens_per_second_per_gpu("H100-SXM", "lora", 32.0)
+    assert rate == 800.0 and src == f"measured {cite} (8B), scaled to 32B"
+    assert "32B reference" in throughput.tokens_per_second_per_gpu("H100-SXM", "qlora", 32.0)[1]
