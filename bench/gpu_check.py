@@ -120,7 +120,7 @@ class Check:
         return self.a.budget_s - (time.monotonic() - self.t0)
 
     def environment(self) -> bool:
-        site = gpu_env.prepare(ROOT, self.modes, self.work / "site")
+        site = None if self.a.smoke else gpu_env.prepare(ROOT, self.modes, self.work / "site")
         if site:
             sys.path.insert(0, site)
             os.environ["PYTHONPATH"] = os.pathsep.join([site, str(ROOT), os.environ.get("PYTHONPATH", "")])

@@ -1,6 +1,7 @@
 """The GPU check's environment: use what the machine has where it meets the payload's minimums
 (payload/versions.py), install the rest from wheels carried beside the repo (`.whl/`, `.whl-bnb/`;
-`bench/gpu_wheels.py` downloads them), and say exactly which versions ran.
+`bench/gpu_wheels.py` downloads them), and say exactly which versions ran. `--smoke` (CPU, CI)
+installs nothing.
 
 Wheels install with pip `--no-index --no-deps --target SITE` (the machine has no network), only for
 packages that are missing or older than needed; SITE goes first on PYTHONPATH for this process's
@@ -80,7 +81,11 @@ def prepare(root: Path, modes: list[dict], site: Path) -> Optional[str]:
         return None
     print(f"gpu-check: installing {len(picks)} carried wheel(s) into {site}: "
           + ", ".join(p.name.split("-")[0] + " " + p.name.split("-")[1] for p in picks), flush=True)
-    install(picks, site)
+    try:
+        install(picks, site)
+    except subprocess.CalledProcessError as e:  # e.g. wheels for another Python: run with what is there
+        print(f"gpu-check: installing the carried wheels failed ({e}); going on without them", flush=True)
+        return None
     return str(site)
 
 
