@@ -227,8 +227,22 @@ def run_payload(spec: dict, result: dict) -> None:
         train.cleanup(run)
 
 
+def single_process_group() -> None:
+    """DeepSpeed wants a process group even on one GPU: the variables torchrun would set, for one rank."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        os.environ.setdefault(k, v)
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
+    if spec.get("mode") in gpu_modes.MODE_NAMES and gpu_modes.mode(spec["mode"]).get("deepspeed"):
+        single_process_group()
     out = Path(argv[1])
     result = {"mode": spec.get("mode"), "role": spec["role"], "status": "ok"}
     t0 = time.perf_counter()

@@ -129,3 +129,30 @@ def test_planning_cites_a_measured_figure(monkeypatch):
     rate, src = throughput.tokens_per_second_per_gpu("H100-SXM", "lora", 32.0)
     assert rate == 800.0 and src == f"measured {cite} (8B), scaled to 32B"
     assert "32B reference" in throughput.tokens_per_second_per_gpu("H100-SXM", "qlora", 32.0)[1]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_vl"])
+def test_padding_free_rows_keep_records_apart(tmp_path, arch):
+    """What TRL's padding-free packing relies on, at the shapes the GPU check builds: one row, position
+    ids restarting per record, no attention mask, no cache (as in training) -> transformers gives
+    every record the logits it has alone (sdpa; flash-attention uses the same boundaries as varlen).
+    Holds for Qwen3-VL on text too, though TRL packs no vision-language dataset."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from payload.tiny import materialize_shape
+
+    path = materialize_shape(tmp_path / arch, arch, ModelDims(64, 2, 128, 4, 2, 16, 1024, True), dtype="float32")
+    cls = AutoModelForCausalLM if arch == "qwen3" else AutoModelForImageTextToText
+    model = cls.from_pretrained(path, attn_implementation="sdpa").eval()
+
+    def logits(ids, **kw):
+        if arch != "qwen3":
+            kw["mm_token_type_ids"] = torch.zeros_like(ids)
+        with torch.no_grad():
+            return model(input_ids=ids, use_cache=False, **kw).logits
+
+    a, b = torch.randint(10, 1000, (1, 7)), torch.randint(10, 1000, (1, 5))
+    packed = logits(torch.cat([a, b], 1), position_ids=torch.cat([torch.arange(7), torch.arange(5)])[None])
+    torch.testing.assert_close(packed[:, :7], logits(a), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(packed[:, 7:], logits(b), rtol=1e-4, atol=1e-4)
