@@ -136,12 +136,13 @@ def estimate(cfg, fused_lm_head: bool) -> dict:
     from payload.memory import estimate_gpu_memory_gb
     from payload.preflight import model_dims
 
-    on, why = modeling.gradient_checkpointing_decision(cfg)
-    resolved = cfg.model_copy(update={"train": cfg.train.model_copy(update={"gradient_checkpointing": on})})
-    est = estimate_gpu_memory_gb(resolved, modeling.gpu_memory_gb(), 1, dims=model_dims(cfg),
-                                 fused_lm_head=fused_lm_head)
+    every, why = modeling.checkpointing_decision(cfg)
+    if not modeling.on_gpu():  # the estimate for this run as the payload decided it (off on CPU)
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"gradient_checkpointing": every > 0})})
+    est = estimate_gpu_memory_gb(cfg, modeling.gpu_memory_gb(), 1, dims=model_dims(cfg), fused_lm_head=fused_lm_head)
     return {"estimate_gb": est.get("total_gb"), "estimate_components_gb": est.get("components_gb"),
-            "gradient_checkpointing": on, "gradient_checkpointing_reason": why}
+            "gradient_checkpointing": every > 0, "checkpoint_every_n_layers": every,
+            "gradient_checkpointing_reason": why}
 
 
 def load_cfg(spec: dict, offload: bool = False):
@@ -217,6 +218,7 @@ def run_payload(spec: dict, result: dict) -> None:
         result.update(meter.figures())
         result.update({"attn_used": run.attn, "liger": modeling.use_liger(cfg),
                        "gradient_checkpointing": modeling.gradient_checkpointing(cfg),
+                       "checkpoint_every_n_layers": modeling.checkpointing_decision(cfg)[0],
                        "padding_free": bool(getattr(run.trainer, "padding_free", False)),
                        "real_token_fraction": summary.get("real_token_fraction"),
                        "trainable_params": summary.get("trainable_params"),

@@ -141,8 +141,9 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
                  largest gathered unit (a block or the embedding) x 2 B (current + prefetch + grads).
     activations  checkpointing on: L x B x S x H x 2 B (each block's bf16 input) + 2 x one block
                  recomputed in backward, B x S x (4H + 4Q + 4K + 4I [+ 5H + Q + I copies when LoRA
-                 dropout > 0]) x 2 B; off: L x that block set. Flash/SDPA attention assumed (no S^2).
-                 `gradient_checkpointing: auto` is resolved first (`choose_gradient_checkpointing`).
+                 dropout > 0]) x 2 B; off: L x that block set; every n-th layer: the checkpointed
+                 layers' inputs + the other layers' block sets. Flash/SDPA attention assumed (no
+                 S^2). `gradient_checkpointing: auto` is resolved first (`choose_checkpointing`).
     logits       the payload (TRL >= 1.16 SFTTrainer) never materializes the B x S x V logits: its
                  fused LM head scores tiles of 4096 tokens x 32768 vocab (2 B each) and keeps per
                  token the scored hidden state (2 B x H), its fp32 gradient (4 B x H) and the cast
@@ -160,14 +161,15 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
         return {"known": False, "detail": f"unknown size of `{cfg.model.name_or_path}`"}
     t, n = cfg.train, max(1, int(num_gpus))
     ds = t.deepspeed
-    ckpt, why = choose_gradient_checkpointing(cfg, gpu_mem_gb, n, dims)
-    comp = _components(cfg, dims, n, ckpt, fused_lm_head)
+    every, why = choose_checkpointing(cfg, gpu_mem_gb, n, dims)
+    comp = _components(cfg, dims, n, every, fused_lm_head)
     total = sum(comp.values()) / GIB
     out = {
         "known": True, "model": cfg.model.name_or_path, "params_b": round(dims.params / 1e9, 2),
         "shape_source": dims.source, "method": t.method, "num_gpus": n,
         "zero_stage": ds.zero_stage if ds else None, "batch": t.per_device_batch_size, "seq": t.max_seq_length,
-        "gradient_checkpointing": ckpt, "gradient_checkpointing_reason": why,
+        "gradient_checkpointing": every > 0, "checkpoint_every_n_layers": every,
+        "gradient_checkpointing_reason": why,
         "components_gb": {k: round(v / GIB, 2) for k, v in comp.items()},
         "total_gb": round(total, 1), "gpu_mem_gb": gpu_mem_gb,
         "fraction": round(total / gpu_mem_gb, 3) if gpu_mem_gb else None,
@@ -177,34 +179,48 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
     return out
 
 
-AUTO_CHECKPOINTING_FRACTION = 0.85  # `auto` turns checkpointing off only below this share of the GPU
+AUTO_CHECKPOINTING_FRACTION = 0.85  # `auto` keeps activations only below this share of the GPU
+PARTIAL_EVERY_N = (4, 3, 2)  # `auto` tries checkpointing every 4th, 3rd, 2nd layer before every layer
+
+
+def choose_checkpointing(cfg, gpu_mem_gb: Optional[float], num_gpus: int,
+                         dims: Optional[ModelDims] = None) -> tuple[int, str]:
+    """(every_n_layers, why) for `train.gradient_checkpointing`: 0 = off, 1 = every decoder layer,
+    n = every n-th layer (transformers' `every_n_layers`: the others keep their activations, so less
+    is recomputed). `auto` takes the least checkpointing whose estimate needs at most 85 % of the
+    GPU (the estimate's own +-15 % target): off, else every 4th/3rd/2nd layer, else every layer."""
+    setting = cfg.train.gradient_checkpointing
+    if isinstance(setting, bool):
+        return int(setting), "set in train.gradient_checkpointing"
+    dims = dims or dims_from_name(cfg.model.name_or_path)
+    if not gpu_mem_gb:
+        return 1, "auto: GPU memory unknown, on to be safe"
+    if dims is None:
+        return 1, "auto: model size unknown, on to be safe"
+    n, limit = max(1, int(num_gpus)), AUTO_CHECKPOINTING_FRACTION * gpu_mem_gb
+    need = {k: sum(_components(cfg, dims, n, k, True).values()) / GIB for k in (0, *PARTIAL_EVERY_N, 1)}
+    where = f"{limit:.1f} GiB (85% of {gpu_mem_gb:.1f})"
+    if need[0] <= limit:
+        return 0, f"auto: off, ~{need[0]:.1f} GiB without it fits {where}"
+    for k in PARTIAL_EVERY_N:
+        if need[k] <= limit:
+            return k, f"auto: 1 layer in {k}, ~{need[k]:.1f} GiB fits {where} (~{need[0]:.1f} GiB without)"
+    return 1, f"auto: every layer, ~{need[PARTIAL_EVERY_N[-1]]:.1f} GiB with every 2nd exceeds {where}"
 
 
 def choose_gradient_checkpointing(cfg, gpu_mem_gb: Optional[float], num_gpus: int,
                                   dims: Optional[ModelDims] = None) -> tuple[bool, str]:
-    """(on?, why) for `train.gradient_checkpointing`; `auto` decides with this estimator: off when the
-    run without it needs at most 85 % of the GPU (the estimate's own +-15 % target), else on."""
-    setting = cfg.train.gradient_checkpointing
-    if isinstance(setting, bool):
-        return setting, "set in train.gradient_checkpointing"
-    dims = dims or dims_from_name(cfg.model.name_or_path)
-    if not gpu_mem_gb:
-        return True, "auto: GPU memory unknown, on to be safe"
-    if dims is None:
-        return True, "auto: model size unknown, on to be safe"
-    off = sum(_components(cfg, dims, max(1, int(num_gpus)), False, True).values()) / GIB
-    limit = AUTO_CHECKPOINTING_FRACTION * gpu_mem_gb
-    if off <= limit:
-        return False, f"auto: off, ~{off:.1f} GiB without it fits {limit:.1f} GiB (85% of {gpu_mem_gb:.1f})"
-    return True, f"auto: on, ~{off:.1f} GiB without it exceeds {limit:.1f} GiB (85% of {gpu_mem_gb:.1f})"
+    """(on?, why): `choose_checkpointing` as a yes/no."""
+    every, why = choose_checkpointing(cfg, gpu_mem_gb, num_gpus, dims)
+    return every > 0, why
 
 
-def _components(cfg, dims: ModelDims, n: int, ckpt: bool, fused_lm_head: bool) -> dict:
+def _components(cfg, dims: ModelDims, n: int, every: int, fused_lm_head: bool) -> dict:
     t, ds = cfg.train, cfg.train.deepspeed
     comp = {
         "weights": _weights_bytes(cfg, dims, n),
         "train_state": _train_state_bytes(cfg, dims, n),
-        "activations": _activation_bytes(cfg, dims, ckpt),
+        "activations": _activation_bytes(cfg, dims, every),
         "logits": _logits_bytes(cfg, dims, fused_lm_head),
     }
     if ds and ds.zero_stage == 3:
@@ -263,7 +279,7 @@ def _train_state_bytes(cfg, dims: ModelDims, n: int) -> float:
     return weights + grads + optim
 
 
-def _activation_bytes(cfg, dims: ModelDims, ckpt: bool) -> float:
+def _activation_bytes(cfg, dims: ModelDims, every: int) -> float:
     t = cfg.train
     tokens = t.per_device_batch_size * t.max_seq_length
     h, i = dims.hidden, dims.intermediate
@@ -272,6 +288,7 @@ def _activation_bytes(cfg, dims: ModelDims, ckpt: bool) -> float:
     if t.method != "full" and t.lora.dropout > 0:
         per_token += 5 * h + q + i  # PEFT applies dropout per adapted linear: one input copy each
     block = tokens * per_token * 2
-    if ckpt:
-        return dims.layers * tokens * h * 2 + 2 * block
-    return dims.layers * block
+    if every <= 0:
+        return dims.layers * block
+    kept = dims.layers - math.ceil(dims.layers / every)  # layers that keep all their activations
+    return (dims.layers - kept) * tokens * h * 2 + kept * block + 2 * block

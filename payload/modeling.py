@@ -50,32 +50,33 @@ def gpu_memory_gb() -> float | None:
 
 
 def gradient_checkpointing(cfg) -> bool:
-    """`train.gradient_checkpointing` resolved (see `gradient_checkpointing_decision`); logged once."""
-    return gradient_checkpointing_decision(cfg)[0]
+    """`train.gradient_checkpointing` resolved (see `checkpointing_decision`); logged once."""
+    return checkpointing_decision(cfg)[0] > 0
 
 
-def gradient_checkpointing_decision(cfg) -> tuple[bool, str]:
-    """(on?, why): a bool as set; `auto` off on CPU, and on a GPU decided by the memory estimate
-    without it (payload.memory.choose_gradient_checkpointing) for this GPU and WORLD_SIZE."""
-    from payload.memory import choose_gradient_checkpointing
+def checkpointing_decision(cfg) -> tuple[int, str]:
+    """(every_n_layers, why): 0 off, 1 every decoder layer, n every n-th. A bool as set; `auto` off on
+    CPU, and on a GPU the least checkpointing the memory estimate fits this GPU with
+    (payload.memory.choose_checkpointing, for WORLD_SIZE GPUs)."""
+    from payload.memory import choose_checkpointing
     from payload.preflight import model_dims
 
     setting = cfg.train.gradient_checkpointing
     if isinstance(setting, bool):
-        return setting, "set in train.gradient_checkpointing"
+        return int(setting), "set in train.gradient_checkpointing"
     key = cfg.config_hash()
     if key not in _CKPT_DECISIONS:
         if not on_gpu():
-            decision = (False, "auto: off on CPU")
+            decision = (0, "auto: off on CPU")
         else:
             world = int(os.environ.get("WORLD_SIZE") or 1)
-            decision = choose_gradient_checkpointing(cfg, gpu_memory_gb(), world, model_dims(cfg))
-        log.info("gradient checkpointing %s (%s)", "on" if decision[0] else "off", decision[1])
+            decision = choose_checkpointing(cfg, gpu_memory_gb(), world, model_dims(cfg))
+        log.info("gradient checkpointing: %s", decision[1])
         _CKPT_DECISIONS[key] = decision
     return _CKPT_DECISIONS[key]
 
 
-_CKPT_DECISIONS: dict[str, tuple[bool, str]] = {}
+_CKPT_DECISIONS: dict[str, tuple[int, str]] = {}
 
 
 def use_liger(cfg) -> bool:

@@ -192,11 +192,16 @@ def sft_config(cfg, has_eval: bool, dtype):
     if t.method == "full" and dtype == torch.float16 and not t.deepspeed:
         raise PayloadError("full fine-tuning in float16 needs fp32 master weights: add train.deepspeed, "
                            "or set model.dtype: float32")
-    # transformers renamed gradient_checkpointing to activation_checkpointing (the old name warns)
+    # transformers renamed gradient_checkpointing to activation_checkpointing (the old name warns) and
+    # added `every_n_layers` with it; before that, checkpointing is every layer or none
+    every, _why = modeling.checkpointing_decision(cfg)
     names = {f.name for f in dc.fields(SFTConfig)}
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    ckpt_kwargs = {"use_reentrant": False}
+    if every > 1 and ckpt == "activation_checkpointing":
+        ckpt_kwargs["every_n_layers"] = every
     return SFTConfig(
-        **{ckpt: modeling.gradient_checkpointing(cfg), f"{ckpt}_kwargs": {"use_reentrant": False}},
+        **{ckpt: every > 0, f"{ckpt}_kwargs": ckpt_kwargs},
         use_liger_kernel=modeling.use_liger(cfg),
         output_dir=str(ck.checkpoints_dir(cfg.run_dir)),
         run_name=cfg.runtime.run_id,
