@@ -12,6 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
 
 import gpu_check  # noqa: E402
 import gpu_env  # noqa: E402
@@ -21,6 +22,7 @@ import gpu_modes  # noqa: E402
 from payload import versions  # noqa: E402
 from payload.config import RunConfig  # noqa: E402
 from payload.memory import KNOWN_QWEN, ModelDims  # noqa: E402
+from train_fixtures import train_env  # noqa: E402,F401  (fixture)
 
 
 def test_smoke_runs_every_mode_in_its_own_process_and_writes_the_table(tmp_path):
@@ -156,3 +158,31 @@ def test_padding_free_rows_keep_records_apart(tmp_path, arch):
     packed = logits(torch.cat([a, b], 1), position_ids=torch.cat([torch.arange(7), torch.arange(5)])[None])
     torch.testing.assert_close(packed[:, :7], logits(a), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(packed[:, 7:], logits(b), rtol=1e-4, atol=1e-4)
+
+
+def test_partial_checkpointing_reaches_the_trainer(train_env, monkeypatch):
+    """`auto` may pick 1 layer in n (GPU only); the trainer gets transformers' every_n_layers and
+    checkpoints exactly those decoder layers, and training runs (tiny model, CPU, 2 steps)."""
+    from train_fixtures import make_config, train_in_process, write_text_data  # noqa: F811
+
+    from payload import modeling
+
+    monkeypatch.setattr(modeling, "checkpointing_decision", lambda cfg: (2, "forced by the test"))
+    cfg = make_config(train_env, "every2", train={"max_steps": 2, "gradient_checkpointing": "auto"},
+                      model={"name_or_path": "tiny-qwen3", "attn_implementation": ["sdpa"],
+                             "tiny": {"arch": "qwen3", "num_layers": 4}})
+    write_text_data(cfg.run_dir, n_train=8, n_val=0)
+    (cfg.run_dir / "data" / "val.jsonl").unlink()
+    seen = {}
+    real_enable = None
+
+    def spy(self, *args, **kwargs):
+        seen.update(kwargs)
+        return real_enable(self, *args, **kwargs)
+
+    from transformers import PreTrainedModel
+
+    real_enable = PreTrainedModel.activation_checkpointing_enable
+    monkeypatch.setattr(PreTrainedModel, "activation_checkpointing_enable", spy)
+    summary = train_in_process(cfg)
+    assert summary["steps"] == 2 and seen.get("every_n_layers") == 2
