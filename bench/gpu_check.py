@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,8 +47,8 @@ def parse(argv):
                                 epilog="example: python bench/gpu_check.py --modes lora-bf16-sdpa --steps 20")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, seconds (the test suite runs it)")
     p.add_argument("--modes", help=f"comma-separated, default all: {','.join(gpu_modes.MODE_NAMES)}")
-    p.add_argument("--steps", type=int, help="optimizer steps per run (default 20; smoke 4)")
-    p.add_argument("--warmup", type=int, help="first steps not timed (default 5; smoke 1)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default 15; smoke 4)")
+    p.add_argument("--warmup", type=int, help="first steps not timed (default 4; smoke 1)")
     p.add_argument("--batch", type=int, default=2, help="per-device batch (runbook 000: 2)")
     p.add_argument("--seq", type=int, help="max sequence length (default 4096; smoke 256)")
     p.add_argument("--records", type=int, help="synthetic records (default 1200; smoke 48)")
@@ -57,7 +58,7 @@ def parse(argv):
     p.add_argument("--out", help="results folder (default bench/results; smoke: WORKDIR/results)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="combine result files into one table")
     a = p.parse_args(argv)
-    for k, gpu, smoke in (("steps", 20, 4), ("warmup", 5, 1), ("seq", 4096, 256), ("records", 1200, 48),
+    for k, gpu, smoke in (("steps", 15, 4), ("warmup", 4, 1), ("seq", 4096, 256), ("records", 1200, 48),
                           ("budget_s", 540.0, 300.0)):
         if getattr(a, k) is None:
             setattr(a, k, smoke if a.smoke else gpu)
@@ -122,7 +123,8 @@ class Check:
     def environment(self) -> bool:
         site = None if self.a.smoke else gpu_env.prepare(ROOT, self.modes, self.work / "site")
         if site:
-            sys.path.insert(0, site)
+            if site not in sys.path:
+                sys.path.insert(0, site)
             os.environ["PYTHONPATH"] = os.pathsep.join([site, str(ROOT), os.environ.get("PYTHONPATH", "")])
             os.environ["GPU_CHECK_SITE"] = site
         import torch
@@ -161,7 +163,10 @@ class Check:
                               "reason": f"time budget of {self.a.budget_s:.0f} s spent; run it with --modes"}, m)
                     continue
                 print(f"gpu-check: {m['name']} {role} ...", flush=True)
+                run_dir = self.work / "runs" / f"{m['name']}-{role}"
+                shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts fresh (no resume)
                 self.add(run_child(self.spec(m, role), self.work / "logs", budget), m)
+                shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints: a full 2B one is ~30 GB
         jpath, mpath = self.save()
         report(self.results, jpath, mpath)
         return 0

@@ -75,10 +75,15 @@ def install(picks: list[Path], site: Path) -> None:
 def prepare(root: Path, modes: list[dict], site: Path) -> Optional[str]:
     """Install what is needed from the carried wheels; returns the PYTHONPATH entry to use (or None).
     Idempotent: a second call finds everything installed (in SITE, once it is on sys.path)."""
+    if site.is_dir():  # a previous call on this machine installed some already
+        import importlib
+
+        sys.path.insert(0, str(site))
+        importlib.invalidate_caches()
     available = wheels(root)
     picks = to_install(wanted(modes), available)
     if not picks:
-        return None
+        return str(site) if site.is_dir() else None
     print(f"gpu-check: installing {len(picks)} carried wheel(s) into {site}: "
           + ", ".join(p.name.split("-")[0] + " " + p.name.split("-")[1] for p in picks), flush=True)
     try:
