@@ -1,6 +1,7 @@
 # make demo   - install what is needed, run local-demo end to end (up, follow, down --fetch-artifacts)
 # make test   - install what is needed, run the test suite
 # make lock   - re-resolve the GPU machine's lock (payload/requirements-gpu.lock) from its pins
+# make gpu-check [ARGS=...] - on a GPU machine: the payload vs a plain Trainer, per mode (bench/README.md)
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
-.PHONY: install test demo render render-check bench clean lock
+.PHONY: install test demo render render-check bench clean lock gpu-check gpu-check-smoke gpu-wheels
 
 install: $(STAMP)
 
@@ -47,8 +48,20 @@ render-check: install
 
 bench: install
 	$(BIN)/python bench/bench_cli.py
-	@for b in bench/bench_data.py bench/bench_packing.py bench/bench_checkpoint.py bench/bench_gpu_env.py; do \
+	@for b in bench/bench_data.py bench/bench_packing.py bench/bench_checkpoint.py bench/bench_manifest.py bench/bench_budget.py bench/bench_gpu_env.py; do \
 	  [ -f $$b ] && $(BIN)/python $$b || true; done
+
+# The GPU machine has no network and its own Python: use .venv where there is one, else python3.
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py $(ARGS)
+
+gpu-check-smoke: install
+	$(BIN)/python bench/gpu_check.py --smoke $(ARGS)
+
+gpu-wheels: install
+	$(BIN)/python bench/gpu_wheels.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

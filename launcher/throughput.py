@@ -45,6 +45,12 @@ TABLE = {
 }
 CPU_TINY_TOKENS_PER_S = 25000.0
 
+# Figures measured by `make gpu-check` (bench/gpu_check.py), preferred over TABLE. One entry per
+# (accelerator, method): (payload tokens/s/GPU, size of the model measured in billions, citation
+# "bench/results/<gpu>-<date>.json#<mode>"). None measured yet (no GPU run committed); e.g.
+#   ("H100-SXM", "lora"): (3100.0, 8.19, "bench/results/nvidia-h100-80gb-hbm3-2026-12-01.json#lora-bf16-sdpa"),
+MEASURED: dict[tuple[str, str], tuple[float, float, str]] = {}
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -96,6 +102,11 @@ def tokens_per_second_per_gpu(accelerator: Optional[str], method: str, size_b: O
     """(compute-bound tokens/s/GPU on one node, how it was derived)."""
     if not accelerator:
         return CPU_TINY_TOKENS_PER_S, "measured: tiny model on 2 CPU cores"
+    if (accelerator, method) in MEASURED:
+        rate, measured_b, cite = MEASURED[(accelerator, method)]
+        if size_b:
+            return rate * measured_b / size_b, f"measured {cite} ({measured_b:g}B), scaled to {size_b:g}B"
+        return rate, f"measured {cite} ({measured_b:g}B)"
     base = TABLE.get((accelerator, method))
     if base is not None:
         src = f"{accelerator} {method}, 32B reference"

@@ -163,12 +163,16 @@ class ModelConfig(Strict):
     """Hub id or local path of the base model."""
     kind: Literal["causal_lm", "image_text_to_text"] = "causal_lm"
     """Auto class: AutoModelForCausalLM, or AutoModelForImageTextToText for Qwen3-VL."""
-    attn_implementation: list[Literal["flash_attention_2", "sdpa", "eager"]] = Field(
+    attn_implementation: list[Literal["flash_attention_2", "flex_attention", "sdpa", "eager"]] = Field(
         default_factory=lambda: ["flash_attention_2", "sdpa", "eager"]
     )
-    """Tried in order; the first that loads is used and logged."""
-    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
-    """`auto`: bf16 on GPU, fp32 on CPU."""
+    """Tried in order; the first that loads is used and logged. With `train.packing` the batch is one
+    padding-free row: flash_attention_2 runs it as variable-length sequences; flex_attention (torch's
+    compiled kernel) skips the masked blocks; sdpa/eager are exact too but attend over the whole row
+    with a block-diagonal mask."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """`auto`: bf16 on a GPU that has it, fp16 (mixed precision) on one that does not (T4, V100),
+    fp32 on CPU."""
     trust_remote_code: bool = False
     revision: Optional[str] = None
     tiny: Optional[TinyModel] = None
@@ -236,7 +240,14 @@ class TrainConfig(Strict):
         "adamw_torch"
     )
     max_grad_norm: float = Field(default=1.0, gt=0)
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: Union[bool, Literal["auto"]] = "auto"
+    """Recompute activations in the backward pass (~1/3 more compute, far less memory). `auto`: off
+    when the memory estimate (payload/memory.py) without it fits the GPU with 15% to spare, else on;
+    off on CPU."""
+    liger: Union[bool, Literal["auto"]] = "auto"
+    """Liger's Triton kernels (RMSNorm, SwiGLU, RoPE) on the model. `auto`: on when the optional
+    `liger-kernel` package is installed and a CUDA GPU is present; `true` fails when it is missing.
+    The loss needs no kernel: TRL's SFTTrainer computes it in chunks without the full logits."""
     packing: bool = False
     """Pack several records per sequence (padding-free, boundaries kept)."""
     assistant_only_loss: bool = True
@@ -324,6 +335,9 @@ class RunConfig(Strict):
     def _cross(self):
         if self.train.method == "full" and self.outputs.merge:
             raise ValueError("`outputs.merge` needs an adapter; method `full` already produces full weights")
+        if self.train.method == "full" and self.model.dtype == "float16" and self.train.deepspeed is None:
+            raise ValueError("full fine-tuning in `model.dtype: float16` needs fp32 master weights: add "
+                             "`train.deepspeed` or use `model.dtype: float32`")
         return self
 
     # --- runtime helpers (no torch) -------------------------------------------------------------

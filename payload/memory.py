@@ -78,6 +78,7 @@ KNOWN_QWEN = {
     "qwen3/8": (4096, 36, 12288, 32, 8, 128, 151936, False, 0),
     "qwen3/14": (5120, 40, 17408, 40, 8, 128, 151936, False, 0),
     "qwen3/32": (5120, 64, 25600, 64, 8, 128, 151936, False, 0),
+    "qwen3-vl/2": (2048, 28, 6144, 16, 8, 128, 151936, True, 0.4e9),  # text = Qwen3-1.7B's shape
     "qwen3-vl/8": (4096, 36, 12288, 32, 8, 128, 151936, False, 0.58e9),
     "qwen3-vl/32": (5120, 64, 25600, 64, 8, 128, 151936, False, 0.54e9),
 }
@@ -123,13 +124,14 @@ def dims_from_name(name: str) -> Optional[ModelDims]:
 # ---------------------------------------------------------------------------------- GPU memory
 
 
-def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims: Optional[ModelDims] = None) -> dict:
+def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims: Optional[ModelDims] = None,
+                           fused_lm_head: bool = True) -> dict:
     """Peak GPU memory per GPU, in GiB (2**30 bytes, as torch and nvidia-smi count), by component.
 
     P = parameters, N = `num_gpus` (all GPUs of the job), B = per-device batch, S = max_seq_length,
     H/I/L/V = hidden, intermediate, layers, vocab; Q = heads x head_dim, K = kv_heads x head_dim.
 
-    weights      lora: 2P (bf16; 4P if model.dtype float32). qlora: 0.55 B/param for the block
+    weights      lora: 2P (bf16/fp16; 4P if model.dtype float32). qlora: 0.55 B/param for the block
                  linears (NF4 + scales), bf16 for embeddings/lm_head/vision. ZeRO-3: divided by N.
     train_state  lora: T x 16 B, T = L x sum(r x (in + out)) over the targeted block linears (PEFT
                  keeps adapters in fp32: weight 4 + grad 4 + AdamW m,v 8; 8-bit Adam: 10 B).
@@ -139,34 +141,35 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
                  largest gathered unit (a block or the embedding) x 2 B (current + prefetch + grads).
     activations  checkpointing on: L x B x S x H x 2 B (each block's bf16 input) + 2 x one block
                  recomputed in backward, B x S x (4H + 4Q + 4K + 4I [+ 5H + Q + I copies when LoRA
-                 dropout > 0]) x 2 B; off: L x that block set. Flash/SDPA attention assumed (no S^2).
-    logits       B x S x V x 10 B: bf16 logits, fp32 upcast for the loss, fp32 log-softmax/grad.
+                 dropout > 0]) x 2 B; off: L x that block set; every n-th layer: the checkpointed
+                 layers' inputs + the other layers' block sets. Flash/SDPA attention assumed (no
+                 S^2). `gradient_checkpointing: auto` is resolved first (`choose_checkpointing`).
+    logits       the payload (TRL >= 1.16 SFTTrainer) never materializes the B x S x V logits: its
+                 fused LM head scores tiles of 4096 tokens x 32768 vocab (2 B each) and keeps per
+                 token the scored hidden state (2 B x H), its fp32 gradient (4 B x H) and the cast
+                 back (2 B x H); a trainable LM head (full) adds an fp32 gradient accumulator and its
+                 cast, 6 B x V x H. `fused_lm_head=False` (a plain transformers Trainer): B x S x V x
+                 10 B (bf16 logits, fp32 upcast for the loss, fp32 log-softmax/grad).
     overhead     1.5 GiB (CUDA context, NCCL, cuBLAS workspace) + 5 % (allocator fragmentation).
 
-    Assumptions: sequences padded to S (worst case), no CPU-offloaded activations, no Liger/fused
-    cross-entropy, vision-tower activations ignored. It is an estimate for a go/no-go before paying:
-    expect the real peak within about +-20 %.
+    Assumptions: sequences padded (or packed) to S, no CPU-offloaded activations, no Liger kernels,
+    vision-tower activations ignored. It is an estimate for a go/no-go before paying: expect the
+    real peak within about +-20 %; `make gpu-check` (bench/gpu_check.py) measures it against a GPU.
     """
     dims = dims or dims_from_name(cfg.model.name_or_path)
     if dims is None:
         return {"known": False, "detail": f"unknown size of `{cfg.model.name_or_path}`"}
     t, n = cfg.train, max(1, int(num_gpus))
     ds = t.deepspeed
-    comp = {
-        "weights": _weights_bytes(cfg, dims, n),
-        "train_state": _train_state_bytes(cfg, dims, n),
-        "activations": _activation_bytes(cfg, dims),
-        "logits": t.per_device_batch_size * t.max_seq_length * dims.vocab * 10,
-    }
-    if ds and ds.zero_stage == 3:
-        comp["zero3_working"] = 3 * max(dims.block_params, dims.vocab * dims.hidden) * 2
-    subtotal = sum(comp.values())
-    comp["overhead"] = 1.5 * GIB + 0.05 * subtotal
+    every, why = choose_checkpointing(cfg, gpu_mem_gb, n, dims)
+    comp = _components(cfg, dims, n, every, fused_lm_head)
     total = sum(comp.values()) / GIB
     out = {
         "known": True, "model": cfg.model.name_or_path, "params_b": round(dims.params / 1e9, 2),
         "shape_source": dims.source, "method": t.method, "num_gpus": n,
         "zero_stage": ds.zero_stage if ds else None, "batch": t.per_device_batch_size, "seq": t.max_seq_length,
+        "gradient_checkpointing": every > 0, "checkpoint_every_n_layers": every,
+        "gradient_checkpointing_reason": why,
         "components_gb": {k: round(v / GIB, 2) for k, v in comp.items()},
         "total_gb": round(total, 1), "gpu_mem_gb": gpu_mem_gb,
         "fraction": round(total / gpu_mem_gb, 3) if gpu_mem_gb else None,
@@ -174,6 +177,70 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
     if t.method in ("lora", "qlora"):
         out["trainable_params_m"] = round(lora_trainable_params(cfg, dims) / 1e6, 1)
     return out
+
+
+AUTO_CHECKPOINTING_FRACTION = 0.85  # `auto` keeps activations only below this share of the GPU
+PARTIAL_EVERY_N = (4, 3, 2)  # `auto` tries checkpointing every 4th, 3rd, 2nd layer before every layer
+
+
+def choose_checkpointing(cfg, gpu_mem_gb: Optional[float], num_gpus: int,
+                         dims: Optional[ModelDims] = None) -> tuple[int, str]:
+    """(every_n_layers, why) for `train.gradient_checkpointing`: 0 = off, 1 = every decoder layer,
+    n = every n-th layer (transformers' `every_n_layers`: the others keep their activations, so less
+    is recomputed). `auto` takes the least checkpointing whose estimate needs at most 85 % of the
+    GPU (the estimate's own +-15 % target): off, else every 4th/3rd/2nd layer, else every layer."""
+    setting = cfg.train.gradient_checkpointing
+    if isinstance(setting, bool):
+        return int(setting), "set in train.gradient_checkpointing"
+    dims = dims or dims_from_name(cfg.model.name_or_path)
+    if not gpu_mem_gb:
+        return 1, "auto: GPU memory unknown, on to be safe"
+    if dims is None:
+        return 1, "auto: model size unknown, on to be safe"
+    n, limit = max(1, int(num_gpus)), AUTO_CHECKPOINTING_FRACTION * gpu_mem_gb
+    need = {k: sum(_components(cfg, dims, n, k, True).values()) / GIB for k in (0, *PARTIAL_EVERY_N, 1)}
+    where = f"{limit:.1f} GiB (85% of {gpu_mem_gb:.1f})"
+    if need[0] <= limit:
+        return 0, f"auto: off, ~{need[0]:.1f} GiB without it fits {where}"
+    for k in PARTIAL_EVERY_N:
+        if need[k] <= limit:
+            return k, f"auto: 1 layer in {k}, ~{need[k]:.1f} GiB fits {where} (~{need[0]:.1f} GiB without)"
+    return 1, f"auto: every layer, ~{need[PARTIAL_EVERY_N[-1]]:.1f} GiB with every 2nd exceeds {where}"
+
+
+def choose_gradient_checkpointing(cfg, gpu_mem_gb: Optional[float], num_gpus: int,
+                                  dims: Optional[ModelDims] = None) -> tuple[bool, str]:
+    """(on?, why): `choose_checkpointing` as a yes/no."""
+    every, why = choose_checkpointing(cfg, gpu_mem_gb, num_gpus, dims)
+    return every > 0, why
+
+
+def _components(cfg, dims: ModelDims, n: int, every: int, fused_lm_head: bool) -> dict:
+    t, ds = cfg.train, cfg.train.deepspeed
+    comp = {
+        "weights": _weights_bytes(cfg, dims, n),
+        "train_state": _train_state_bytes(cfg, dims, n),
+        "activations": _activation_bytes(cfg, dims, every),
+        "logits": _logits_bytes(cfg, dims, fused_lm_head),
+    }
+    if ds and ds.zero_stage == 3:
+        comp["zero3_working"] = 3 * max(dims.block_params, dims.vocab * dims.hidden) * 2
+    comp["overhead"] = 1.5 * GIB + 0.05 * sum(comp.values())
+    return comp
+
+
+FUSED_TOKEN_TILE, FUSED_VOCAB_TILE = 4096, 32768  # trl/kernels/chunked_logprob.py, trl/trainer/utils.py
+
+
+def _logits_bytes(cfg, dims: ModelDims, fused: bool) -> float:
+    t = cfg.train
+    tokens = t.per_device_batch_size * t.max_seq_length
+    if not fused:
+        return tokens * dims.vocab * 10
+    per = 4 if cfg.model.dtype == "float32" else 2
+    tile = min(tokens, FUSED_TOKEN_TILE) * min(dims.vocab, FUSED_VOCAB_TILE) * per
+    head_grad = 6 * dims.vocab * dims.hidden if t.method == "full" else 0
+    return tile + tokens * dims.hidden * 8 + head_grad
 
 
 def lora_trainable_params(cfg, dims: ModelDims) -> int:
@@ -212,7 +279,7 @@ def _train_state_bytes(cfg, dims: ModelDims, n: int) -> float:
     return weights + grads + optim
 
 
-def _activation_bytes(cfg, dims: ModelDims) -> float:
+def _activation_bytes(cfg, dims: ModelDims, every: int) -> float:
     t = cfg.train
     tokens = t.per_device_batch_size * t.max_seq_length
     h, i = dims.hidden, dims.intermediate
@@ -221,6 +288,7 @@ def _activation_bytes(cfg, dims: ModelDims) -> float:
     if t.method != "full" and t.lora.dropout > 0:
         per_token += 5 * h + q + i  # PEFT applies dropout per adapted linear: one input copy each
     block = tokens * per_token * 2
-    if t.gradient_checkpointing:
-        return dims.layers * tokens * h * 2 + 2 * block
-    return dims.layers * block
+    if every <= 0:
+        return dims.layers * block
+    kept = dims.layers - math.ceil(dims.layers / every)  # layers that keep all their activations
+    return (dims.layers - kept) * tokens * h * 2 + kept * block + 2 * block

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import re
 
 from payload.errors import PayloadError
@@ -27,16 +28,67 @@ def on_gpu() -> bool:
 
 
 def resolve_dtype(model_cfg):
-    """`auto`: bf16 on a GPU that supports it, fp32 on CPU; otherwise what the config says."""
+    """`auto`: bf16 on a GPU that supports it, fp16 on one that does not (T4), fp32 on CPU;
+    otherwise what the config says."""
     import torch
 
-    if model_cfg.dtype == "bfloat16":
-        return torch.bfloat16
-    if model_cfg.dtype == "float32":
-        return torch.float32
-    if on_gpu() and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
+    named = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if model_cfg.dtype in named:
+        return named[model_cfg.dtype]
+    if on_gpu():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
+
+
+def gpu_memory_gb() -> float | None:
+    """Memory of this process's GPU in GiB (None on CPU)."""
+    import torch
+
+    if not on_gpu():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+
+
+def gradient_checkpointing(cfg) -> bool:
+    """`train.gradient_checkpointing` resolved (see `checkpointing_decision`); logged once."""
+    return checkpointing_decision(cfg)[0] > 0
+
+
+def checkpointing_decision(cfg) -> tuple[int, str]:
+    """(every_n_layers, why): 0 off, 1 every decoder layer, n every n-th. A bool as set; `auto` off on
+    CPU, and on a GPU the least checkpointing the memory estimate fits this GPU with
+    (payload.memory.choose_checkpointing, for WORLD_SIZE GPUs)."""
+    from payload.memory import choose_checkpointing
+    from payload.preflight import model_dims
+
+    setting = cfg.train.gradient_checkpointing
+    if isinstance(setting, bool):
+        return int(setting), "set in train.gradient_checkpointing"
+    key = cfg.config_hash()
+    if key not in _CKPT_DECISIONS:
+        if not on_gpu():
+            decision = (0, "auto: off on CPU")
+        else:
+            world = int(os.environ.get("WORLD_SIZE") or 1)
+            decision = choose_checkpointing(cfg, gpu_memory_gb(), world, model_dims(cfg))
+        log.info("gradient checkpointing: %s", decision[1])
+        _CKPT_DECISIONS[key] = decision
+    return _CKPT_DECISIONS[key]
+
+
+_CKPT_DECISIONS: dict[str, tuple[int, str]] = {}
+
+
+def use_liger(cfg) -> bool:
+    """`train.liger`: `auto` is on with a CUDA GPU and the optional liger-kernel package."""
+    setting = cfg.train.liger
+    installed = importlib.util.find_spec("liger_kernel") is not None
+    if setting is True and not installed:
+        raise PayloadError("train.liger is true but the liger-kernel package is not installed; "
+                           "pip install liger-kernel, or set train.liger: auto")
+    if setting is True and not on_gpu():
+        raise PayloadError("train.liger needs a CUDA GPU (Triton kernels); set train.liger: auto")
+    return bool(setting) and installed and on_gpu()
 
 
 def base_model_path(cfg) -> str:
@@ -91,7 +143,7 @@ def _ensure_pad(tok) -> None:
 # -------------------------------------------------------------------------------------------- model
 
 
-def _auto_class(kind: str):
+def auto_class(kind: str):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     return AutoModelForCausalLM if kind == "causal_lm" else AutoModelForImageTextToText
@@ -104,6 +156,8 @@ def _attn_unavailable(impl: str) -> str | None:
             return "needs a CUDA GPU"
         if importlib.util.find_spec("flash_attn") is None:
             return "package flash-attn is not installed"
+    if impl == "flex_attention" and not on_gpu():
+        return "needs a CUDA GPU (compiled Triton kernel)"
     return None
 
 
@@ -116,7 +170,7 @@ def load_model(cfg, path: str, dtype=None):
     kwargs = dict(dtype=dtype, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
     if cfg.train.method == "qlora":
         kwargs["quantization_config"] = quantization_config(cfg.train.quantization)
-    cls = _auto_class(cfg.model.kind)
+    cls = auto_class(cfg.model.kind)
     errors = []
     for impl in cfg.model.attn_implementation:
         why = _attn_unavailable(impl)
@@ -247,7 +301,7 @@ def prepare_for_method(cfg, model):
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=cfg.train.gradient_checkpointing,
+            model, use_gradient_checkpointing=gradient_checkpointing(cfg),
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
     return model, lora_config(cfg, model)

@@ -6,7 +6,8 @@ Each check gives `ok`, `warn` or `fail` with one line of detail; any `fail` rais
 listing the failing lines. Checks: data sources readable (local files exist and are non-empty; hub
 ids checked for syntax only: no network), base model reference, run directory and HF cache
 writable, free disk against what the run will write, HF_TOKEN present where needed (presence only,
-the value is never shown), and the GPU-memory estimate against the GPU.
+the value is never shown), the installed packages against the payload's minimums
+(payload/versions.py), and the GPU-memory estimate against the GPU.
 
 Model size comes from, in order: a local `config.json` (local path, the HF cache, or the tiny
 config), else a table of known Qwen shapes looked up by name ("Qwen3-VL-32B-Instruct" ->
@@ -243,6 +244,17 @@ def gpu_info(env) -> tuple[Optional[float], int, str]:
     return None, count or 1, "no GPU"
 
 
+def check_versions(cfg) -> Check:
+    """The installed training stack against the payload's minimums (payload/versions.py)."""
+    from payload import versions
+
+    bad = versions.problems(cfg)
+    if bad:
+        return Check("versions", "fail", "; ".join(bad))
+    have = versions.report()
+    return Check("versions", "ok", ", ".join(f"{k} {v}" for k, v in have.items() if v))
+
+
 def check_gpu_memory(cfg, dims: Optional[ModelDims], env) -> tuple[Check, dict]:
     mem, n, source = gpu_info(env)
     est = estimate_gpu_memory_gb(cfg, mem, n, dims=dims) if dims else {"known": False}
@@ -271,7 +283,7 @@ def run_checks(cfg, env=None) -> tuple[list[Check], dict]:
     except Exception as e:  # noqa: BLE001 - a malformed config.json must not hide the other checks
         dims = None
         checks.append(Check("model_shape", "warn", f"could not read the model shape: {e}"))
-    checks += [check_disk(cfg, dims, env), check_token(cfg, env)]
+    checks += [check_disk(cfg, dims, env), check_token(cfg, env), check_versions(cfg)]
     gpu_check, estimate = check_gpu_memory(cfg, dims, env)
     checks.append(gpu_check)
     return checks, estimate

@@ -6,10 +6,13 @@ Qwen's special tokens and a ChatML template that carries `{% generation %}` mark
 `build_tiny_model` builds a random Qwen3 causal LM or Qwen3-VL image-text-to-text model with a fixed
 seed (same call, byte-identical weights). `materialize_tiny` saves both to a directory once, so every
 later stage loads the "base model" with `from_pretrained` exactly as it would a hub model.
+`materialize_shape` does the same at a real model's shape (Qwen3-8B, Qwen3-VL-2B: random weights,
+built on the GPU) for `make gpu-check`, which measures speed and memory without any download.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -187,6 +190,69 @@ def tiny_config(tiny_cfg, tokenizer):
     )
 
 
+# Qwen3-VL-2B's vision tower (its text model has Qwen3-1.7B's shape, memory.KNOWN_QWEN "qwen3-vl/2")
+QWEN3_VL_2B_VISION = dict(
+    depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, patch_size=16, spatial_merge_size=2,
+    temporal_patch_size=2, num_position_embeddings=2304, deepstack_visual_indexes=[5, 11, 17],
+)
+
+
+def shape_config(arch: str, dims, tokenizer, vision: dict | None = None):
+    """A transformers config at a given decoder shape (`payload.memory.ModelDims`, e.g. a real
+    Qwen3-8B's), for a random model that trains exactly like the real one costs. The model's vocab
+    is `dims.vocab` (151936 for Qwen) even though the local tokenizer uses only its first ids."""
+    from transformers import Qwen3Config, Qwen3VLConfig
+
+    text = dict(
+        vocab_size=dims.vocab, hidden_size=dims.hidden, intermediate_size=dims.intermediate,
+        num_hidden_layers=dims.layers, num_attention_heads=dims.heads, num_key_value_heads=dims.kv_heads,
+        head_dim=dims.head_dim, max_position_embeddings=40960, tie_word_embeddings=dims.tied,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    if arch == "qwen3":
+        return Qwen3Config(**text)
+    half = dims.head_dim // 2
+    section = [24, 20, 20] if half == 64 else _mrope_section(dims.head_dim)  # Qwen3-VL's own at head_dim 128
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": section,
+                               "mrope_interleaved": True}
+    vis = dict(vision or dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                              spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                              deepstack_visual_indexes=[0]))
+    vis["out_hidden_size"] = dims.hidden
+    ids = tokenizer.convert_tokens_to_ids
+    return Qwen3VLConfig(
+        text_config=text, vision_config=vis, tie_word_embeddings=dims.tied,
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+    )
+
+
+def materialize_shape(dest_dir: str | os.PathLike, arch: str, dims, vision: dict | None = None,
+                      device: str = "cpu", dtype: str = "bfloat16", seed: int = TINY_SEED) -> Path:
+    """Save a random model of shape `dims` (+ the local tokenizer, + image processor for VL) to
+    `dest_dir` once, atomically, for `from_pretrained`. Built directly on `device` in `dtype`
+    (an 8B model: ~16 GB, seconds on a GPU), so no fp32 copy ever exists in host memory."""
+    import torch
+    from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
+
+    def build(tmp: Path) -> str:
+        tokenizer = build_tiny_tokenizer(None)
+        config = shape_config(arch, dims, tokenizer, vision)
+        cls = Qwen3ForCausalLM if arch == "qwen3" else Qwen3VLForConditionalGeneration
+        with torch.random.fork_rng(devices=[]), torch.device(device):
+            torch.manual_seed(seed)
+            model = cls._from_config(config, dtype=getattr(torch, dtype))
+        model.save_pretrained(str(tmp))
+        del model
+        if arch == "qwen3_vl":
+            build_tiny_image_processor().save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        return json.dumps({"arch": arch, "hidden": dims.hidden, "layers": dims.layers, "vocab": dims.vocab,
+                           "dtype": dtype}) + "\n"
+
+    return _materialize_atomically(Path(dest_dir), build)
+
+
 def build_tiny_model(tiny_cfg, tokenizer, seed: int = TINY_SEED):
     """A random tiny model (fp32, CPU); the same arguments give byte-identical weights.
 
@@ -267,25 +333,34 @@ def _tiny_of(cfg):
 
 
 def materialize_tiny(cfg, dest_dir: str | os.PathLike) -> Path:
-    """Save the tiny model + tokenizer (+ processor for VL) to `dest_dir` once; return the path.
-
-    Written into a temporary sibling and renamed into place, so a killed process never leaves a
-    half-written base model, and concurrent processes (torchrun ranks) agree on one copy.
-    """
+    """Save the tiny model + tokenizer (+ processor for VL) to `dest_dir` once; return the path."""
     dest = Path(dest_dir)
     if (dest / _DONE).is_file():
         return dest
     tiny = _tiny_of(cfg)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-" + dest.name + "-", dir=dest.parent))
-    try:
+
+    def build(tmp: Path) -> str:
         tokenizer = build_tiny_tokenizer(None, vocab_size=tiny.vocab_size)
         model = build_tiny_model(tiny, tokenizer)
         model.save_pretrained(str(tmp))
         if tiny.arch == "qwen3_vl":
             build_tiny_image_processor().save_pretrained(str(tmp))  # preprocessor_config.json
         tokenizer.save_pretrained(str(tmp))
-        (tmp / _DONE).write_text(f"{tiny.model_dump_json()}\n")
+        return f"{tiny.model_dump_json()}\n"
+
+    return _materialize_atomically(dest, build)
+
+
+def _materialize_atomically(dest: Path, build) -> Path:
+    """Run `build(tmp_dir) -> marker text` in a temporary sibling and rename it into place, so a killed
+    process never leaves a half-written base model, and concurrent processes (torchrun ranks) agree
+    on one copy."""
+    if (dest / _DONE).is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-" + dest.name + "-", dir=dest.parent))
+    try:
+        (tmp / _DONE).write_text(build(tmp))
         if dest.exists() and not (dest / _DONE).is_file():
             shutil.rmtree(dest, ignore_errors=True)  # a leftover from an older, interrupted layout
         try:

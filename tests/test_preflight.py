@@ -40,21 +40,22 @@ PROFILES = {
     "sonia": (dict(model={"name_or_path": "VocaborSilentii/Qwen3-VL-32B-Instruct", "kind": "image_text_to_text",
                           "dtype": "bfloat16"},
                    train={"method": "lora", "lora": {"r": 32, "alpha": 64, "dropout": 0.05},
-                          "max_seq_length": 4096, "per_device_batch_size": 2}), 80, 2),
+                          "max_seq_length": 4096, "per_device_batch_size": 2,
+                          "gradient_checkpointing": True}), 80, 2),
     # the same with ZeRO-3 sharding the frozen base across both GPUs
     "sonia-zero3": (dict(model={"name_or_path": "VocaborSilentii/Qwen3-VL-32B-Instruct", "kind": "image_text_to_text"},
                          train={"method": "lora", "lora": {"r": 32, "alpha": 64, "dropout": 0.05},
                                 "max_seq_length": 4096, "per_device_batch_size": 2,
-                                "deepspeed": {"zero_stage": 3}}), 80, 2),
+                                "deepspeed": {"zero_stage": 3}, "gradient_checkpointing": True}), 80, 2),
     # runbook 001: Qwen2.5-32B QLoRA 4-bit r64, 1x A100 80GB, seq 2048, batch 1
     "lovecraft": (dict(model={"name_or_path": "Qwen/Qwen2.5-32B"},
                        train={"method": "qlora", "lora": {"r": 64, "alpha": 256, "dropout": 0.05},
                               "max_seq_length": 2048, "per_device_batch_size": 1,
-                              "optimizer": "paged_adamw_32bit"}), 80, 1),
+                              "optimizer": "paged_adamw_32bit", "gradient_checkpointing": True}), 80, 1),
     # Qwen3-32B full fine-tuning, ZeRO-3 over 16x A100 80GB, seq 8192, batch 1
     "qwen3-32b": (dict(model={"name_or_path": "Qwen/Qwen3-32B"},
                        train={"method": "full", "max_seq_length": 8192, "per_device_batch_size": 1,
-                              "deepspeed": {"zero_stage": 3}}), 80, 16),
+                              "deepspeed": {"zero_stage": 3}, "gradient_checkpointing": True}), 80, 16),
 }
 
 
@@ -88,9 +89,28 @@ def test_estimate_scales_with_batch_sequence_and_checkpointing():
     no_ckpt = base.model_copy(update={"train": base.train.model_copy(update={"gradient_checkpointing": False})})
     e2 = preflight.estimate_gpu_memory_gb(longer, mem, gpus)
     e3 = preflight.estimate_gpu_memory_gb(no_ckpt, mem, gpus)
-    assert e2["components_gb"]["logits"] == pytest.approx(2 * est["components_gb"]["logits"], rel=1e-2)
+    # TRL's fused LM head: tiles + a few bytes of hidden state per token, never B x S x V
+    assert e2["components_gb"]["logits"] == pytest.approx(2 * est["components_gb"]["logits"], rel=0.05)
+    plain = preflight.estimate_gpu_memory_gb(longer, mem, gpus, fused_lm_head=False)
+    assert plain["components_gb"]["logits"] == pytest.approx(4096 * 152064 * 10 / 2**30, rel=1e-2)
+    assert plain["components_gb"]["logits"] > 10 * e2["components_gb"]["logits"]
     assert e2["components_gb"]["activations"] == pytest.approx(2 * est["components_gb"]["activations"], rel=1e-2)
     assert e3["components_gb"]["activations"] > 10 * est["components_gb"]["activations"]
+
+
+def test_gradient_checkpointing_auto_decided_by_the_estimate():
+    body, _mem, _gpus = PROFILES["lovecraft"]
+    auto = RunConfig(data=HUB_DATA, **body)
+    auto = auto.model_copy(update={"train": auto.train.model_copy(update={"gradient_checkpointing": "auto"})})
+    big, mid, small = (preflight.estimate_gpu_memory_gb(auto, mem, 1) for mem in (141.0, 80.0, 24.0))
+    assert big["gradient_checkpointing"] is False and "auto: off" in big["gradient_checkpointing_reason"]
+    # in between, only some layers recompute (transformers' every_n_layers), and it still fits
+    assert mid["checkpoint_every_n_layers"] in (2, 3, 4) and mid["total_gb"] <= 0.85 * 80
+    assert "1 layer in" in mid["gradient_checkpointing_reason"]
+    assert small["checkpoint_every_n_layers"] == 1 and "exceeds" in small["gradient_checkpointing_reason"]
+    assert big["components_gb"]["activations"] > mid["components_gb"]["activations"] > \
+        small["components_gb"]["activations"]
+    assert preflight.estimate_gpu_memory_gb(auto, None, 1)["gradient_checkpointing"] is True  # unknown GPU: on
 
 
 def test_model_shapes_by_name_and_from_config():
