@@ -284,8 +284,9 @@ def test_set_with_list_index_works_and_leaves_no_temp_dirs(tmp_path, monkeypatch
     from launcher.runs import _load_with_overrides
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a temp copy would go
-    p = _load_with_overrides("local-demo", ("data.sources.0.path=elsewhere.jsonl", "data.sources.1.split=val"))
-    assert p.data.sources[0].path == "elsewhere.jsonl" and p.data.sources[1].split == "val"
+    other = "payload/samples/demo_alpaca.jsonl"  # `up` checks the data files: an existing one
+    p = _load_with_overrides("local-demo", (f"data.sources.0.path={other}", "data.sources.1.split=val"))
+    assert p.data.sources[0].path == other and p.data.sources[1].split == "val"
     assert p.data.sources[1].path == "payload/samples/demo_alpaca.jsonl"
     r = invoke("up", "local-demo", "--set", "data.sources.7.path=x.jsonl")
     one_error_line(r, "--set data.sources.7.path: data.sources is a list of 2; use an index from 0 to 1, or set "
@@ -318,7 +319,7 @@ def test_remote_failure_reason_is_printed_literally_by_logs_follow(tmp_path):
     (home / "exit_code").write_text("1\n")
     run_dir = tmp_path / "vol" / "runs" / run.id
     run_dir.mkdir(parents=True)
-    (run_dir / "status.json").write_text(json.dumps({"state": "failed", "reason": MARKUP}))
+    (run_dir / "status.json").write_text(json.dumps({"state": "failed", "exit_code": 1, "reason": MARKUP}))
     result = invoke("logs", run.id, "--follow")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.output.splitlines() == [f"step 1 {MARKUP}", f"! r-markup: failed ({MARKUP})"]
