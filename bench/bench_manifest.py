@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from payload import layout, manifest  # noqa: E402
+from payload import checksums, layout, manifest  # noqa: E402
 
 
 def main() -> None:
@@ -49,7 +49,7 @@ def main() -> None:
                   f"({len(m['files'])} files)")
         t = time.perf_counter()
         for p in merged.iterdir():
-            manifest.sha256_file(p)
+            checksums.file_digest(p)
         dt = time.perf_counter() - t
         print(f"  verify at home (sequential, streamed): {dt:.2f} s, {total / dt / 1e6:.0f} MB/s")
         grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024

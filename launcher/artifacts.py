@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Optional
 
 from payload import layout
-from payload.manifest import checkpoint_row, sha256_file
+from payload.checksums import file_digest
+from payload.manifest import checkpoint_row
 
 from .backends import BackendError
 
@@ -295,7 +296,7 @@ def _verify(path: Path, p: _Planned) -> Optional[str]:
     if st.st_size != p.size and not (p.grows and p.sha256 is None and st.st_size > p.size):
         return f"{st.st_size} bytes arrived, {p.size} on the machine (damaged in transfer: fetch again)"
     if p.sha256 is not None:
-        _, digest = sha256_file(path)
+        _, digest = file_digest(path)
         if digest != p.sha256:
             return f"sha256 {digest[:12]}... differs from the MANIFEST's {p.sha256[:12]}... (damaged: fetch again)"
     if path.suffix == ".safetensors":
@@ -374,7 +375,7 @@ def _write_manifest(manifest: Optional[dict], incoming: Path, dest: Path, report
     files = {}
     for name in sorted(report.files):
         if not name.startswith(layout.LOGS_DIR + "/"):
-            size, digest = sha256_file(dest / name)
+            size, digest = file_digest(dest / name)
             files[name] = {"bytes": size, "sha256": digest}
     target.write_text(json.dumps({
         "format": 1, "run_id": run.id, "state": run.state, "algorithm": "sha256", "required": [],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -30,15 +31,25 @@ class Problem(NamedTuple):
     text: str
 
 
-def sha256_file(path: Path, fsync: bool = False) -> str:
-    """Stream one file through sha256; with `fsync`, flush it to disk on the same descriptor."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
+def file_digest(path: Path, fsync: bool = False) -> tuple[int, str]:
+    """(bytes, sha256 hex) of one regular file, streamed; never follows a symlink (a planted link
+    must not make a checksum of something else). With `fsync`, flush it on the same descriptor."""
+    h, size = hashlib.sha256(), 0
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
         for block in iter(lambda: f.read(CHUNK), b""):
             h.update(block)
+            size += len(block)
         if fsync:
             os.fsync(f.fileno())
-    return h.hexdigest()
+    return size, h.hexdigest()
+
+
+def sha256_file(path: Path, fsync: bool = False) -> str:
+    """The sha256 hex of one regular file (see `file_digest`)."""
+    return file_digest(path, fsync)[1]
 
 
 def list_files(root: Path, skip: tuple[str, ...] = ()) -> dict[str, int]:

@@ -16,36 +16,21 @@ Live artifacts (logs) are left out: they change after this is written. Torch-fre
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
 from payload import checkpoints as ck
 from payload import layout
+from payload.checksums import file_digest
 from payload.money import atomic_write_json, now_iso
 
 log = logging.getLogger("payload.manifest")
 
-BLOCK = 8 << 20
 HASH_THREADS = 8
 FORMAT = 1
-
-
-def sha256_file(path: Path) -> tuple[int, str]:
-    """(bytes, sha256 hex) of a regular file, streamed; refuses to follow a symlink."""
-    h, size = hashlib.sha256(), 0
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        for block in iter(lambda: f.read(BLOCK), b""):
-            h.update(block)
-            size += len(block)
-    return size, h.hexdigest()
 
 
 def regular_files(root: Path, rel: str) -> dict[str, Path]:
@@ -104,7 +89,7 @@ def build(run_dir: Path, required: list[str], run_id: Optional[str] = None, stat
             if found:
                 files[found[1]] = path
     with ThreadPoolExecutor(max(1, threads)) as pool:
-        sums = dict(zip(files, pool.map(sha256_file, files.values())))
+        sums = dict(zip(files, pool.map(file_digest, files.values())))
     present = {n.split("/")[0] for n in files}
     return {
         "format": FORMAT, "run_id": run_id, "state": state, "written_at": now_iso(), "algorithm": "sha256",

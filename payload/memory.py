@@ -216,7 +216,7 @@ def choose_gradient_checkpointing(cfg, gpu_mem_gb: Optional[float], num_gpus: in
 
 
 def _components(cfg, dims: ModelDims, n: int, every: int, fused_lm_head: bool) -> dict:
-    t, ds = cfg.train, cfg.train.deepspeed
+    ds = cfg.train.deepspeed
     comp = {
         "weights": _weights_bytes(cfg, dims, n),
         "train_state": _train_state_bytes(cfg, dims, n),
