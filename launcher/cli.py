@@ -106,6 +106,7 @@ def render(profiles, all_, check):
 
     Example: launch render --all --check
     """
+    from .catalog import plan_price
     from .profile import profile_names
     from .render import render_all, stale, write
     from .ui import console
@@ -113,7 +114,7 @@ def render(profiles, all_, check):
     names = list(profiles) or (profile_names() if all_ or check else None)
     if not names:
         raise click.UsageError("name a profile, or use --all")
-    rendered = render_all(names)
+    rendered = render_all(names, plan_price)
     if check:
         diffs = stale(rendered)
         if diffs:

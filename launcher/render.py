@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import yaml
 
@@ -204,33 +204,19 @@ def render_text(p: Profile, price_per_hour: float) -> tuple[str, str]:
     return header + task, config
 
 
-def render_profile(name: str, price_per_hour: Optional[float] = None) -> dict[Path, str]:
+def render_profile(name: str, price_of: Callable[[Profile], float]) -> dict[Path, str]:
+    """{sky/<name>.yaml: task, sky/config/<name>.yaml: config}, the envs priced by `price_of(profile)`
+    (`launch render` passes launcher.catalog.plan_price: pricing needs the rendered task, so it lives
+    above this module)."""
     p = load_profile(name)
-    if price_per_hour is None:
-        price_per_hour = plan_price(p)
-    task, config = render_text(p, price_per_hour)
+    task, config = render_text(p, price_of(p))
     return {task_path(p.name): task, config_path(p.name): config}
 
 
-def plan_price(p: Profile) -> float:
-    """$/h used in the rendered envs: the shipped catalog (offline), else the profile's fallback.
-    Local profiles use their notional price. `launch up` replaces it with the live price if known."""
-    if p.cluster.is_local:
-        return p.budget.price_per_hour or 0.0
-    from .catalog import PlanError, catalog_price
-
-    try:
-        return catalog_price(p)
-    except PlanError:
-        if p.budget.price_per_hour is None:
-            raise
-        return p.budget.price_per_hour
-
-
-def render_all(names: Optional[list[str]] = None) -> dict[Path, str]:
+def render_all(names: Optional[list[str]], price_of: Callable[[Profile], float]) -> dict[Path, str]:
     out: dict[Path, str] = {}
     for n in names or profile_names():
-        out.update(render_profile(n))
+        out.update(render_profile(n, price_of))
     return out
 
 

@@ -150,7 +150,7 @@ def _price(p, backend: str) -> tuple[float, str]:
         from .backends.skypilot import hourly_price
 
         return hourly_price(p)
-    from .render import plan_price
+    from .catalog import plan_price
 
     return plan_price(p), "catalog or profile"
 
@@ -335,7 +335,7 @@ def status(run_id, all_, as_json):
     Example: launch status --json
     """
     from . import registry
-    from .ui import console, status_table
+    from .ui import print_status
 
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
     rows = []
@@ -346,10 +346,7 @@ def status(run_id, all_, as_json):
         if run.active and run.budget_usd and spent >= run.budget_usd and _stop_for_budget(run, spent):
             row = _row(registry.get(run.id))
         rows.append(row)
-    if as_json:
-        click.echo(json.dumps(rows if all_ else rows[0], indent=2, default=str))
-    else:
-        console().print(status_table(rows))
+    print_status(rows, as_json, json_value=rows if all_ else rows[0])
 
 
 def interactive() -> bool:
@@ -394,22 +391,21 @@ def cost(as_json):
 
     Example: launch cost
     """
-    from rich.table import Table
-
     from . import registry
-    from .ui import cell, console, duration, money
+    from .tables import Column, print_table
+    from .ui import console, duration, money
 
     rows = [_row(_refresh(r) if r.active else r) for r in registry.all_runs()]
     total = round(sum(r["cost_usd"] for r in rows), 6)
-    if as_json:
-        click.echo(json.dumps({"runs": rows, "total_usd": total}, indent=2, default=str))
-        return
-    t = Table("run", "profile", "state", "$/h", "elapsed", "spent", "budget")
-    for r in rows:
-        t.add_row(cell(r["id"]), cell(r["profile"]), cell(r["state"]), money(r["price_per_hour"]),
-                  duration(r["elapsed_s"]), money(r["cost_usd"]), money(r["budget_usd"]))
-    console().print(t)
-    console().print(f"[bold]total[/] {money(total)} over {len(rows)} run(s)")
+    columns = [Column("run", "id", must_copy=True), Column("profile", "profile", must_copy=True, priority=1),
+               Column("state", "state", priority=3),
+               Column("$/h", lambda r: money(r["price_per_hour"]), must_copy=True, justify="right"),
+               Column("elapsed", lambda r: duration(r["elapsed_s"]), priority=4, justify="right"),
+               Column("spent", lambda r: money(r["cost_usd"]), must_copy=True, justify="right"),
+               Column("budget", lambda r: money(r["budget_usd"]), must_copy=True, priority=2, justify="right")]
+    print_table(rows, columns, as_json, json_value={"runs": rows, "total_usd": total})
+    if not as_json:
+        console().print(f"[bold]total[/] {money(total)} over {len(rows)} run(s)")
 
 
 # ----------------------------------------------------------------------------------- down

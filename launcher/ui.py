@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import functools
-import json
 
-import click
 
 
 @functools.lru_cache(maxsize=1)
@@ -183,40 +181,70 @@ def print_profiles(as_json: bool) -> None:
                          "storage_usd_per_month": round(sum(monthly), 2) if monthly else None, "error": None})
         except (ProfileError, Exception) as e:  # one broken profile must not hide the others
             rows.append({"profile": name, "error": str(e).splitlines()[0]})
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    from rich.table import Table
+    from .tables import print_table
 
-    from rich import box
-
-    t = Table("profile", "GPUs", "$/h", "hours", "est. $", "memory", "$/month", box=box.SIMPLE_HEAD,
-              padding=(0, 1))
-    t.columns[0].no_wrap = True  # names are copied into commands: never cut
-    t.columns[1].overflow = "fold"
-    for r in rows:
-        if r["error"]:
-            t.add_row(cell(r["profile"]), f"[red]invalid: {esc(r['error'])}[/]", "", "", "", "", "")
-            continue
-        gpus = (f"{r['nodes']}x " if r["nodes"] > 1 else "") + r["accelerators"] + (" spot" if r["spot"] else "")
-        t.add_row(cell(r["profile"]), gpus, money(r["price_per_hour"]), f"{r['est_hours']:.1f}", money(r["est_usd"]),
-                  r["gpu_memory"] or "-", money(r["storage_usd_per_month"]))
-    for col in t.columns[2:]:
-        col.no_wrap = True
-    console().print(t)
+    print_table(rows, PROFILE_COLUMNS, as_json)
 
 
-def status_table(rows: list[dict]):
-    from rich.table import Table
+def _gpus(r: dict):
+    if r["error"]:
+        from rich.text import Text
 
-    t = Table("run", "profile", "backend", "state", "step", "loss", "elapsed", "spent", "ETA", "projected")
-    for r in rows:
-        step = f"{r['step']}/{r['max_steps']}" if r.get("step") is not None and r.get("max_steps") else (
-            str(r["step"]) if r.get("step") is not None else "-")
-        loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-"
-        color = {"running": "cyan", "completed": "green", "failed": "red", "preempted": "yellow",
-                 "budget_exhausted": "yellow"}.get(r["state"], "white")
-        t.add_row(cell(r["id"]), cell(r["profile"]), cell(r["backend"]), f"[{color}]{esc(r['state'])}[/]", step, loss,
-                  duration(r.get("elapsed_s")), money(r.get("cost_usd")), duration(r.get("eta_s")),
-                  money(r.get("projected_cost_usd")))
-    return t
+        return Text(f"invalid: {r['error']}", style="red")
+    return (f"{r['nodes']}x " if r["nodes"] > 1 else "") + r["accelerators"] + (" spot" if r["spot"] else "")
+
+
+def _ok(fn):
+    return lambda r: "" if r.get("error") else fn(r)
+
+
+def _columns():
+    from .tables import Column
+
+    profiles = [
+        Column("profile", "profile", must_copy=True),
+        Column("GPUs", _gpus),
+        Column("$/h", _ok(lambda r: money(r["price_per_hour"])), must_copy=True, justify="right"),
+        Column("hours", _ok(lambda r: f"{r['est_hours']:.1f}"), priority=2, justify="right"),
+        Column("est. $", _ok(lambda r: money(r["est_usd"])), must_copy=True, justify="right"),
+        Column("memory", _ok(lambda r: r["gpu_memory"] or "-"), priority=3),
+        Column("$/month", _ok(lambda r: money(r["storage_usd_per_month"])), priority=1, justify="right"),
+    ]
+    status = [
+        Column("run", "id", must_copy=True),
+        Column("profile", "profile", must_copy=True, priority=1),  # the run id starts with it
+        Column("backend", "backend", priority=5),
+        Column("state", _state),
+        Column("step", _step, priority=4, justify="right"),
+        Column("loss", lambda r: f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-",
+               priority=6, justify="right"),
+        Column("elapsed", lambda r: duration(r.get("elapsed_s")), priority=7, justify="right"),
+        Column("spent", lambda r: money(r.get("cost_usd")), must_copy=True, justify="right"),
+        Column("ETA", lambda r: duration(r.get("eta_s")), priority=3, justify="right"),
+        Column("projected", lambda r: money(r.get("projected_cost_usd")), priority=2, justify="right"),
+    ]
+    return profiles, status
+
+
+def _state(r: dict):
+    from rich.text import Text
+
+    color = {"running": "cyan", "completed": "green", "failed": "red", "preempted": "yellow",
+             "budget_exhausted": "yellow"}.get(r["state"], "white")
+    return Text(str(r["state"]), style=color)
+
+
+def _step(r: dict) -> str:
+    if r.get("step") is not None and r.get("max_steps"):
+        return f"{r['step']}/{r['max_steps']}"
+    return str(r["step"]) if r.get("step") is not None else "-"
+
+
+def print_status(rows: list[dict], as_json: bool = False, json_value=None) -> None:
+    """`launch status`: every run id, profile and dollar amount whole at any width (launcher.tables)."""
+    from .tables import print_table
+
+    print_table(rows, STATUS_COLUMNS, as_json, json_value=json_value)
+
+
+PROFILE_COLUMNS, STATUS_COLUMNS = _columns()

@@ -25,7 +25,7 @@ from typing import Optional
 from payload import checkpoints as ck
 from payload import layout
 from payload.checksums import file_digest
-from payload.money import atomic_write_json, now_iso
+from payload.observe import atomic_write_json, now_iso
 
 log = logging.getLogger("payload.manifest")
 

@@ -17,31 +17,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
 from payload import layout
 from payload.checkpoints import Callback
+from payload.observe import atomic_write_json, now_iso, write_status  # observe owns status.json
 
 log = logging.getLogger("payload.train")
 
 WARN_FRACTION = 0.9
-
-
-def atomic_write_json(path: Path, data: dict) -> None:
-    """Write JSON to a temp file and rename it into place (readers never see half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class CostTracker:
@@ -141,8 +127,6 @@ class CostCallback(Callback):
 
     def on_save(self, args, state, control, **kwargs):
         # The Trainer calls on_save after _save_checkpoint, which finalizes it (COMPLETE marker).
-        from payload.observe import write_status  # observe imports this module
-
         self.tracker.save()
         if self.tracker.write:
             write_status(self.tracker.path.parent, checkpoint_step=state.global_step)

@@ -19,12 +19,12 @@ import os
 import sys
 import time
 import traceback
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
 from payload import layout
 from payload.checkpoints import Callback
-from payload.money import atomic_write_json, now_iso
 
 log = logging.getLogger("payload.train")
 
@@ -68,6 +68,19 @@ def quiet_trainer(trainer) -> None:
 
 
 # ------------------------------------------------------------------------------------------ status
+
+
+def atomic_write_json(path: Path, data: dict) -> None:
+    """Write JSON to a temp file and rename it into place (readers never see half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def write_status(run_dir: Path, **fields) -> dict:

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from launcher.profile import ProfileError, load_profile, profile_names, total_gpus
+from launcher.catalog import plan_price
 from launcher.render import CONTROLLER_AUTOSTOP, render_all, render_profile, render_text, stale
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +114,7 @@ def test_unknown_profile_suggests_the_closest():
 
 
 def test_rendered_tasks_are_committed_and_fresh():
-    assert stale(render_all()) == []
+    assert stale(render_all(None, plan_price)) == []
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -224,7 +225,7 @@ def test_the_header_is_the_plain_skypilot_command_and_it_parses(name, monkeypatc
 def test_no_secret_values_in_rendered_files(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value_do_not_write")
     monkeypatch.setenv("WANDB_API_KEY", "wandb_secret_value_do_not_write")
-    for text in render_profile("sonia-h100").values():
+    for text in render_profile("sonia-h100", plan_price).values():
         assert "secret_value" not in text
     for f in (REPO / "sky").rglob("*.yaml"):
         assert not re.search(r"hf_[A-Za-z0-9]{20,}", f.read_text())

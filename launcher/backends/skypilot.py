@@ -32,6 +32,8 @@ from ..registry import ACTIVE_STATES, STATES, Run
 from ..uploads import remove_staged, stage_workdir
 from . import Backend, BackendError, LaunchSpec, RemoteStatus
 from . import skypilot_control as control
+from .skypilot_files import RunFiles, S3Volume, cluster_ssh, remote_expr, s3_ready
+from .skypilot_sdk import first_line, record_field, sdk, volume_record
 from .tasks import workdir_files
 
 PRICE_TIMEOUT_S = 120
@@ -50,37 +52,6 @@ _MANAGED_STATES = {"PENDING": "starting", "SUBMITTED": "starting", "STARTING": "
 _ENDED = (*END_STATES, "interrupted")
 
 
-def _sky():
-    """`sky` for SDK calls: never with launch's offline runtime dir (fake enabled clouds, and a local
-    API server started from this process would keep its state there)."""
-    from ..catalog import offline_runtime_dir
-
-    if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
-        raise BackendError("internal: this process imported SkyPilot for offline planning "
-                           "(launcher.catalog.import_sky_offline); run SDK calls in a fresh process")
-    os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
-    import sky
-    import sky.client.sdk  # noqa: F401
-    import sky.jobs  # noqa: F401  (sky.jobs.* and sky.volumes.* are used as attributes)
-    import sky.volumes  # noqa: F401
-
-    return sky
-
-
-def sdk():
-    """The `sky` SDK for other launcher modules (`launch volumes`), with the same guard as here."""
-    return _sky()
-
-
-def _get(record, key, default=None):
-    """A field of an SDK response record (pydantic response models and dicts both have .get)."""
-    value = record.get(key, default) if hasattr(record, "get") else getattr(record, key, default)
-    return default if value is None else value
-
-
-record_field = _get  # public face of _get: a field of an SDK response record
-
-
 def _name(value) -> str:
     """An SDK enum (or its string) as its upper-case value: ClusterStatus.UP -> 'UP'."""
     return str(getattr(value, "value", value) or "").upper()
@@ -97,12 +68,6 @@ def cluster_name(run_id: str) -> str:
 
 
 # ----------------------------------------------------------------------------------- errors
-
-
-def _first_line(e: BaseException) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
-    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def credentials_message(clouds) -> str:
@@ -133,7 +98,7 @@ def map_sky_error(e: BaseException, profile=None) -> BackendError:
     """One line for a SkyPilot exception: what happened and the next step."""
     from sky import exceptions as ex
 
-    what = _first_line(e)
+    what = first_line(e)
     low = " ".join([str(e)] + [str(f) for f in getattr(e, "failover_history", [])]).lower()
     c = getattr(profile, "cluster", None)
     spec = f"{c.accelerators or 'CPU'} x{c.num_nodes} on {', '.join(c.infra_list)}" if c else "the request"
@@ -149,7 +114,7 @@ def map_sky_error(e: BaseException, profile=None) -> BackendError:
         return BackendError(f"no capacity for {spec} right now: {what}; retry later, or change "
                             "cluster.region / cluster.accelerators / use_spot")
     if isinstance(e, ex.ProvisionPrechecksError):
-        return BackendError(f"SkyPilot prechecks failed: {'; '.join(map(_first_line, e.reasons)) or what}")
+        return BackendError(f"SkyPilot prechecks failed: {'; '.join(map(first_line, e.reasons)) or what}")
     for names, message in _ERRORS:
         if isinstance(e, tuple(getattr(ex, n) for n in names)):
             return BackendError(message.format(what=what))
@@ -237,7 +202,7 @@ def build_task(spec: LaunchSpec):
     refuses the launch ("No value available for secret(s)"). Secrets the user did not set are
     dropped from the task; the payload's preflight says which stage needs one.
     """
-    sky = _sky()
+    sky = sdk()
     task_yaml = Path(spec.task_yaml).resolve()
     config = yaml.safe_load(task_yaml.read_text())
     given = {k: v for k, v in spec.secrets.items() if v}
@@ -252,11 +217,6 @@ def build_task(spec: LaunchSpec):
     envs = {**spec.envs, "LAUNCH_RUN_ID": spec.run.id}
     return sky.Task.from_yaml_config(config, env_overrides=list(envs.items()),
                                      secrets_overrides=list(given.items()))
-
-
-def _volume_record(sky, name: str):
-    records = sky.get(sky.volumes.ls(names=[name]))
-    return next((r for r in records or [] if _get(r, "name") == name), None)
 
 
 # ------------------------------------------------------------------------------------ backend
@@ -278,7 +238,7 @@ class SkyPilotBackend(Backend):
         if p.outputs.push_to_hub and not spec.secrets.get("HF_TOKEN"):
             raise BackendError(f"outputs.push_to_hub ({p.outputs.push_to_hub}) needs HF_TOKEN: "
                                "export HF_TOKEN=hf_... and run `launch up` again")
-        sky = _sky()
+        sky = sdk()
         servers = control.local_api_server_pids()
         with control.marked_process() as origin:  # the first SDK call may start a local API server
             try:
@@ -299,7 +259,7 @@ class SkyPilotBackend(Backend):
         try:
             task = build_task(spec)
         except (ValueError, OSError) as e:  # schema errors of a hand-edited or stale render
-            raise BackendError(f"{spec.task_yaml}: {_first_line(e)}; re-render with `launch render "
+            raise BackendError(f"{spec.task_yaml}: {first_line(e)}; re-render with `launch render "
                                f"{p.name}`") from None
         run_dir = str(layout.run_dir(p.runtime_volume(), run.id))
         handle = {"kind": "managed_job" if p.cluster.use_spot else "cluster", "job_name": run.id,
@@ -334,7 +294,7 @@ class SkyPilotBackend(Backend):
         from .runpod_volumes import stock_note, volume_config
 
         v = p.cluster.volume
-        record = _volume_record(sky, v.name)
+        record = volume_record(sky, v.name)
         how = "reused"
         if record is None:
             config, how = volume_config(p)
@@ -342,7 +302,7 @@ class SkyPilotBackend(Backend):
             sky.stream_and_get(sky.volumes.apply(volume), output_stream=self.out)
             region, zone = volume.region, volume.zone
         else:
-            region, zone = _get(record, "region"), _get(record, "zone")
+            region, zone = record_field(record, "region"), record_field(record, "zone")
             if p.cluster.region and region and p.cluster.region != region:
                 raise BackendError(f"volume {v.name} is in {region}/{zone} but cluster.region is "
                                    f"{p.cluster.region}: drop cluster.region or use another volume name")
@@ -399,7 +359,7 @@ class SkyPilotBackend(Backend):
     # -- logs / status / down
 
     def logs(self, run: Run, follow: bool, out: TextIO) -> int:
-        sky, h = _sky(), run.handle
+        sky, h = sdk(), run.handle
         try:
             if h.get("kind") == "managed_job":
                 by = {"job_id": h["job_id"]} if h.get("job_id") is not None else {"name": h["job_name"]}
@@ -411,7 +371,7 @@ class SkyPilotBackend(Backend):
         return int(code or 0)
 
     def status(self, run: Run) -> RemoteStatus:
-        sky, h = _sky(), run.handle
+        sky, h = sdk(), run.handle
         try:
             if h.get("kind") == "managed_job":
                 state, reason, billing = self._managed_state(sky, h)
@@ -429,7 +389,7 @@ class SkyPilotBackend(Backend):
         records = sky.get(sky.status(cluster_names=[run.cluster]))
         if not records:
             return None, f"cluster {run.cluster} is gone (autostopped after the job, or torn down)", False
-        cluster = _name(_get(records[0], "status"))
+        cluster = _name(record_field(records[0], "status"))
         if cluster == "INIT":
             return "starting", "provisioning or setting up", True
         if cluster == "STOPPED":
@@ -448,8 +408,8 @@ class SkyPilotBackend(Backend):
         result = sky.get(sky.jobs.queue(refresh=False, job_ids=None if job_id is None else [job_id],
                                         version=2))
         records = result[0] if isinstance(result, tuple) else result
-        match = [r for r in records or [] if (_get(r, "job_id") == job_id if job_id is not None
-                                             else _get(r, "job_name") == h["job_name"])]
+        match = [r for r in records or [] if (record_field(r, "job_id") == job_id if job_id is not None
+                                             else record_field(r, "job_name") == h["job_name"])]
         return match[-1] if match else None
 
     def _managed_state(self, sky, h: dict) -> tuple[Optional[str], Optional[str], bool]:
@@ -457,10 +417,10 @@ class SkyPilotBackend(Backend):
         rec = self._managed_record(sky, h)
         if rec is None:
             return None, "the jobs controller does not know this managed job any more", False
-        status, recoveries = _name(_get(rec, "status")), _get(rec, "recovery_count", 0)
+        status, recoveries = _name(record_field(rec, "status")), record_field(rec, "recovery_count", 0)
         billing = control.managed_job_billing(status, rec)
         if status.startswith("FAILED"):
-            why = _get(rec, "failure_reason") or "see `launch logs`"
+            why = record_field(rec, "failure_reason") or "see `launch logs`"
             return "failed", f"{status}: {why}", billing
         reason = f"preempted; SkyPilot is recovering it (recovery {recoveries + 1})" \
             if status == "RECOVERING" else (f"recovered {recoveries}x" if recoveries else None)
@@ -471,10 +431,10 @@ class SkyPilotBackend(Backend):
         h, rel = run.handle, layout.STATUS
         text = None
         if h.get("kind") == "cluster" and up:
-            text = _ssh(run.cluster, f"cat {_remote_expr(h['run_dir'] + '/' + rel)}", check=False)
-        elif _s3_ready(h):
+            text = cluster_ssh(run.cluster, f"cat {remote_expr(h['run_dir'] + '/' + rel)}", check=False)
+        elif s3_ready(h):
             try:
-                text = _S3Volume(h["volume"]).read(f"{h['volume']['key_prefix']}/{run.id}/{rel}")
+                text = S3Volume(h["volume"]).read(f"{h['volume']['key_prefix']}/{run.id}/{rel}")
             except Exception:  # noqa: BLE001
                 text = None
         try:
@@ -484,7 +444,7 @@ class SkyPilotBackend(Backend):
 
     def down(self, run: Run) -> None:
         """The trainer gets its SIGTERM checkpoint first, then the machines go (bounded waits)."""
-        sky, h = _sky(), run.handle
+        sky, h = sdk(), run.handle
         try:
             if h.get("kind") == "managed_job":
                 self._cancel_managed(sky, run)
@@ -526,7 +486,7 @@ class SkyPilotBackend(Backend):
 
         def ended() -> bool:
             rec = self._managed_record(sky, h)
-            return rec is None or _name(_get(rec, "status")).startswith(control.MANAGED_TERMINAL)
+            return rec is None or _name(record_field(rec, "status")).startswith(control.MANAGED_TERMINAL)
 
         if not control.wait_until(ended, 2 * control.DOWN_GRACE_S):
             raise BackendError(f"managed job {h.get('job_id') or h['job_name']} is still being cancelled "
@@ -547,12 +507,12 @@ class SkyPilotBackend(Backend):
         return self._routes[run.id]
 
     def _cluster_up(self, run: Run) -> bool:
-        sky = _sky()
+        sky = sdk()
         try:
             records = sky.get(sky.status(cluster_names=[run.cluster]))
         except Exception as e:  # noqa: BLE001
             raise map_sky_error(e) from None
-        return bool(records) and _name(_get(records[0], "status")) in ("UP", "AUTOSTOPPING")
+        return bool(records) and _name(record_field(records[0], "status")) in ("UP", "AUTOSTOPPING")
 
 
 def merge_status(state: Optional[str], reason: Optional[str], reported: Optional[dict],
@@ -569,8 +529,3 @@ def merge_status(state: Optional[str], reason: Optional[str], reported: Optional
         state = said  # the run knows why it ended (budget, its own failure reason)
     reason = rs.get("reason") if state == said and rs.get("reason") else reason
     return RemoteStatus.from_report(state, rs, reason)
-
-
-from .skypilot_files import (  # noqa: E402  (file transfer half, re-exported)
-    RunFiles, _remote_expr, _s3_ready, _S3Volume, _ssh,
-)

@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple, Optional
 
 from ..artifacts import list_command, parse_listing
 from . import BackendError
+from .skypilot_sdk import first_line, record_field, sdk, volume_record
 
 SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15")
 SSH_TIMEOUT_S = 60
@@ -22,22 +23,22 @@ RSYNC_TIMEOUT_S = 3600
 # ------------------------------------------------------------------------- files: ssh + rsync
 
 
-def _remote_expr(path: str) -> str:
+def remote_expr(path: str) -> str:
     """A remote path for a shell command, `~/` kept expandable."""
     return '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
 
 
-def _ssh_cmd(host: str) -> list[str]:
+def ssh_argv(host: str) -> list[str]:
     """ssh with the per-cluster config SkyPilot writes at launch (also Included from ~/.ssh/config,
     which ssh reads from the passwd home, so name the file: it follows $HOME like SkyPilot does)."""
     config = Path(os.path.expanduser(f"~/.sky/generated/ssh/{host}"))
     return ["ssh", *(["-F", str(config)] if config.is_file() else []), *SSH_OPTS]
 
 
-def _ssh(host: str, command: str, check: bool = True) -> Optional[str]:
+def cluster_ssh(host: str, command: str, check: bool = True) -> Optional[str]:
     """Run a command on a cluster's head node; None (check=False) when it cannot be reached."""
     try:
-        done = subprocess.run([*_ssh_cmd(host), host, command], capture_output=True, text=True,
+        done = subprocess.run([*ssh_argv(host), host, command], capture_output=True, text=True,
                               timeout=SSH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         if check:
@@ -53,7 +54,7 @@ def _ssh(host: str, command: str, check: bool = True) -> Optional[str]:
 
 def cluster_list(host: str, run_dir: str, roots: tuple[str, ...]) -> dict[str, int]:
     """{run-dir-relative file: bytes} for the regular files under `roots` on the cluster's head node."""
-    return parse_listing(_ssh(host, list_command(_remote_expr(run_dir), roots)) or "")
+    return parse_listing(cluster_ssh(host, list_command(remote_expr(run_dir), roots)) or "")
 
 
 def cluster_copy(host: str, run_dir: str, rels: list[str], into: Path) -> None:
@@ -64,7 +65,7 @@ def cluster_copy(host: str, run_dir: str, rels: list[str], into: Path) -> None:
         return
     remote_root = run_dir[2:] if run_dir.startswith("~/") else run_dir  # rsync: relative = $HOME
     into.mkdir(parents=True, exist_ok=True)
-    cmd = ["rsync", "-t", "--no-links", "--from0", "--files-from=-", "-e", shlex.join(_ssh_cmd(host)),
+    cmd = ["rsync", "-t", "--no-links", "--from0", "--files-from=-", "-e", shlex.join(ssh_argv(host)),
            f"{host}:{remote_root}/", f"{into}/"]
     try:
         done = subprocess.run(cmd, input="\0".join(rels) + "\0", capture_output=True, text=True,
@@ -89,8 +90,8 @@ class RunFiles(NamedTuple):
         if h.get("kind") == "cluster" and cluster_up():
             return cls(lambda roots: cluster_list(run.cluster, h["run_dir"], roots),
                        lambda rels, into: cluster_copy(run.cluster, h["run_dir"], rels, into))
-        if _s3_ready(h, explain=True):
-            volume, prefix = _S3Volume(h["volume"]), f"{h['volume']['key_prefix']}/{run.id}"
+        if s3_ready(h, explain=True):
+            volume, prefix = S3Volume(h["volume"]), f"{h['volume']['key_prefix']}/{run.id}"
             return cls(lambda roots: volume.list(prefix, roots), lambda rels, into: volume.copy(prefix, rels, into))
         bucket, hub = h.get("bucket"), h.get("push_to_hub")
         where = (f"bucket {bucket['name']} ({bucket['store']}; `sky storage ls`)" if bucket else
@@ -102,7 +103,7 @@ class RunFiles(NamedTuple):
 # ------------------------------------------------------------------------ files: RunPod S3 API
 
 
-def _s3_ready(h: dict, explain: bool = False) -> bool:
+def s3_ready(h: dict, explain: bool = False) -> bool:
     """Whether the run's volume is a RunPod network volume reachable through the S3 API."""
     vol = h.get("volume") or {}
     if vol.get("type") != "runpod-network-volume":
@@ -114,7 +115,7 @@ def _s3_ready(h: dict, explain: bool = False) -> bool:
     return not missing
 
 
-class _S3Volume:
+class S3Volume:
     """A RunPod network volume through its datacenter's S3-compatible endpoint (bucket = volume id)."""
 
     def __init__(self, vol: dict):
@@ -122,14 +123,12 @@ class _S3Volume:
             import boto3
         except ImportError:
             raise BackendError("fetching from a RunPod volume needs boto3: pip install boto3") from None
-        from .skypilot import _get, _sky, _volume_record
-
-        sky = _sky()
-        record = _volume_record(sky, vol["name"])
+        sky = sdk()
+        record = volume_record(sky, vol["name"])
         if record is None:
             raise BackendError(f"SkyPilot no longer knows volume {vol['name']}: see `sky volumes ls`")
-        self.zone = _get(record, "zone") or vol.get("zone")
-        self.bucket = _runpod_volume_id(_get(record, "name_on_cloud"), self.zone)
+        self.zone = record_field(record, "zone") or vol.get("zone")
+        self.bucket = _runpod_volume_id(record_field(record, "name_on_cloud"), self.zone)
         self.client = boto3.client(
             "s3", endpoint_url=f"https://s3api-{self.zone.lower()}.runpod.io", region_name=self.zone,
             aws_access_key_id=os.environ["RUNPOD_S3_ACCESS_KEY"],
@@ -190,12 +189,10 @@ def _runpod_volume_id(name_on_cloud: str, zone: str) -> str:
     """RunPod's id of a network volume (its S3 bucket), via RunPod's REST API (SkyPilot's adaptor)."""
     from sky.adaptors import runpod as runpod_api
 
-    from .skypilot import _first_line
-
     try:
         listed = runpod_api.rest_request("GET", "/networkvolumes")
     except Exception as e:  # noqa: BLE001
-        raise BackendError(f"cannot list RunPod volumes ({_first_line(e)}): set RUNPOD_API_KEY") from None
+        raise BackendError(f"cannot list RunPod volumes ({first_line(e)}): set RUNPOD_API_KEY") from None
     if isinstance(listed, dict):  # some deployments wrap the list (SkyPilot handles the same keys)
         listed = next((listed[k] for k in ("items", "data", "networkVolumes") if k in listed), [])
     vols = listed if isinstance(listed, list) else []

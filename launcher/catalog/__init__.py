@@ -160,5 +160,18 @@ def catalog_price(p) -> float:
     return optimize(p).price_per_hour
 
 
+def plan_price(p) -> float:
+    """$/h used in the rendered envs: the shipped catalog (offline), else the profile's fallback.
+    Local profiles use their notional price. `launch up` replaces it with the live price if known."""
+    if p.cluster.is_local:
+        return p.budget.price_per_hour or 0.0
+    try:
+        return catalog_price(p)
+    except PlanError:
+        if p.budget.price_per_hour is None:
+            raise
+        return p.budget.price_per_hour
+
+
 class PlanError(Exception):
     pass

@@ -1,0 +1,121 @@
+"""Tables that fit the terminal: what a user copies (run ids, profile names, paths, dollar amounts) is
+never cut; other columns wrap, and the least important ones are dropped when the terminal is narrow.
+
+Every table command prints through `print_table(rows, columns, as_json)`, so `--json` is the same
+rows everywhere. Layout is rich's (`Table`, `Measurement`); this module only decides which columns
+are shown and how each may shrink:
+
+- a `must_copy` column gets its widest cell as its minimum width and never wraps;
+- other columns wrap (`overflow="fold"`) when the table is too wide;
+- while the table's minimum width exceeds the console's, the column with the highest `priority`
+  number is dropped (0 = never dropped; a must-copy column with a priority may be dropped, never cut:
+  `launch status` drops `profile` before it cuts a run id, which starts with the profile's name);
+- when even that does not fit, each row is printed as `header: value` lines, values whole.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import click
+
+Cell = Union[str, "Text"]  # noqa: F821 - rich.text.Text
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    """Header."""
+    key: Union[str, Callable[[dict], Any]]
+    """A row key, or a function of the row giving the cell (str, printed literally, or a rich Text)."""
+    must_copy: bool = False
+    """A value users copy into commands (id, name, path, amount): never truncated, never wrapped."""
+    priority: int = 0
+    """0: always shown; higher numbers are dropped first when the terminal is too narrow."""
+    justify: str = "left"
+
+    def cell(self, row: dict):
+        from rich.text import Text
+
+        value = self.key(row) if callable(self.key) else row.get(self.key)
+        if isinstance(value, Text):
+            return value
+        return Text("-" if value is None else str(value))
+
+
+def print_table(rows: list[dict], columns: list[Column], as_json: bool = False, *, json_value=None,
+                console=None, title: Optional[str] = None) -> None:
+    """`rows` as a table that fits `console` (default: launcher.ui.console()), or as JSON (`json_value`
+    when given, else the rows)."""
+    if as_json:
+        click.echo(json.dumps(rows if json_value is None else json_value, indent=2, default=str))
+        return
+    from .ui import console as default_console
+
+    c = console or default_console()
+    cells = [[col.cell(r) for col in columns] for r in rows]
+    shown = list(range(len(columns)))
+    while True:
+        table = _table(columns, shown, cells, title)
+        if _min_width(c, table) <= c.width:
+            c.print(table)
+            return
+        droppable = [i for i in shown if columns[i].priority > 0]
+        if not droppable:
+            break
+        shown.remove(max(droppable, key=lambda i: (columns[i].priority, i)))
+    _print_records(c, columns, cells, title)
+
+
+def fits(rows: list[dict], columns: list[Column], width: int) -> list[str]:
+    """The headers `print_table` shows at `width` columns (for tests and `--help` text)."""
+    from rich.console import Console
+
+    c = Console(width=width)
+    cells = [[col.cell(r) for col in columns] for r in rows]
+    shown = list(range(len(columns)))
+    while _min_width(c, _table(columns, shown, cells, None)) > width:
+        droppable = [i for i in shown if columns[i].priority > 0]
+        if not droppable:
+            return []
+        shown.remove(max(droppable, key=lambda i: (columns[i].priority, i)))
+    return [columns[i].name for i in shown]
+
+
+def _table(columns: list[Column], shown: list[int], cells: list[list], title: Optional[str]):
+    from rich import box
+    from rich.table import Table
+
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), title=title, show_edge=False)
+    for i in shown:
+        col = columns[i]
+        if col.must_copy:
+            widest = max([len(col.name), *(r[i].cell_len for r in cells)])
+            t.add_column(col.name, no_wrap=True, min_width=widest, justify=col.justify)
+        else:
+            t.add_column(col.name, overflow="fold", justify=col.justify)
+    for r in cells:
+        t.add_row(*(r[i] for i in shown))
+    return t
+
+
+def _min_width(console, table) -> int:
+    from rich.measure import Measurement
+
+    return Measurement.get(console, console.options.update_width(10_000), table).minimum
+
+
+def _print_records(c, columns: list[Column], cells: list[list], title: Optional[str]) -> None:
+    """Too narrow for any table: one block per row, the first column as its head, values whole."""
+    from rich.text import Text
+
+    if title:
+        c.print(Text(title, style="bold"))
+    for r in cells:
+        head = r[0].copy()
+        head.stylize("bold")
+        c.print(head, soft_wrap=True)
+        for col, value in zip(columns[1:], r[1:]):
+            c.print(Text.assemble(f"  {col.name}: ", value), soft_wrap=True)

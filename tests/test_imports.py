@@ -1,0 +1,56 @@
+"""No import cycles in launcher/ or payload/ (scripts/import_cycles.py, AST only)."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "import_cycles.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("import_cycles", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_no_import_cycles_in_launcher_or_payload():
+    found = _script().module_cycles()
+    assert found == [], "\n".join(f"{' <-> '.join(c)}: {'; '.join(links)}" for c, links in found)
+
+
+def _tree(tmp_path, files: dict[str, str]) -> Path:
+    for rel, text in {"launcher/__init__.py": "", "payload/__init__.py": "", **files}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+def test_a_cycle_hidden_in_a_function_is_found_and_named(tmp_path):
+    root = _tree(tmp_path, {
+        "launcher/a.py": "from .b import thing\n",
+        "launcher/b.py": "def thing():\n    from launcher.a import x\n",
+        "payload/c.py": "from payload import d\n",
+        "payload/d.py": "import payload.c\n",
+    })
+    found = _script().module_cycles(root)
+    assert [c for c, _ in found] == [["launcher.a", "launcher.b"], ["payload.c", "payload.d"]]
+    assert found[0][1] == ["launcher.a:1 -> launcher.b", "launcher.b:2 -> launcher.a (in a function)"]
+
+
+def test_a_package_factory_and_type_checking_imports_are_not_cycles(tmp_path):
+    root = _tree(tmp_path, {
+        "launcher/backends/__init__.py": "class Backend: ...\ndef get():\n    from .local import Local\n",
+        "launcher/backends/local.py": "from . import Backend\n",
+        "launcher/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from launcher.y import Y\n",
+        "launcher/y.py": "import launcher.x\n",
+    })
+    assert _script().module_cycles(root) == []
+
+
+def test_the_script_exits_zero_on_this_tree():
+    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no import cycles in launcher, payload" in done.stdout
