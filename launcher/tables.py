@@ -35,6 +35,8 @@ class Column:
     priority: int = 0
     """0: always shown; higher numbers are dropped first when the terminal is too narrow."""
     justify: str = "left"
+    wrap_min: int = 0
+    """A wrapping column's narrowest width (default `WRAP_MIN`, or its widest cell if narrower)."""
 
     def cell(self, row: dict):
         from rich.text import Text
@@ -92,19 +94,34 @@ def _table(columns: list[Column], shown: list[int], cells: list[list], title: Op
     for i in shown:
         col = columns[i]
         if col.must_copy:
-            widest = max([len(col.name), *(r[i].cell_len for r in cells)])
+            widest = max([len(col.name), *(_widest_line(r[i]) for r in cells)])
             t.add_column(col.name, no_wrap=True, min_width=widest, justify=col.justify)
         else:
-            t.add_column(col.name, overflow="fold", justify=col.justify)
+            t.add_column(col.name, overflow="fold", justify=col.justify, min_width=col.wrap_min or None)
     for r in cells:
         t.add_row(*(r[i] for i in shown))
     return t
 
 
+def _widest_line(text) -> int:
+    return max((line.cell_len for line in text.split("\n")), default=0)
+
+
+WRAP_MIN = 10
+"""The narrowest a wrapping column is allowed to get (or its header, or its widest cell, if narrower)."""
+
+
 def _min_width(console, table) -> int:
+    """The table's width with must-copy columns whole and the others folded to `WRAP_MIN`."""
     from rich.measure import Measurement
 
-    return Measurement.get(console, console.options.update_width(10_000), table).minimum
+    total = table._extra_width  # rich's edges and separators (no public accessor); padding below
+    for col in table.columns:
+        wide = console.options.update_width(10_000)
+        widest = max([Measurement.get(console, wide, x).maximum for x in (col.header, *col.cells)])
+        total += widest if col.no_wrap else min(widest, max(col.min_width or WRAP_MIN, len(str(col.header))))
+        total += table.padding[1] + table.padding[3]
+    return total
 
 
 def _print_records(c, columns: list[Column], cells: list[list], title: Optional[str]) -> None:

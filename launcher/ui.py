@@ -203,7 +203,7 @@ def _columns():
 
     profiles = [
         Column("profile", "profile", must_copy=True),
-        Column("GPUs", _gpus),
+        Column("GPUs", _gpus, wrap_min=16),
         Column("$/h", _ok(lambda r: money(r["price_per_hour"])), must_copy=True, justify="right"),
         Column("hours", _ok(lambda r: f"{r['est_hours']:.1f}"), priority=2, justify="right"),
         Column("est. $", _ok(lambda r: money(r["est_usd"])), must_copy=True, justify="right"),

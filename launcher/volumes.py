@@ -126,26 +126,51 @@ def _age(created_at: Optional[float]) -> str:
     return f"{days:.0f} days old" if days >= 2 else f"{days * 24:.0f} h old"
 
 
-def print_rows(rows: list[Stored], note: Optional[str]) -> None:
-    from .ui import console, money
+def _last_run(r: "Stored") -> str:
+    """The last run's id on a line of its own (copied into commands), then its state and users."""
+    last = f"{r.last_run}\n({r.last_run_state})" if r.last_run else "-"
+    users = r.active_runs + [u for u in r.in_use_by if u not in r.active_runs]
+    return last + "".join(f"\nin use by {u}" for u in users)
 
+
+def _columns():
+    from .tables import Column
+    from .ui import money
+
+    def size(r):
+        return "unknown" if r["size_gb"] is None else f"{'~' if r['size_estimated'] else ''}{r['size_gb']:,.0f} GB"
+
+    def kind(r):
+        where = f", {r['where']}" if r["where"] and r["where"] != r["type"] else ""
+        return f"{r['kind']} ({r['type']}{where})"
+
+    return [Column("name", "name", must_copy=True),
+            Column("kind", kind, priority=3),
+            Column("size", size, priority=2, justify="right"),
+            Column("age", lambda r: _age(r["created_at"]), priority=4),
+            Column("$/month", lambda r: "unknown" if r["usd_per_month"] is None else money(r["usd_per_month"]),
+                   must_copy=True, justify="right"),
+            Column("last run", lambda r: _last_run(Stored(**r)), must_copy=True, priority=1)]
+
+
+def print_rows(rows: list[Stored], note: Optional[str], as_json: bool = False) -> None:
+    from .tables import print_table
+    from .ui import console, literal, money
+
+    total = round(sum(r.usd_per_month or 0.0 for r in rows), 2)
+    dicts = [r.to_dict() for r in rows]
+    if as_json:
+        return print_table(dicts, [], True, json_value={"volumes": dicts, "note": note, "total_usd_per_month": total})
     c = console()
     if note:
-        c.print(f"[yellow]![/] {note}")
+        c.print(literal("[yellow]![/] ", note), soft_wrap=True)
     if not rows:
         c.print("[green]✓[/] no volumes or buckets: nothing bills between runs")
         return
-    for r in rows:
-        size = "size unknown" if r.size_gb is None else f"{'~' if r.size_estimated else ''}{r.size_gb:,.0f} GB"
-        cost = "price unknown" if r.usd_per_month is None else f"{money(r.usd_per_month)}/month"
-        where = f", {r.where}" if r.where and r.where != r.type else ""
-        c.print(f"[bold]{r.name}[/]  {r.kind} ({r.type}{where})  {size}  {_age(r.created_at)}  {cost}")
-        last = f"last run {r.last_run} ({r.last_run_state})" if r.last_run else "no launch run used it"
-        users = r.active_runs + [u for u in r.in_use_by if u not in r.active_runs]
-        c.print(f"  {last}" + (f"; in use by {', '.join(users)}" if users else ""))
-    total = sum(r.usd_per_month or 0.0 for r in rows)
+    print_table(dicts, _columns())
     c.print(f"[bold]total[/] {money(total)}/month for {len(rows)} volume(s)/bucket(s)")
-    c.print(f"  [dim]→[/] [bold]launch volumes rm {rows[0].name}[/]  (deletes its data; asks first)")
+    c.print(literal("  [dim]→[/] ", f"launch volumes rm {rows[0].name}", "  (deletes its data; asks first)"),
+            soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------------------- delete
@@ -236,11 +261,7 @@ def volumes(ctx, as_json):
     if ctx.invoked_subcommand is not None:
         return
     rows, note = collect()
-    if as_json:
-        click.echo(json.dumps({"volumes": [r.to_dict() for r in rows], "note": note,
-                               "total_usd_per_month": round(sum(r.usd_per_month or 0 for r in rows), 2)}, indent=2))
-    else:
-        print_rows(rows, note)
+    print_rows(rows, note, as_json)
 
 
 @volumes.command("rm")
