@@ -37,6 +37,39 @@ class LaunchGroup(click.Group):
             ctx.exit(1)
 
 
+    SECTIONS = (("Plan", ("profiles", "validate", "plan", "render", "init")),
+                ("Run", ("up", "logs", "status", "ssh", "exec", "down")),
+                ("Results", ("checkpoints", "eval", "chat", "cost", "volumes")))
+
+    def format_commands(self, ctx, formatter):
+        """Commands in the order a run happens (plan, run, results; the rest under Other), each with
+        its one-line help and the `Example:` line of its docstring."""
+        known = {name: cmd for name in self.list_commands(ctx)
+                 if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden}
+        placed = {n for _, names in self.SECTIONS for n in names}
+        sections = [(title, [n for n in names if n in known]) for title, names in self.SECTIONS]
+        sections.append(("Other", [n for n in known if n not in placed]))
+        for title, names in sections:
+            if not names:
+                continue
+            rows = []
+            for n in names:
+                rows.append((n, known[n].get_short_help_str(200)))  # wrapped, not cut
+                example = command_example(known[n])
+                if example:
+                    rows.append(("", f"e.g. {example}"))
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
+def command_example(cmd) -> str:
+    """The command line after `Example:` in a command's docstring ('' when it has none)."""
+    for line in (cmd.help or "").splitlines():
+        if line.strip().startswith("Example:"):
+            return line.strip().removeprefix("Example:").strip()
+    return ""
+
+
 def user_error_lines(e: Exception):
     from payload.config import ConfigError
 
@@ -180,6 +213,10 @@ for _cmd in (up, logs, status, down, cost):
 from .volumes import volumes  # noqa: E402  (click group; imports SkyPilot only when run)
 
 cli.add_command(volumes)
+
+from .scaffold import init  # noqa: E402  (click command; light imports only)
+
+cli.add_command(init)
 
 
 def main():
