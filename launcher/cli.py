@@ -218,6 +218,11 @@ from .scaffold import init  # noqa: E402  (click command; light imports only)
 
 cli.add_command(init)
 
+from .access import exec_, ssh  # noqa: E402  (click commands; light imports only)
+
+cli.add_command(ssh)
+cli.add_command(exec_)
+
 
 def main():
     cli(prog_name="launch")

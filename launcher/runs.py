@@ -276,20 +276,24 @@ def _row(run) -> dict:
 @click.argument("run_id", required=False)
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the run ends.")
 @click.option("--progress", is_flag=True, help="With --follow: a progress bar instead of raw log lines.")
-def logs(run_id, follow, progress):
+@click.option("--tail", "tail", type=click.IntRange(min=1), metavar="N",
+              help="Start with the last N lines (with --follow: then keep streaming).")
+def logs(run_id, follow, progress, tail):
     """Show a run's log (default: the latest run).
 
-    Example: launch logs --follow
+    Example: launch logs --follow --tail 50
     """
     from . import registry
 
     run = registry.get(run_id)
-    return _follow(run, progress=progress) if follow else backend_for(run).logs(run, False, sys.stdout)
+    if follow:
+        return _follow(run, progress=progress, tail=tail)
+    return backend_for(run).logs(run, False, sys.stdout, tail=tail)
 
 
-def _follow(run, progress: bool):
+def _follow(run, progress: bool, tail=None):
     if not progress:
-        backend_for(run).logs(run, True, sys.stdout)
+        backend_for(run).logs(run, True, sys.stdout, tail=tail)
     else:
         _progress(run)
     run = _refresh(run)
@@ -403,7 +407,7 @@ def cost(as_json):
                Column("elapsed", lambda r: duration(r["elapsed_s"]), priority=4, justify="right"),
                Column("spent", lambda r: money(r["cost_usd"]), must_copy=True, justify="right"),
                Column("budget", lambda r: money(r["budget_usd"]), must_copy=True, priority=2, justify="right")]
-    print_table(rows, columns, as_json, json_value={"runs": rows, "total_usd": total})
+    print_table(rows, columns, as_json, console=console(), json_value={"runs": rows, "total_usd": total})
     if not as_json:
         console().print(f"[bold]total[/] {money(total)} over {len(rows)} run(s)")
 

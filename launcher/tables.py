@@ -47,16 +47,14 @@ class Column:
         return Text("-" if value is None else str(value))
 
 
-def print_table(rows: list[dict], columns: list[Column], as_json: bool = False, *, json_value=None,
-                console=None, title: Optional[str] = None) -> None:
-    """`rows` as a table that fits `console` (default: launcher.ui.console()), or as JSON (`json_value`
-    when given, else the rows)."""
+def print_table(rows: list[dict], columns: list[Column], as_json: bool = False, *, console, json_value=None,
+                title: Optional[str] = None) -> None:
+    """`rows` as a table that fits `console` (launcher.ui.console(), the one Console), or as JSON
+    (`json_value` when given, else the rows)."""
     if as_json:
         click.echo(json.dumps(rows if json_value is None else json_value, indent=2, default=str))
         return
-    from .ui import console as default_console
-
-    c = console or default_console()
+    c = console
     cells = [[col.cell(r) for col in columns] for r in rows]
     shown = list(range(len(columns)))
     while True:

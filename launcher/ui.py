@@ -183,7 +183,7 @@ def print_profiles(as_json: bool) -> None:
             rows.append({"profile": name, "error": str(e).splitlines()[0]})
     from .tables import print_table
 
-    print_table(rows, PROFILE_COLUMNS, as_json)
+    print_table(rows, PROFILE_COLUMNS, as_json, console=console())
 
 
 def _gpus(r: dict):
@@ -244,7 +244,7 @@ def print_status(rows: list[dict], as_json: bool = False, json_value=None) -> No
     """`launch status`: every run id, profile and dollar amount whole at any width (launcher.tables)."""
     from .tables import print_table
 
-    print_table(rows, STATUS_COLUMNS, as_json, json_value=json_value)
+    print_table(rows, STATUS_COLUMNS, as_json, console=console(), json_value=json_value)
 
 
 PROFILE_COLUMNS, STATUS_COLUMNS = _columns()

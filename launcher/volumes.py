@@ -160,14 +160,15 @@ def print_rows(rows: list[Stored], note: Optional[str], as_json: bool = False) -
     total = round(sum(r.usd_per_month or 0.0 for r in rows), 2)
     dicts = [r.to_dict() for r in rows]
     if as_json:
-        return print_table(dicts, [], True, json_value={"volumes": dicts, "note": note, "total_usd_per_month": total})
+        return print_table(dicts, [], True, console=console(),
+                           json_value={"volumes": dicts, "note": note, "total_usd_per_month": total})
     c = console()
     if note:
         c.print(literal("[yellow]![/] ", note), soft_wrap=True)
     if not rows:
         c.print("[green]✓[/] no volumes or buckets: nothing bills between runs")
         return
-    print_table(dicts, _columns())
+    print_table(dicts, _columns(), console=c)
     c.print(f"[bold]total[/] {money(total)}/month for {len(rows)} volume(s)/bucket(s)")
     c.print(literal("  [dim]→[/] ", f"launch volumes rm {rows[0].name}", "  (deletes its data; asks first)"),
             soft_wrap=True)

@@ -7,6 +7,7 @@ it talks to. `get_backend(name, **options)` imports lazily so `launch --help` st
 from __future__ import annotations
 
 import abc
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, TextIO
@@ -66,16 +67,33 @@ class RemoteStatus:
         return cls(state=state, reason=reason, extra=extra, **metrics)
 
 
+@dataclass
+class Access:
+    """How to reach a run's machine from here (`launch ssh` / `launch exec`): a process to start,
+    with its working directory and environment additions (local backend)."""
+
+    argv: list[str]
+    cwd: Optional[str] = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
 class Backend(abc.ABC):
     name: str = "base"
+
+    def access(self, run: Run, command: Optional[str], tty: bool) -> Access:
+        """The process that opens a shell in the run's directory on its machine (`command` None) or
+        runs the shell command line `command` there; its exit code is the command's. `tty`: the user
+        is at a terminal (ask for one on the far side)."""
+        raise BackendError(f"the {self.name} backend cannot open a shell on a run's machine")
 
     @abc.abstractmethod
     def up(self, spec: LaunchSpec) -> Run:
         """Start the run detached; return the run with `cluster`/`job_id`/`handle` filled in."""
 
     @abc.abstractmethod
-    def logs(self, run: Run, follow: bool, out: TextIO) -> int:
-        """Write the run's log to `out` (following until the run ends if asked); return an exit code."""
+    def logs(self, run: Run, follow: bool, out: TextIO, tail: Optional[int] = None) -> int:
+        """Write the run's log to `out` (following until the run ends if asked); return an exit code.
+        `tail`: start with the log's last `tail` lines instead of its beginning."""
 
     @abc.abstractmethod
     def status(self, run: Run) -> RemoteStatus:
@@ -97,6 +115,41 @@ class Backend(abc.ABC):
     def copy_files(self, run: Run, rels: list[str], into: Path) -> None:
         """Copy each run-dir-relative file in `rels` (clean relative paths) to `into/<rel>` as a regular
         file, never creating or following a symlink on this side; raise BackendError if one fails."""
+
+
+def tail_offset(f, size: int, lines: int, block: int = 1 << 16) -> int:
+    """The byte offset at which the last `lines` lines of the binary file `f` (seek/read; `size` bytes
+    long) begin: read backwards in blocks, so a long log is not read whole. A final newline ends the
+    last line rather than starting an empty one."""
+    if lines <= 0:
+        return size
+    pos, seen = size, 0
+    while pos > 0:
+        start = max(0, pos - block)
+        f.seek(start)
+        chunk = f.read(pos - start)
+        i = len(chunk)
+        while (i := chunk.rfind(b"\n", 0, i)) >= 0:
+            if start + i != size - 1:
+                seen += 1
+                if seen == lines:
+                    return start + i + 1
+        pos = start
+    return 0
+
+
+def command_line(args: tuple[str, ...] | list[str]) -> str:
+    """`launch exec RUN -- ARGS`: one argument is a shell command line as given (pipes and all, as
+    `ssh host 'a | b'` takes it); several are quoted one by one (`ls "a b"` stays two words)."""
+    return args[0] if len(args) == 1 else shlex.join(args)
+
+
+def remote_command(run_dir: str, command: Optional[str]) -> str:
+    """The shell line `launch ssh`/`exec` runs on a run's machine: into the run's directory (`~/`
+    expanded there), LAUNCH_RUN_DIR set, then `command` or a login shell. A missing directory stops it."""
+    d = '"$HOME"/' + shlex.quote(run_dir[2:]) if run_dir.startswith("~/") else shlex.quote(run_dir)
+    rest = 'exec "${SHELL:-bash}" -l' if command is None else command
+    return f'cd {d} || exit 1; export LAUNCH_RUN_DIR="$PWD"; {rest}'
 
 
 def get_backend(name: str, **options) -> Backend:

@@ -25,14 +25,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Optional, TextIO
 
 from payload import layout
 from payload.manifest import regular_files
 
 from ..registry import Run
 from ..state import state_dir
-from . import Backend, BackendError, LaunchSpec, RemoteStatus, end_state
+from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, end_state, tail_offset
 from .tasks import load_task, node_env, node_script, workdir_files
 
 DRIVER = """\
@@ -123,14 +123,19 @@ class LocalBackend(Backend):
 
     # ---------------------------------------------------------------------------------- logs
 
-    def logs(self, run: Run, follow: bool, out: TextIO) -> int:
+    def logs(self, run: Run, follow: bool, out: TextIO, tail: Optional[int] = None) -> int:
         path = self.home(run) / "run.log"
         deadline_missing = time.time() + 10
         while not path.exists():
             if not follow or time.time() > deadline_missing:
                 raise BackendError(f"run {run.id} has no log yet at {path}")
             time.sleep(0.2)
+        offset = 0
+        if tail is not None:
+            with open(path, "rb") as f:
+                offset = tail_offset(f, os.fstat(f.fileno()).st_size, tail)
         with open(path, "r", errors="replace") as f:
+            f.seek(offset)  # a line start: the decoder begins clean there
             while True:
                 chunk = f.read()
                 if chunk:
@@ -144,6 +149,16 @@ class LocalBackend(Backend):
                 else:
                     time.sleep(0.3)
         return 0
+
+    # -------------------------------------------------------------------------------- access
+
+    def access(self, run: Run, command: Optional[str], tty: bool) -> Access:
+        """A shell, or `bash -c COMMAND`, in the run's directory on the volume (LAUNCH_RUN_DIR)."""
+        rd = self.run_dir(run)
+        if not rd.is_dir():
+            raise BackendError(f"run {run.id} has no directory yet ({rd}): it has not started")
+        argv = [os.environ.get("SHELL") or "bash"] if command is None else ["bash", "-c", command]
+        return Access(argv, cwd=str(rd), env={"LAUNCH_RUN_DIR": str(rd), "LAUNCH_RUN_ID": run.id})
 
     # -------------------------------------------------------------------------------- status
 

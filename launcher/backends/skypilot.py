@@ -30,9 +30,9 @@ from payload.errors import END_STATES
 from ..profile import REPO_ROOT
 from ..registry import ACTIVE_STATES, STATES, Run
 from ..uploads import remove_staged, stage_workdir
-from . import Backend, BackendError, LaunchSpec, RemoteStatus
+from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, remote_command
 from . import skypilot_control as control
-from .skypilot_files import RunFiles, S3Volume, cluster_ssh, remote_expr, s3_ready
+from .skypilot_files import RunFiles, S3Volume, cluster_ssh, remote_expr, s3_ready, ssh_argv
 from .skypilot_sdk import first_line, record_field, sdk, volume_record
 from .tasks import workdir_files
 
@@ -358,17 +358,33 @@ class SkyPilotBackend(Backend):
 
     # -- logs / status / down
 
-    def logs(self, run: Run, follow: bool, out: TextIO) -> int:
+    def logs(self, run: Run, follow: bool, out: TextIO, tail: Optional[int] = None) -> int:
         sky, h = sdk(), run.handle
         try:
             if h.get("kind") == "managed_job":
                 by = {"job_id": h["job_id"]} if h.get("job_id") is not None else {"name": h["job_name"]}
-                code = sky.jobs.tail_logs(**by, follow=follow, output_stream=out)
-            else:
-                code = sky.tail_logs(run.cluster, h.get("job_id"), follow, output_stream=out)
+                code = sky.jobs.tail_logs(**by, follow=follow, output_stream=out,
+                                          **({"tail": tail} if tail else {}))
+            else:  # SkyPilot's tail=0 (its default) is the whole log
+                code = sky.tail_logs(run.cluster, h.get("job_id"), follow, output_stream=out,
+                                     **({"tail": tail} if tail else {}))
         except Exception as e:  # noqa: BLE001
             raise map_sky_error(e) from None
         return int(code or 0)
+
+    def access(self, run: Run, command: Optional[str], tty: bool) -> Access:
+        """`ssh CLUSTER` through the SSH config SkyPilot writes at launch (~/.sky/generated/ssh/), into
+        the run's directory on the volume. A managed job's machine is SkyPilot's to manage (recreated
+        on recovery, reached through its jobs controller), so there is nothing stable to ssh into."""
+        h = run.handle
+        if h.get("kind") == "managed_job":
+            raise BackendError(f"{run.id} is a managed job: SkyPilot owns its machine (it is replaced on "
+                               f"recovery); watch it with `launch logs {run.id} --follow`, or run on a cluster "
+                               "(cluster.use_spot: false) to ssh in")
+        if not run.cluster or not h.get("run_dir"):
+            raise BackendError(f"run {run.id} has no cluster yet: nothing to connect to")
+        return Access([*ssh_argv(run.cluster), "-t" if tty else "-T", run.cluster,
+                       remote_command(h["run_dir"], command)])
 
     def status(self, run: Run) -> RemoteStatus:
         sky, h = sdk(), run.handle

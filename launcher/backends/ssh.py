@@ -35,7 +35,7 @@ from payload import layout
 
 from ..artifacts import list_command, parse_listing
 from ..registry import Run
-from . import Backend, BackendError, LaunchSpec, RemoteStatus, end_state
+from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, end_state, remote_command, tail_offset
 from .sshconn import (
     TRANSFER_TIMEOUT, CommandTimeout, Target, _collect, _Conn,
 )
@@ -293,7 +293,7 @@ class SSHBackend(Backend):
 
     # ---------------------------------------------------------------------------------- logs
 
-    def logs(self, run: Run, follow: bool, out: TextIO) -> int:
+    def logs(self, run: Run, follow: bool, out: TextIO, tail: Optional[int] = None) -> int:
         """Print the run's log; with `follow`, until the driver exits (its exit code is returned).
         A dropped connection is re-opened with backoff and the stream resumes at the byte offset
         already printed."""
@@ -301,9 +301,11 @@ class SSHBackend(Backend):
         if not h.get("log"):
             raise BackendError(f"run {run.id} never started on its host: no log")
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        offset, failures, started = 0, 0, time.monotonic()
+        offset, failures, started = None if tail is not None else 0, 0, time.monotonic()
         while True:
             try:
+                if offset is None:  # --tail: where the last lines begin (0 while there is no log)
+                    offset = self._tail_offset(conn, h["log"], tail)
                 done = self._finished(conn, h) if follow else 0
                 chunk = self._read_log(conn, h["log"], offset)
                 failures = 0
@@ -332,6 +334,15 @@ class SSHBackend(Backend):
             else:
                 time.sleep(POLL_S)
 
+    def _tail_offset(self, conn: _Conn, path: str, lines: int) -> int:
+        conn.open()
+        try:
+            f = conn.sftp().open(path, "rb")
+        except FileNotFoundError:
+            return 0
+        with f:
+            return tail_offset(f, f.stat().st_size, lines)
+
     def _read_log(self, conn: _Conn, path: str, offset: int) -> Optional[bytes]:
         """Bytes of the log from `offset` (up to 1 MiB); None when the log does not exist yet."""
         conn.open()
@@ -353,6 +364,24 @@ class SSHBackend(Backend):
         _, out, _ = _collect(chan, COMMAND_TIMEOUT, "exit_code")
         out = out.strip()
         return None if out == "running" else int(out) if out.lstrip("-").isdigit() else None
+
+    # -------------------------------------------------------------------------------- access
+
+    def access(self, run: Run, command: Optional[str], tty: bool) -> Access:
+        """OpenSSH to the run's stored connection: its host, port and key, and the known_hosts file
+        the backend keeps (StrictHostKeyChecking: a changed or unknown key is refused); the command
+        (or a login shell) runs in the run's directory on the volume."""
+        h = run.handle
+        if not h.get("host") or not h.get("run_dir"):
+            raise BackendError(f"run {run.id} never started on its host: nothing to connect to")
+        t = Target.parse(h["host"])
+        known = str(Path(h.get("known_hosts") or self.known_hosts or "~/.ssh/known_hosts").expanduser())
+        ident = h.get("identity_file") or self.identity_file
+        argv = ["ssh", "-p", str(t.port), "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"ConnectTimeout={int(self.connect_timeout)}"]
+        if ident:
+            argv += ["-i", str(Path(ident).expanduser()), "-o", "IdentitiesOnly=yes"]
+        return Access([*argv, "-t" if tty else "-T", f"{t.user}@{t.hostname}", remote_command(h["run_dir"], command)])
 
     # -------------------------------------------------------------------------------- status
 
