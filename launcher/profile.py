@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import difflib
 import functools
+import re
 from pathlib import Path
 from typing import Literal, Optional, Union
 
@@ -141,10 +142,49 @@ class EstimateConfig(Strict):
     mean_tokens_per_record: Optional[int] = Field(default=None, gt=0)
 
 
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECRET_ENV_RE = re.compile(r"^(HF_TOKEN|WANDB_API_KEY)$|_(TOKEN|KEY|SECRET)$|PASSWORD", re.IGNORECASE)
+SECRETS_BY_NAME = ("secrets stay in your environment and are passed by name at launch (HF_TOKEN, "
+                   "WANDB_API_KEY), never written to a profile, a task or the run registry")
+
+
+def check_env_name(name: str) -> str:
+    """An extra environment variable's name (profile `envs:`, `launch up --env`), or ValueError with the fix."""
+    if not ENV_NAME_RE.fullmatch(name):
+        raise ValueError(f"`{name}` is not an environment variable name (letters, digits, `_`; not a digit first)")
+    if SECRET_ENV_RE.search(name):
+        raise ValueError(f"`{name}` looks like a secret: {SECRETS_BY_NAME}")
+    if name.upper().startswith(("LAUNCH_", "SKYPILOT_")):
+        raise ValueError(f"`{name}` is set by launch/SkyPilot for every run: pick another name")
+    return name
+
+
+def parse_env_items(items: tuple[str, ...]) -> dict[str, str]:
+    """`--env KEY=VALUE` options as a mapping; ValueError naming the bad one."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"`{item}`: expected KEY=VALUE")
+        out[check_env_name(name)] = value
+    return out
+
+
 class Profile(RunConfig):
     cluster: ClusterConfig
     budget: BudgetConfig
     estimate: EstimateConfig = Field(default_factory=EstimateConfig)
+    envs: dict[str, Union[str, int, float]] = Field(default_factory=dict)
+    """Extra environment variables for the run's processes, rendered into the SkyPilot task's `envs:`
+    (and passed to local/ssh runs); `launch up --env KEY=VALUE` adds or replaces one for a run. Never
+    secrets: those stay in your environment and are passed by name (HF_TOKEN, WANDB_API_KEY)."""
+
+    @field_validator("envs")
+    @classmethod
+    def _env_names(cls, v: dict) -> dict:
+        for name in v:
+            check_env_name(name)
+        return {k: str(x) for k, x in v.items()}
 
     @model_validator(mode="after")
     def _method_rules(self):

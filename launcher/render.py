@@ -78,7 +78,7 @@ def resolved_run_config(p: Profile, price_per_hour: Optional[float] = None):
     """The RunConfig the payload reads: profile sections minus cluster/budget, runtime filled in."""
     from payload.config import RunConfig
 
-    body = p.model_dump(mode="json", exclude={"cluster", "budget", "estimate"})
+    body = p.model_dump(mode="json", exclude={"cluster", "budget", "estimate", "envs"})
     body["runtime"] = {
         **body["runtime"],
         "volume": p.runtime_volume(),
@@ -136,6 +136,7 @@ def task_dict(p: Profile, price_per_hour: float) -> dict:
         envs["LAUNCH_RUN_ID"] = p.name
     if c.accelerator_name and "SXM" in c.accelerator_name and c.gpus_per_node > 1:
         envs["NCCL_P2P_LEVEL"] = "NVL"  # NVLink between SXM GPUs (runbook 000)
+    envs.update(p.envs)  # the profile's own `envs:` (never secrets, never LAUNCH_*: launcher.profile)
     task: dict = {
         "name": p.name,
         "workdir": ".",

@@ -29,12 +29,16 @@ TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
 @click.option("--new", "force_new", is_flag=True, help="Start a fresh run even if an earlier one could resume.")
 @click.option("--nodes", type=int, help="local backend: number of local node processes.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a profile value (YAML), e.g. --set train.max_steps=10 or, for a list item, "
-                   "--set data.sources.0.path=d.jsonl (local/ssh backends; cloud runs take budget.* only, "
-                   "e.g. --resume --set budget.max_usd=60, stored with the run).")
+              help="Override a profile value (YAML) for this run, e.g. --set train.learning_rate=1e-4 or, for a "
+                   "list item, --set data.sources.0.path=d.jsonl; the task is rendered for the run and the "
+                   "overrides recorded with it (`launch status RUN` shows them).")
+@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
+              help="Extra environment for the run's processes (on top of the profile's `envs:`); never a "
+                   "secret: secrets stay in your environment and are passed by name.")
 @click.option("--follow", is_flag=True, help="Follow the logs after starting.")
 @click.option("--dry-run", is_flag=True, help="Render and check, print what would be uploaded and started; start nothing.")
-def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, follow, dry_run):
+def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, env_items, follow,
+       dry_run):
     """Render the SkyPilot task, upload the payload, start the run (detached).
 
     Example: launch up local-demo --follow
@@ -46,11 +50,9 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     from .ui import console, esc, hints, money
 
     # Config and local data files first, all in one report: nothing starts, nothing bills before.
+    extra_env = _env_option(env_items)
     p = load_checked(profile, backend)[0] if not sets else _load_with_overrides(profile, sets, backend)
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
-    if backend == "skypilot" and any(not item.startswith("budget.") for item in sets):
-        raise BackendError("--set works with the local and ssh backends (cloud runs take only budget.*, "
-                           "e.g. --set budget.max_usd=60); edit the profile for anything else")
     if backend == "ssh" and not host:
         raise BackendError("--backend ssh needs --host user@host[:port]")
     if backend == "local":
@@ -59,19 +61,21 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     source = "registry"
     if not resuming:
         run.price_per_hour, source = _price(p, backend)
+    per_run = any(not item.startswith("budget.") for item in sets)  # cloud: sky/ stays the profile's render
     if dry_run:
-        return _dry_run(p, run, backend, source)
+        return _dry_run(p if per_run or backend != "skypilot" else load_profile(profile), run, backend, source,
+                        per_run)
     run.budget_usd = p.budget.max_usd  # a `--resume --set budget.max_usd=...` is the run's budget from now
     if run.billed_s is None:  # new, or recorded before billing was accrued: what it billed so far
         run.billed_s, run.billed_usd = run.billed()
     run.billing_since = time.time()  # billed from here: provisioning and setup included
-    task_yaml, config_yaml = _render_for_run(load_profile(profile) if backend == "skypilot" else p, run,
-                                             backend, source)
+    task_yaml, config_yaml = _render_for_run(load_profile(profile) if backend == "skypilot" and not per_run else p,
+                                             run, backend, source, per_run=per_run)
     options = {"local": {"num_nodes": nodes}, "skypilot": {},
                "ssh": {"host": host, "accept_new_host_key": accept_new_host_key, "identity_file": identity_file}}
     be = get_backend(backend, **{k: v for k, v in options[backend].items() if v is not None})
     secrets = {k: os.environ[k] for k in SECRET_NAMES if os.environ.get(k)}
-    envs = {"LAUNCH_RUN_ID": run.id, "LAUNCH_PRICE_PER_HOUR": f"{run.price_per_hour:.4f}",
+    envs = {**extra_env, "LAUNCH_RUN_ID": run.id, "LAUNCH_PRICE_PER_HOUR": f"{run.price_per_hour:.4f}",
             "LAUNCH_BUDGET_USD": f"{p.budget.max_usd:g}"}
     spec = LaunchSpec(run=run, profile=p, task_yaml=task_yaml, config_yaml=config_yaml, envs=envs,
                       secrets=secrets, resume=resuming)
@@ -79,6 +83,8 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         started = be.up(spec)
     started.state = "running"
     started.ended_at = None
+    # What this start differs from its profile by (values only: secrets are never --env or --set).
+    started.handle = {**started.handle, "overrides": list(sets), "envs": extra_env}
     registry.save(started)
     verb = "resumed" if spec.resume else "started"
     spent = f", {money(run.billed()[1])} spent so far" if spec.resume else ""
@@ -98,6 +104,17 @@ def _require_training_extras():
 
         raise BackendError(f"the local backend trains on this machine and needs {', '.join(missing)}: "
                            "run `make install` (or pip install -e '.[train]' with torch==2.13.0 for CPU)")
+
+
+def _env_option(items: tuple[str, ...]) -> dict[str, str]:
+    from .profile import parse_env_items
+
+    from .backends import BackendError
+
+    try:
+        return parse_env_items(items)
+    except ValueError as e:
+        raise BackendError(f"--env: {e}") from None
 
 
 def _load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
@@ -155,12 +172,13 @@ def _price(p, backend: str) -> tuple[float, str]:
     return plan_price(p), "catalog or profile"
 
 
-def _render_for_run(p, run, backend: str, price_source: str):
-    """Cloud: the committed sky/ files (re-rendered if stale). Local/ssh: per-run copies."""
+def _render_for_run(p, run, backend: str, price_source: str, per_run: bool = False):
+    """Cloud: the committed sky/ files (re-rendered if stale), or with `--set` overrides (`per_run`) a
+    copy in the run's own directory, as local/ssh runs always get: sky/ stays the profile's render."""
     from .render import config_path, render_text, task_path, write
     from .state import private_dir, state_dir, write_private
 
-    if backend == "skypilot":
+    if backend == "skypilot" and not per_run:
         # sky/ is committed and CI runs `launch render --check`: render it with the offline price, as
         # `launch render` does. A live price reaches the run through LAUNCH_PRICE_PER_HOUR instead.
         price = run.price_per_hour
@@ -176,9 +194,10 @@ def _render_for_run(p, run, backend: str, price_source: str):
     return write_private(d / "task.yaml", task_text), write_private(d / f"{p.name}.yaml", config_text)
 
 
-def _dry_run(p, run, backend: str, price_source: str) -> None:
+def _dry_run(p, run, backend: str, price_source: str, per_run: bool = False) -> None:
     """`up --dry-run`: the task rendered (cloud: the committed sky/ file, as `launch render` writes
-    it; otherwise into a temp dir), parsed by SkyPilot for the skypilot backend, and the upload list."""
+    it; otherwise, or with --set overrides, into a temp dir), parsed by SkyPilot for the skypilot
+    backend, and the upload list."""
     import tempfile
 
     import yaml
@@ -186,7 +205,7 @@ def _dry_run(p, run, backend: str, price_source: str) -> None:
     from .render import render_text
     from .uploads import print_dry_run
 
-    if backend == "skypilot":
+    if backend == "skypilot" and not per_run:
         task_yaml, config_yaml = _render_for_run(p, run, backend, price_source)
         from .catalog import import_sky_offline
 
@@ -201,10 +220,17 @@ def _dry_run(p, run, backend: str, price_source: str) -> None:
         task_yaml.write_text(task_text)
         config_yaml.write_text(config_text)
         checked = f"rendered from {p.name}'s profile for the {backend} backend (a per-run copy)"
+        if backend == "skypilot":
+            from .catalog import import_sky_offline
+
+            config = yaml.safe_load(task_text)
+            config.pop("workdir", None)
+            import_sky_offline().Task.from_yaml_config(config)  # SkyPilot's parser: schema errors raise
+            checked += ", parsed by SkyPilot"
     try:
         print_dry_run(p, backend, run.id, task_yaml, config_yaml, checked)
     finally:
-        if backend != "skypilot":
+        if backend != "skypilot" or per_run:
             import shutil
 
             shutil.rmtree(task_yaml.parent, ignore_errors=True)
@@ -262,7 +288,8 @@ def _row(run) -> dict:
            "elapsed_s": round(run.elapsed_s(), 1), "billed_s": round(billed_s, 1),
            "cost_usd": round(billed_usd, 6),
            "train_cost_usd": st.cost_usd if st else None,
-           "started_at": run.started_at, "ended_at": run.ended_at, "artifacts": run.artifacts}
+           "started_at": run.started_at, "ended_at": run.ended_at, "artifacts": run.artifacts,
+           "overrides": (run.handle or {}).get("overrides") or [], "envs": (run.handle or {}).get("envs") or {}}
     if st:
         row.update(step=st.step, max_steps=st.max_steps, loss=st.loss, eval_loss=st.eval_loss,
                    eta_s=st.eta_s, projected_cost_usd=st.projected_cost_usd)
@@ -351,6 +378,19 @@ def status(run_id, all_, as_json):
             row = _row(registry.get(run.id))
         rows.append(row)
     print_status(rows, as_json, json_value=rows if all_ else rows[0])
+    if not as_json and not all_:
+        _print_differences(rows[0])
+
+
+def _print_differences(row: dict) -> None:
+    """One line per way the run differs from its profile: `--set` overrides and `--env` additions."""
+    from .ui import console, literal
+
+    if row.get("overrides"):
+        console().print(literal("  ", "differs from profile: " + ", ".join(row["overrides"])), soft_wrap=True)
+    if row.get("envs"):
+        console().print(literal("  ", "extra environment: " + ", ".join(f"{k}={v}" for k, v in row["envs"].items())),
+                        soft_wrap=True)
 
 
 def interactive() -> bool:

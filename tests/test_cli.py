@@ -173,10 +173,15 @@ def test_up_ssh_needs_a_host():
     assert r.exit_code == 1 and "✗ --backend ssh needs --host user@host[:port]" in r.output
 
 
-def test_set_is_refused_for_cloud_runs():
-    r = invoke("up", "sonia-h100", "--set", "train.max_steps=5")
-    assert r.exit_code == 1 and "--set works with the local and ssh backends" in r.output
-    assert "cloud runs take only budget.*" in r.output
+def test_env_refuses_secret_looking_names_before_anything_starts():
+    for item in ("HF_TOKEN=hf_x", "MY_API_KEY=k", "DB_PASSWORD=p", "AWS_SECRET=s"):
+        r = invoke("up", "sonia-h100", "--env", item)
+        assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+        assert f"--env: `{item.split('=')[0]}` looks like a secret: secrets stay in your environment" in r.output
+    r = invoke("up", "sonia-h100", "--env", "LAUNCH_RUN_ID=x")
+    assert r.exit_code == 1 and "is set by launch/SkyPilot for every run" in r.output
+    r = invoke("up", "sonia-h100", "--env", "NOEQUALS")
+    assert r.exit_code == 1 and "--env: `NOEQUALS`: expected KEY=VALUE" in r.output
 
 
 def test_bad_set_value_names_the_key(tmp_path):

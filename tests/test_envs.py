@@ -1,0 +1,153 @@
+"""Extra environment (profile `envs:`, `launch up --env KEY=VALUE`) and `--set` on every backend.
+
+Profile envs are rendered into the task's `envs:`, which every backend reads; `--env` values reach
+the processes of local and ssh runs (started here for real; ssh against a real sshd) and SkyPilot's
+task (SDK faked at the launch edge). `--set` on a SkyPilot run renders the task into the run's own
+directory (sky/ stays the profile's) and is recorded: `launch status RUN` shows what differs."""
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+if "SKY_RUNTIME_DIR" not in os.environ:  # tests/conftest.py sets it; kept for a lone run of this file
+    os.environ["SKY_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="sky-runtime-")
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from launcher import registry, render  # noqa: E402
+from launcher.backends import LaunchSpec  # noqa: E402
+from launcher.backends.local import LocalBackend  # noqa: E402
+from launcher.backends.ssh import SSHBackend  # noqa: E402
+from launcher.cli import cli  # noqa: E402
+from launcher.profile import REPO_ROOT, ProfileError, load_profile  # noqa: E402
+from launcher.registry import Run  # noqa: E402
+from test_skypilot_backend import FakeSky  # noqa: E402
+
+try:
+    from sshd import SSHServer, ensure_sshd
+except ImportError:
+    from tests.sshd import SSHServer, ensure_sshd
+
+SHOW = 'echo "FOO=$FOO N=$N HF_TOKEN=${HF_TOKEN:-unset}"'
+TASK = {"name": "envs", "num_nodes": 1, "envs": {"LAUNCH_CONFIG": "sky/config/envs.yaml", "N": "3"},
+        "run": SHOW}
+
+
+def profile_with_envs(tmp_path, envs: str) -> Path:
+    text = (REPO_ROOT / "clusters" / "local-demo.yaml").read_text()
+    path = tmp_path / "local-demo.yaml"
+    path.write_text(text + f"\nenvs:\n{envs}")
+    return path
+
+
+def test_profile_envs_are_rendered_into_the_task_not_the_run_config(tmp_path):
+    p = load_profile(str(profile_with_envs(tmp_path, "  FOO: bar\n  N: 3\n")))
+    assert p.envs == {"FOO": "bar", "N": "3"}
+    task_text, config_text = render.render_text(p, 0.1)
+    envs = yaml.safe_load(task_text)["envs"]
+    assert envs["FOO"] == "bar" and envs["N"] == "3" and envs["LAUNCH_PROFILE"] == "local-demo"
+    assert "envs" not in yaml.safe_load(config_text) and "FOO" not in config_text
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "WANDB_API_KEY", "OPENAI_API_KEY", "GH_TOKEN", "DB_PASSWORD",
+                                  "MY_SECRET", "LAUNCH_RUN_ID"])
+def test_profile_envs_refuse_secrets_and_launchs_own_names(tmp_path, name):
+    path = profile_with_envs(tmp_path, f"  {name}: x\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    (line,) = e.value.problems
+    assert f"{path}:" in line and "envs" in line and name in line
+    assert ("secrets stay in your environment" in line) or ("set by launch/SkyPilot" in line)
+
+
+def wait_for(predicate, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def spec(tmp_path, run_id, backend):
+    task, config = tmp_path / "task.yaml", tmp_path / "envs.yaml"
+    task.write_text(yaml.safe_dump(TASK))
+    config.write_text("name: envs\n")
+    return LaunchSpec(run=Run(id=run_id, profile="envs", backend=backend), profile=None, task_yaml=task,
+                      config_yaml=config, envs={"FOO": "from --env", "LAUNCH_LOCAL": "1"},
+                      secrets={"HF_TOKEN": "hf_secret_value"})
+
+
+def test_local_backend_passes_env_to_the_run(tmp_path):
+    run = LocalBackend().up(spec(tmp_path, "envs-local-1", "local"))
+    log = Path(run.handle["home"]) / "run.log"
+    wait_for(lambda: log.exists() and "FOO=" in log.read_text())
+    assert "FOO=from --env N=3 HF_TOKEN=hf_secret_value" in log.read_text()
+    assert "hf_secret_value" not in (Path(run.handle["home"]) / "node.sh").read_text()
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    ensure_sshd()
+    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+def test_ssh_backend_passes_env_to_the_run(sshd, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text(sshd.known_hosts_line())
+    be = SSHBackend(host=sshd.host, identity_file=str(sshd.client_key), known_hosts=str(known),
+                    remote_root=str(tmp_path / "remote"))
+    run = be.up(spec(tmp_path, "envs-ssh-1", "ssh"))
+    try:
+        log = Path(run.handle["log"])
+        wait_for(lambda: log.exists() and "FOO=" in log.read_text())
+        assert "FOO=from --env N=3 HF_TOKEN=hf_secret_value" in log.read_text()
+    finally:
+        be.down(run, grace_s=2)
+
+
+def test_skypilot_up_with_set_and_env_renders_per_run_and_records_both(monkeypatch):
+    from launcher.backends import skypilot as sp
+
+    fake, staged = FakeSky(monkeypatch), {}
+    real_stage = sp.stage_workdir
+    monkeypatch.setattr(sp, "stage_workdir", lambda run_id, files: (staged.update(files), real_stage(run_id, files))[1])
+    committed = {p: p.read_text() for p in (render.task_path("sonia-h100"), render.config_path("sonia-h100"))}
+    try:
+        r = CliRunner().invoke(cli, ["up", "sonia-h100", "--set", "train.learning_rate=1e-4",
+                                     "--env", "NCCL_DEBUG=INFO"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+    finally:
+        changed = {p: p.read_text() for p in committed}
+        for p, text in committed.items():
+            p.write_text(text)
+    assert changed == committed  # sky/ stays the profile's committed render
+    (task,), _ = fake.one("launch")[1:]
+    assert task.envs["NCCL_DEBUG"] == "INFO"
+    run = registry.get()
+    uploaded = staged["sky/config/sonia-h100.yaml"]  # what is uploaded as the run's config: the override
+    assert uploaded.parent.name == run.id and uploaded != render.config_path("sonia-h100")
+    assert yaml.safe_load(uploaded.read_text())["train"]["learning_rate"] == 1e-4
+    assert run.handle["overrides"] == ["train.learning_rate=1e-4"] and run.handle["envs"] == {"NCCL_DEBUG": "INFO"}
+    rendered = next(Path(os.environ["LAUNCH_HOME"]).rglob(f"rendered/{run.id}/task.yaml"))
+    assert yaml.safe_load(rendered.read_text())["envs"]["LAUNCH_PROFILE"] == "sonia-h100"
+    fake.results["status"] = []  # the cluster is gone: status still shows what differs
+    r = CliRunner().invoke(cli, ["status", run.id], terminal_width=80)
+    out = " ".join(r.output.split())
+    assert "differs from profile: train.learning_rate=1e-4" in out and "extra environment: NCCL_DEBUG=INFO" in out
+    d = json.loads(CliRunner().invoke(cli, ["status", run.id, "--json"]).output)
+    assert d["overrides"] == ["train.learning_rate=1e-4"] and d["envs"] == {"NCCL_DEBUG": "INFO"}
+
+
+def test_skypilot_dry_run_with_set_leaves_sky_alone(monkeypatch):
+    committed = {p: p.read_text() for p in (render.task_path("sonia-h100"), render.config_path("sonia-h100"))}
+    r = CliRunner().invoke(cli, ["up", "sonia-h100", "--dry-run", "--set", "train.learning_rate=1e-4"])
+    assert r.exit_code == 0, r.output
+    assert "parsed by SkyPilot" in " ".join(r.output.split())
+    assert {p: p.read_text() for p in committed} == committed
