@@ -144,10 +144,15 @@ def command_line(args: tuple[str, ...] | list[str]) -> str:
     return args[0] if len(args) == 1 else shlex.join(args)
 
 
+def remote_path(path: str) -> str:
+    """A path on a machine, quoted for its shell, `~/` kept expandable."""
+    return '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+
+
 def remote_command(run_dir: str, command: Optional[str]) -> str:
     """The shell line `launch ssh`/`exec` runs on a run's machine: into the run's directory (`~/`
     expanded there), LAUNCH_RUN_DIR set, then `command` or a login shell. A missing directory stops it."""
-    d = '"$HOME"/' + shlex.quote(run_dir[2:]) if run_dir.startswith("~/") else shlex.quote(run_dir)
+    d = remote_path(run_dir)
     rest = 'exec "${SHELL:-bash}" -l' if command is None else command
     return f'cd {d} || exit 1; export LAUNCH_RUN_DIR="$PWD"; {rest}'
 

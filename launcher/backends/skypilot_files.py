@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 from ..artifacts import list_command, parse_listing
-from . import BackendError
+from . import BackendError, remote_path
 from .skypilot_sdk import first_line, record_field, sdk, volume_record
 
 SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15")
@@ -23,9 +23,7 @@ RSYNC_TIMEOUT_S = 3600
 # ------------------------------------------------------------------------- files: ssh + rsync
 
 
-def remote_expr(path: str) -> str:
-    """A remote path for a shell command, `~/` kept expandable."""
-    return '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+remote_expr = remote_path  # a remote path for a shell command, `~/` kept expandable (one owner)
 
 
 def ssh_argv(host: str) -> list[str]:
