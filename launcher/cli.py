@@ -87,8 +87,8 @@ def validate(profile):
     mem = memory_verdict(p)
     if mem["status"] == "does not fit":
         raise ProfileError([f"{resolve_profile_path(profile)}: train: GPU memory {mem['detail']} does not fit "
-                            f"{p.cluster.accelerators}; {MEMORY_FIX}"])
-    console().print(literal("[green]✓[/] ", f"{p.name}: valid ({p.cluster.accelerators or 'CPU'} x "
+                            f"{p.cluster.accelerators_label}; {MEMORY_FIX}"])
+    console().print(literal("[green]✓[/] ", f"{p.name}: valid ({p.cluster.accelerators_label} x "
                             f"{p.cluster.num_nodes} node(s), {p.train.method}, {p.model.name_or_path})"))
     for line in data_files:
         console().print(literal("  data: ", line), soft_wrap=True)
