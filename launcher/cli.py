@@ -134,7 +134,8 @@ def render(profiles, all_, check):
 @cli.command()
 @click.argument("profile")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def plan(profile, as_json):
+@click.option("--rehearse", is_flag=True, help="Plan the quick validation run (`launch up --rehearse`).")
+def plan(profile, as_json, rehearse=False):
     """Instance, $/hour, duration and total cost of a run - offline, no credentials needed.
 
     Example: launch plan sonia-h100
@@ -144,6 +145,10 @@ def plan(profile, as_json):
     from .ui import err_console, print_plan
 
     p, _, data_problems = check_profile(profile)  # planning costs nothing: missing data is a warning here
+    if rehearse:
+        from .rehearse import overrides
+
+        p, _, data_problems = check_profile(profile, overrides=overrides(p))
     result = plan_profile(p)
     if as_json:
         import json

@@ -34,7 +34,10 @@ TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
                    "e.g. --resume --set budget.max_usd=60, stored with the run).")
 @click.option("--follow", is_flag=True, help="Follow the logs after starting.")
 @click.option("--dry-run", is_flag=True, help="Render and check, print what would be uploaded and started; start nothing.")
-def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, follow, dry_run):
+@click.option("--rehearse", is_flag=True, help="Quick validation: the same profile and backend with max_steps 10 "
+              "on at most 100 records per source; the run id says `rehearsal`.")
+def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, follow, dry_run,
+       rehearse=False):
     """Render the SkyPilot task, upload the payload, start the run (detached).
 
     Example: launch up local-demo --follow
@@ -47,6 +50,14 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
 
     # Config and local data files first, all in one report: nothing starts, nothing bills before.
     p = load_checked(profile, backend)[0] if not sets else _load_with_overrides(profile, sets, backend)
+    rehearsal = ()
+    if rehearse:  # the rehearsal's cuts are overrides too, allowed on every backend (launcher/rehearse.py)
+        from .rehearse import overrides
+
+        if resume:
+            raise BackendError("--rehearse starts a fresh short run; drop --resume")
+        rehearsal = overrides(p)
+        p = _load_with_overrides(profile, (*sets, *rehearsal), backend)
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
     if backend == "skypilot" and any(not item.startswith("budget.") for item in sets):
         raise BackendError("--set works with the local and ssh backends (cloud runs take only budget.*, "
@@ -55,18 +66,20 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         raise BackendError("--backend ssh needs --host user@host[:port]")
     if backend == "local":
         _require_training_extras()
-    run, resuming = _pick_run(p, backend, resume, force_new)
+    run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse)
     source = "registry"
     if not resuming:
         run.price_per_hour, source = _price(p, backend)
     if dry_run:
-        return _dry_run(p, run, backend, source)
+        return _dry_run(p, run, backend, source, rehearse)
     run.budget_usd = p.budget.max_usd  # a `--resume --set budget.max_usd=...` is the run's budget from now
     if run.billed_s is None:  # new, or recorded before billing was accrued: what it billed so far
         run.billed_s, run.billed_usd = run.billed()
     run.billing_since = time.time()  # billed from here: provisioning and setup included
     task_yaml, config_yaml = _render_for_run(load_profile(profile) if backend == "skypilot" else p, run,
                                              backend, source)
+    if rehearsal and backend == "skypilot":  # the committed task, with the rehearsal's config uploaded
+        config_yaml = _rehearsal_config(p, run)
     options = {"local": {"num_nodes": nodes}, "skypilot": {},
                "ssh": {"host": host, "accept_new_host_key": accept_new_host_key, "identity_file": identity_file}}
     be = get_backend(backend, **{k: v for k, v in options[backend].items() if v is not None})
@@ -108,7 +121,16 @@ def _load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
     return load_checked(profile, backend, overrides=tuple(sets))[0]
 
 
-def _pick_run(p, backend: str, resume, force_new):
+def _rehearsal_config(p, run):
+    """The rehearsal's resolved config as a per-run private copy (sky/ stays the real profile's)."""
+    from .render import render_text
+    from .state import private_dir, state_dir, write_private
+
+    d = private_dir(private_dir(state_dir() / "rendered") / run.id)
+    return write_private(d / f"{p.name}.yaml", render_text(p, run.price_per_hour)[1])
+
+
+def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False):
     """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile."""
     from . import registry
     from .backends import BackendError
@@ -139,7 +161,10 @@ def _pick_run(p, backend: str, resume, force_new):
 
             console().print(literal("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
                                     f"one (continue it instead with `launch up {p.name} --resume {latest.id}`)"))
-    return registry.Run(id=registry.new_run_id(p.name), profile=p.name, backend=backend,
+    from .rehearse import run_id_prefix
+
+    return registry.Run(id=registry.new_run_id(run_id_prefix(p.name) if rehearse else p.name), profile=p.name,
+                        backend=backend,
                         config_hash=p.config_hash(), budget_usd=p.budget.max_usd), False
 
 
@@ -176,7 +201,7 @@ def _render_for_run(p, run, backend: str, price_source: str):
     return write_private(d / "task.yaml", task_text), write_private(d / f"{p.name}.yaml", config_text)
 
 
-def _dry_run(p, run, backend: str, price_source: str) -> None:
+def _dry_run(p, run, backend: str, price_source: str, rehearse: bool = False) -> None:
     """`up --dry-run`: the task rendered (cloud: the committed sky/ file, as `launch render` writes
     it; otherwise into a temp dir), parsed by SkyPilot for the skypilot backend, and the upload list."""
     import tempfile
@@ -186,7 +211,7 @@ def _dry_run(p, run, backend: str, price_source: str) -> None:
     from .render import render_text
     from .uploads import print_dry_run
 
-    if backend == "skypilot":
+    if backend == "skypilot" and not rehearse:  # a rehearsal never re-renders the committed sky/ files
         task_yaml, config_yaml = _render_for_run(p, run, backend, price_source)
         from .catalog import import_sky_offline
 
@@ -204,7 +229,7 @@ def _dry_run(p, run, backend: str, price_source: str) -> None:
     try:
         print_dry_run(p, backend, run.id, task_yaml, config_yaml, checked)
     finally:
-        if backend != "skypilot":
+        if backend != "skypilot" or rehearse:
             import shutil
 
             shutil.rmtree(task_yaml.parent, ignore_errors=True)
