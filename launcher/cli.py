@@ -185,6 +185,11 @@ from .volumes import volumes  # noqa: E402  (click group; imports SkyPilot only 
 
 cli.add_command(volumes)
 
+from .results import chat, checkpoints, eval_  # noqa: E402  (checkpoints/eval/chat of a run; light imports)
+
+for _cmd in (checkpoints, eval_, chat):
+    cli.add_command(_cmd)
+
 
 def main():
     cli(prog_name="launch")

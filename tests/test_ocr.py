@@ -200,3 +200,52 @@ def test_wandb_off_without_key_says_so_once(train_env, monkeypatch, caplog):  # 
     assert tracking.report_to(cfg) == []
     assert tracking.start(cfg) is None and tracking.start(cfg) is None
     assert caplog.text.count("W&B off: WANDB_API_KEY is not set") == 1
+
+
+# ------------------------------------------------------------------------- launch checkpoints/eval/chat
+
+
+def test_checkpoints_eval_chat_commands_on_a_local_run(train_env, monkeypatch):  # noqa: F811
+    from click.testing import CliRunner
+
+    import payload.data as data_stage
+    from launcher import registry
+    from launcher.cli import cli
+    from payload.config import dump_run_config
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    files = write_ocr_set(train_env.parent / "set")
+    run = registry.Run(id="well-log-ocr-spot-20261123-000000", profile="well-log-ocr-spot", backend="local",
+                       state="completed", handle={"volume": str(train_env)})
+    cfg = ocr_config(train_env, files, run_id=run.id, wandb=None)
+    data_stage.main(cfg)
+    assert train_in_process(cfg)["state"] == "completed"
+    (cfg.run_dir / "config.yaml").write_text(dump_run_config(cfg))
+    registry.save(run)
+    runner = CliRunner()
+
+    out = runner.invoke(cli, ["checkpoints", run.id, "--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)["checkpoints"]
+    assert [r["step"] for r in rows] and all(r["verified"] and "eval_cer" in r for r in rows)
+    # a damaged checkpoint file shows as not verified
+    damaged = cfg.run_dir / "checkpoints" / rows[-1]["name"] / "adapter_model.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\0")
+    rows = json.loads(runner.invoke(cli, ["checkpoints", run.id, "--json"]).output)["checkpoints"]
+    assert rows[-1]["verified"] is False
+    table = runner.invoke(cli, ["checkpoints", run.id])
+    assert table.exit_code == 0 and run.id in table.output and "✗" in table.output
+
+    first = runner.invoke(cli, ["eval", run.id, "--split", "test", "--json"])
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(cli, ["eval", run.id, "--split", "test", "--json"])
+    a, b = json.loads(first.output[first.output.index("{"):]), json.loads(again.output[again.output.index("{"):])
+    assert a["n"] == 4 and a["cer"] == b["cer"] and a["wer"] == b["wer"]
+
+    chat = runner.invoke(cli, ["chat", run.id, "--prompt", "Transcribe.", "--max-new-tokens", "4",
+                               "--image", str(files["test"].parent / "images" / "3-0.png")])
+    assert chat.exit_code == 0, chat.output
+    assert chat.output.strip() != ""
+
+    missing = runner.invoke(cli, ["checkpoints", "nope-20261123-000000"])
+    assert missing.exit_code == 1 and "✗" in missing.output
