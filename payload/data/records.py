@@ -238,6 +238,6 @@ def is_empty(content: Any) -> bool:
 
 def first_required(fmt: str) -> Optional[tuple]:
     """The column sets a format needs (for file-level header checks)."""
-    if fmt == "auto":
-        return tuple(s for sets in REQUIRED_COLUMNS.values() for s in sets)
+    if fmt == "auto":  # image_text is never guessed: OCR sets say `format: image_text`
+        return tuple(s for f, sets in REQUIRED_COLUMNS.items() if f != "image_text" for s in sets)
     return REQUIRED_COLUMNS[fmt]
