@@ -432,7 +432,8 @@ def end_of_training(run: Run) -> tuple[str, Optional[str]]:
             f"${run.tracker.usd():.2f}); checkpoint-{step} saved: raise runtime.budget_usd (LAUNCH_BUDGET_USD) "
             "and rerun to resume")
     if total and step < total:
-        return "completed", f"stopped early at step {step} of {total} (early stopping: eval loss stopped improving)"
+        metric = best_metric(cfg)[0].removeprefix("eval_").replace("loss", "eval loss")
+        return "completed", f"stopped early at step {step} of {total} (early stopping: {metric} stopped improving)"
     return "completed", None
 
 
