@@ -120,8 +120,8 @@ def validate(profile):
     mem = memory_verdict(p)
     if mem["status"] == "does not fit":
         raise ProfileError([f"{resolve_profile_path(profile)}: train: GPU memory {mem['detail']} does not fit "
-                            f"{p.cluster.accelerators}; {MEMORY_FIX}"])
-    console().print(literal("[green]✓[/] ", f"{p.name}: valid ({p.cluster.accelerators or 'CPU'} x "
+                            f"{p.cluster.accelerators_label}; {MEMORY_FIX}"])
+    console().print(literal("[green]✓[/] ", f"{p.name}: valid ({p.cluster.accelerators_label} x "
                             f"{p.cluster.num_nodes} node(s), {p.train.method}, {p.model.name_or_path})"))
     for line in data_files:
         console().print(literal("  data: ", line), soft_wrap=True)
@@ -168,7 +168,8 @@ def render(profiles, all_, check):
 @cli.command()
 @click.argument("profile")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def plan(profile, as_json):
+@click.option("--rehearse", is_flag=True, help="Plan the quick validation run (`launch up --rehearse`).")
+def plan(profile, as_json, rehearse=False):
     """Instance, $/hour, duration and total cost of a run - offline, no credentials needed.
 
     Example: launch plan sonia-h100
@@ -178,6 +179,10 @@ def plan(profile, as_json):
     from .ui import err_console, print_plan
 
     p, _, data_problems = check_profile(profile)  # planning costs nothing: missing data is a warning here
+    if rehearse:
+        from .rehearse import overrides
+
+        p, _, data_problems = check_profile(profile, overrides=overrides(p))
     result = plan_profile(p)
     if as_json:
         import json
@@ -222,6 +227,11 @@ from .access import exec_, ssh  # noqa: E402  (click commands; light imports onl
 
 cli.add_command(ssh)
 cli.add_command(exec_)
+
+from .results import chat, checkpoints, eval_  # noqa: E402  (checkpoints/eval/chat of a run; light imports)
+
+for _cmd in (checkpoints, eval_, chat):
+    cli.add_command(_cmd)
 
 
 def main():

@@ -89,6 +89,9 @@ class Plan:
     alternative: dict = field(default_factory=dict)
     layout: dict = field(default_factory=dict)
     secrets: dict = field(default_factory=dict)
+    any_of: list = field(default_factory=list)
+    """With a list of cluster.accelerators: each option's instance and price, cheapest first; the
+    one SkyPilot's optimizer chose has `chosen: true`, the others are the fallbacks."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -266,6 +269,8 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
 
 def plan_profile(p: Profile, compare_layouts: bool = True) -> Plan:
     """Run SkyPilot's optimizer (offline catalog) for the profile and its spot/on-demand twin."""
+    if len(p.cluster.accelerator_options) > 1 and not p.cluster.is_local:
+        return plan_any_of(p, compare_layouts)
     if p.cluster.is_local:
         return make_plan(p, _LocalChoice(p), None, "profile (notional local price)")
     from .catalog import SNAPSHOT_DATE, Choice, PlanError, optimize, snapshot_warning
@@ -277,7 +282,7 @@ def plan_profile(p: Profile, compare_layouts: bool = True) -> Plan:
             raise
         # The catalog does not know this instance: the profile's price is the fallback.
         choice = Choice(cloud=",".join(p.cluster.infra_list), instance_type="(not in the catalog snapshot)",
-                        region=p.cluster.region, accelerators=p.cluster.accelerators or "CPU",
+                        region=p.cluster.region, accelerators=p.cluster.accelerators_label,
                         num_nodes=p.cluster.num_nodes, use_spot=p.cluster.use_spot,
                         node_price_per_hour=p.budget.price_per_hour / p.cluster.num_nodes)
         source = "profile budget.price_per_hour (fallback)"
@@ -289,6 +294,30 @@ def plan_profile(p: Profile, compare_layouts: bool = True) -> Plan:
     plan.snapshot_date, plan.snapshot_warning = SNAPSHOT_DATE, snapshot_warning()
     if compare_layouts and p.cluster.num_nodes > 1:
         plan.layout = layout_alternative(p) or {}
+    return plan
+
+
+def with_accelerator(p: Profile, spec: str) -> Profile:
+    return p.model_copy(update={"cluster": p.cluster.model_copy(update={"accelerators": spec})})
+
+
+def plan_any_of(p: Profile, compare_layouts: bool = True) -> Plan:
+    """`any_of` accelerators: SkyPilot's optimizer picks among all options (the cheapest it can
+    place); the plan is made for that choice and lists every option's price as the fallbacks."""
+    from .catalog import PlanError, optimize
+
+    rows = []
+    for spec in p.cluster.accelerator_options:
+        try:
+            c = optimize(with_accelerator(p, spec))
+            rows.append({"accelerators": spec, "cloud": c.cloud, "instance_type": c.instance_type,
+                         "region": c.region, "price_per_hour": c.price_per_hour})
+        except PlanError as e:
+            rows.append({"accelerators": spec, "error": str(e).split(": ")[-1], "price_per_hour": None})
+    chosen = optimize(p).accelerators  # the any_of task as SkyPilot sees it; PlanError when none fits
+    plan = plan_profile(with_accelerator(p, chosen), compare_layouts)
+    rows.sort(key=lambda r: (r["price_per_hour"] is None, r["price_per_hour"] or 0.0))
+    plan.any_of = [{**r, "chosen": r["accelerators"] == chosen} for r in rows]
     return plan
 
 

@@ -69,8 +69,10 @@ class ClusterConfig(Strict):
     infra: Union[str, list[str]] = "runpod"
     """Where to run: `runpod`, `azure`, `kubernetes`, ... or an ordered list to try in turn.
     `local` runs the task on this machine (local backend)."""
-    accelerators: Optional[str] = None
-    """SkyPilot accelerator spec per node, e.g. `H100-SXM:2`. null = CPU only."""
+    accelerators: Optional[Union[str, list[str]]] = None
+    """SkyPilot accelerator spec per node, e.g. `H100-SXM:2`; or a list of them, any of which will do
+    (`[RTX4090:1, A100-80GB:1, H100:1]`): rendered as SkyPilot `any_of`, whose optimizer takes the
+    cheapest available (`launch plan` shows the choice and the fallbacks). null = CPU only."""
     num_nodes: int = Field(default=1, ge=1)
     use_spot: bool = False
     """Spot/interruptible. Spot profiles run as SkyPilot managed jobs with automatic recovery."""
@@ -99,6 +101,15 @@ class ClusterConfig(Strict):
                     "SkyPilot 0.14 (no cluster networking between pods); use infra that can, e.g. "
                     "`infra: [kubernetes, azure]`, or set num_nodes: 1"
                 )
+        options = self.accelerator_options
+        if len(options) != len(set(options)):
+            raise ValueError(f"cluster.accelerators lists one accelerator twice: {options}")
+        if len({_count(a) for a in options}) > 1:
+            raise ValueError(f"cluster.accelerators options must have the same GPU count per node (the "
+                             f"batch size and the plan depend on it): {options}")
+        if len(options) > 1 and len(self.infra_list) > 1:
+            raise ValueError("a list of cluster.accelerators cannot be combined with a list of cluster.infra "
+                             "(SkyPilot's any_of and ordered do not mix); give one infra or one accelerator")
         if self.use_spot and self.volume is None and self.bucket is None:
             raise ValueError(
                 "use_spot without cluster.volume or cluster.bucket: a preempted spot machine "
@@ -115,15 +126,35 @@ class ClusterConfig(Strict):
         return self.infra_list == ["local"]
 
     @property
-    def gpus_per_node(self) -> int:
+    def accelerator_options(self) -> list[str]:
+        """Every accelerator spec the profile accepts, in the profile's order ([] for CPU)."""
         if not self.accelerators:
-            return 0
-        _, _, count = self.accelerators.partition(":")
-        return int(float(count or 1))
+            return []
+        return [self.accelerators] if isinstance(self.accelerators, str) else list(self.accelerators)
+
+    @property
+    def accelerators_label(self) -> str:
+        """`H100:1`, `RTX4090:1 | A100-80GB:1 | H100:1` (any of), or `CPU`: for messages and tables."""
+        return " | ".join(self.accelerator_options) or "CPU"
+
+    @property
+    def gpus_per_node(self) -> int:
+        options = self.accelerator_options
+        return _count(options[0]) if options else 0
 
     @property
     def accelerator_name(self) -> Optional[str]:
-        return self.accelerators.partition(":")[0] if self.accelerators else None
+        """The first (preferred) accelerator's name; see `accelerator_options` for all of them."""
+        options = self.accelerator_options
+        return options[0].partition(":")[0] if options else None
+
+
+def _count(spec: str) -> int:
+    _, _, count = spec.partition(":")
+    try:
+        return int(float(count or 1))
+    except ValueError:
+        raise ValueError(f"accelerator {spec!r}: the count after `:` must be a number, e.g. H100:1") from None
 
 
 class BudgetConfig(Strict):
@@ -305,12 +336,13 @@ def _semantic_checks(p: Profile, path, lines) -> list[str]:
 
     c = p.cluster
     if c.accelerators and not c.is_local:
-        name = c.accelerator_name
         known = known_accelerators()
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
-            hint = f"did you mean `{close[0]}`?" if close else "see `sky show-gpus`"
-            err(("cluster", "accelerators"), f"SkyPilot does not know accelerator `{name}`; {hint}")
+        for spec in c.accelerator_options:
+            name = spec.partition(":")[0]
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
+                hint = f"did you mean `{close[0]}`?" if close else "see `sky show-gpus`"
+                err(("cluster", "accelerators"), f"SkyPilot does not know accelerator `{name}`; {hint}")
     t = p.train
     gpus = max(1, c.gpus_per_node) * c.num_nodes
     if t.effective_batch_size is not None:

@@ -85,6 +85,7 @@ def resolved_run_config(p: Profile, price_per_hour: Optional[float] = None):
         "profile": p.name,
         "price_per_hour": price_per_hour if price_per_hour is not None else (p.budget.price_per_hour or 0.0),
         "budget_usd": p.budget.max_usd,
+        "budget_warn_fraction": p.budget.warn_fraction,
         "hf_home": f"{p.runtime_volume()}/.hf",
     }
     return RunConfig.model_validate(body)
@@ -98,8 +99,10 @@ def task_dict(p: Profile, price_per_hour: float) -> dict:
         resources["infra"] = infra[0] + (f"/{c.region}" if c.region else "")
     elif infra:
         resources["ordered"] = [{"infra": i} for i in infra]
-    if c.accelerators:
-        resources["accelerators"] = c.accelerators
+    if len(c.accelerator_options) > 1:  # any of them: SkyPilot's optimizer takes the cheapest available
+        resources["any_of"] = [{"accelerators": a} for a in c.accelerator_options]
+    elif c.accelerators:
+        resources["accelerators"] = c.accelerator_options[0]
     else:
         resources["cpus"] = "2+"
     if not c.is_local:
@@ -163,7 +166,7 @@ def profile_secrets(p: Profile) -> tuple[str, ...]:
     anything comes from or goes to the Hugging Face hub, WANDB_API_KEY when it reports to wandb."""
     hub = (p.model.tiny is None or p.outputs.push_to_hub
            or any(s.hf_dataset for s in p.data.sources))
-    wandb = "wandb" in p.train.report_to
+    wandb = "wandb" in p.train.report_to or p.wandb is not None
     return tuple(s for s, used in zip(SECRETS, (hub, wandb)) if used)
 
 

@@ -37,8 +37,10 @@ TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
                    "secret: secrets stay in your environment and are passed by name.")
 @click.option("--follow", is_flag=True, help="Follow the logs after starting.")
 @click.option("--dry-run", is_flag=True, help="Render and check, print what would be uploaded and started; start nothing.")
+@click.option("--rehearse", is_flag=True, help="Quick validation: the same profile and backend with max_steps 10 "
+              "on at most 100 records per source; the run id says `rehearsal`.")
 def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, env_items, follow,
-       dry_run):
+       dry_run, rehearse=False):
     """Render the SkyPilot task, upload the payload, start the run (detached).
 
     Example: launch up local-demo --follow
@@ -52,16 +54,25 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     # Config and local data files first, all in one report: nothing starts, nothing bills before.
     extra_env = _env_option(env_items)
     p = load_checked(profile, backend)[0] if not sets else _load_with_overrides(profile, sets, backend)
+    rehearsal = ()
+    if rehearse:  # the rehearsal's cuts are overrides too, allowed on every backend (launcher/rehearse.py)
+        from .rehearse import overrides
+
+        if resume:
+            raise BackendError("--rehearse starts a fresh short run; drop --resume")
+        rehearsal = overrides(p)
+        p = _load_with_overrides(profile, (*sets, *rehearsal), backend)
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
     if backend == "ssh" and not host:
         raise BackendError("--backend ssh needs --host user@host[:port]")
     if backend == "local":
         _require_training_extras()
-    run, resuming = _pick_run(p, backend, resume, force_new)
+    run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse)
     source = "registry"
     if not resuming:
         run.price_per_hour, source = _price(p, backend)
-    per_run = any(not item.startswith("budget.") for item in sets)  # cloud: sky/ stays the profile's render
+    # cloud: sky/ stays the profile's render; --set and a rehearsal's cuts render into the run's directory
+    per_run = any(not item.startswith("budget.") for item in (*sets, *rehearsal))
     if dry_run:
         return _dry_run(p if per_run or backend != "skypilot" else load_profile(profile), run, backend, source,
                         per_run)
@@ -84,7 +95,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     started.state = "running"
     started.ended_at = None
     # What this start differs from its profile by (values only: secrets are never --env or --set).
-    started.handle = {**started.handle, "overrides": list(sets), "envs": extra_env}
+    started.handle = {**started.handle, "overrides": [*sets, *rehearsal], "envs": extra_env}
     registry.save(started)
     verb = "resumed" if spec.resume else "started"
     spent = f", {money(run.billed()[1])} spent so far" if spec.resume else ""
@@ -125,7 +136,7 @@ def _load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
     return load_checked(profile, backend, overrides=tuple(sets))[0]
 
 
-def _pick_run(p, backend: str, resume, force_new):
+def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False):
     """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile."""
     from . import registry
     from .backends import BackendError
@@ -156,7 +167,10 @@ def _pick_run(p, backend: str, resume, force_new):
 
             console().print(literal("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
                                     f"one (continue it instead with `launch up {p.name} --resume {latest.id}`)"))
-    return registry.Run(id=registry.new_run_id(p.name), profile=p.name, backend=backend,
+    from .rehearse import run_id_prefix
+
+    return registry.Run(id=registry.new_run_id(run_id_prefix(p.name) if rehearse else p.name), profile=p.name,
+                        backend=backend,
                         config_hash=p.config_hash(), budget_usd=p.budget.max_usd), False
 
 

@@ -80,6 +80,10 @@ def print_plan(p, plan) -> None:
     t.add_row("Profile", cell(f"{p.name}: {p.description or ''}"))
     t.add_row("Instance", cell(f"{where}  [{plan.num_nodes} x {plan.accelerators}, {mode}]"))
     t.add_row("Price", f"{money(plan.price_per_hour)}/h  ({plan.price_source})")
+    for o in plan.any_of:  # any_of accelerators: the choice, then the fallbacks, cheapest first
+        what = (f"{o['cloud']} {o['instance_type']} {money(o['price_per_hour'])}/h" if o.get("price_per_hour")
+                is not None else f"not placeable: {o.get('error', '')}")
+        t.add_row("Chosen" if o["chosen"] else "Fallback", cell(f"{o['accelerators']}: {what}"))
     if p.cluster.use_spot:
         from .render import CONTROLLER_AUTOSTOP
 
@@ -173,7 +177,7 @@ def print_profiles(as_json: bool) -> None:
             p = load_profile(name)
             pl = plan_profile(p, compare_layouts=False)
             monthly = [s["usd_per_month"] for s in pl.storage if s["usd_per_month"] is not None]
-            rows.append({"profile": name, "accelerators": p.cluster.accelerators or "CPU",
+            rows.append({"profile": name, "accelerators": p.cluster.accelerators_label,
                          "nodes": p.cluster.num_nodes, "spot": p.cluster.use_spot,
                          "infra": ",".join(p.cluster.infra_list), "method": p.train.method,
                          "price_per_hour": pl.price_per_hour, "est_hours": pl.total_hours,

@@ -152,7 +152,7 @@ def print_dry_run(p, backend: str, run_id: str, task_yaml: Path, config_yaml: Pa
             f"would be run {escape(run_id)})", soft_wrap=True)
     c.print(f"  task      {checked}", markup=False, soft_wrap=True)
     where = "this machine" if p.cluster.is_local and backend == "local" else \
-        f"{p.cluster.num_nodes} node(s) x {p.cluster.accelerators or 'CPU'}"
+        f"{p.cluster.num_nodes} node(s) x {p.cluster.accelerators_label}"
     stages = {k: re.findall(r"-m payload (\w+)", task.get(k) or "") for k in ("setup", "run")}
     c.print(f"  starts    on {where}: setup ({', '.join(stages['setup']) or '-'}), then run "
             f"({', '.join(stages['run']) or '-'}) with python -m payload", markup=False, soft_wrap=True)

@@ -1,7 +1,8 @@
 """`python -m payload STAGE --config RUN.yaml` - the entry point the rendered SkyPilot task calls.
 
-Stages: preflight, data, train, merge, export, manifest, post (merge/export/push as the config asks,
-then the manifest).
+Stages: preflight, data, train, eval (generation metrics of the adapter on a split: `--split test
+--adapter DIR`), merge, export, manifest, post (the final evaluation, merge/export/push as the config
+asks, then the manifest).
 Each stage is a module with `main(cfg) -> dict`, callable from Python too. A user-fixable problem
 prints one line (`payload: ...`) and exits non-zero; LAUNCH_DEBUG=1 shows the traceback.
 
@@ -24,11 +25,12 @@ import sys
 import signal
 import traceback
 
-LEASED = ("post", "merge", "export")  # `train` takes the lease itself (rank 0 only)
+LEASED = ("post", "merge", "export", "eval")  # `train` takes the lease itself (rank 0 only)
 STAGES = {
     "preflight": "payload.preflight",
     "data": "payload.data",
     "train": "payload.train",
+    "eval": "payload.evaluate",
     "merge": "payload.merge",
     "export": "payload.export",
     "manifest": "payload.manifest",
@@ -39,6 +41,9 @@ def post(cfg) -> dict:
     """After training (rank 0): merge / push / MLX export, each only when the config asks, then the
     manifest of the run's artifacts (sizes + sha256, computed here) that `launch down` verifies."""
     out = {}
+    ev = cfg.evaluation
+    if ev is not None and ev.final_split:
+        out["eval"] = importlib.import_module("payload.evaluate").main(cfg, ev.final_split)
     if cfg.outputs.merge or cfg.outputs.push_to_hub:
         out["merge"] = importlib.import_module("payload.merge").main(cfg)
     if cfg.outputs.export_mlx:
@@ -53,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="resolved run config (sky/config/<profile>.yaml)")
     p.add_argument("--mlx", action="store_true", help="export: write the MLX adapter (default on)")
     p.add_argument("--json", action="store_true", help="print the stage summary as JSON")
+    p.add_argument("--split", choices=["val", "test"], help="eval: the split to score (default: "
+                   "evaluation.final_split)")
+    p.add_argument("--adapter", help="eval: adapter directory (default: the run's outputs/adapter)")
     return p
 
 
@@ -80,7 +88,7 @@ def die_with_parent() -> bool:
     return True
 
 
-def run_stage(stage: str, cfg) -> dict:
+def run_stage(stage: str, cfg, args=None) -> dict:
     from payload import lease
     from payload.observe import rank
 
@@ -88,6 +96,9 @@ def run_stage(stage: str, cfg) -> dict:
         lease.ensure_free(cfg.run_dir, cfg.runtime.run_id)
     held = lease.acquire(cfg.run_dir, cfg.runtime.run_id) if stage in LEASED and rank() == 0 else None
     try:
+        if stage == "eval":
+            return importlib.import_module(STAGES[stage]).main(cfg, getattr(args, "split", None),
+                                                               getattr(args, "adapter", None))
         return post(cfg) if stage == "post" else importlib.import_module(STAGES[stage]).main(cfg)
     finally:
         if held is not None:
@@ -105,7 +116,7 @@ def main(argv=None) -> int:
     cfg = None
     try:
         cfg = load_run_config(args.config)
-        summary = run_stage(args.stage, cfg)
+        summary = run_stage(args.stage, cfg, args)
     except ConfigError as e:
         for line in e.problems:
             print(f"payload: {line}", file=sys.stderr)

@@ -197,12 +197,20 @@ def remove_checkpoint(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def apply_retention(root: Path, keep_best: int, keep_recent: int) -> list[Path]:
-    """Keep the `keep_best` lowest-eval-loss and the `keep_recent` newest complete checkpoints."""
+def ranked(done: list[tuple[int, Path, dict]], key: str = "eval_loss", greater: bool = False) -> list[Path]:
+    """Checkpoints that carry `key` in their marker, best first (earliest on ties). `key` is the
+    eval loss or a generation metric (`eval_cer`: lower wins; `eval_exact_match`: higher wins)."""
+    scored = [(-m[key] if greater else m[key], s, p) for s, p, m in done if m.get(key) is not None]
+    return [p for _, _, p in sorted(scored)]
+
+
+def apply_retention(root: Path, keep_best: int, keep_recent: int, key: str = "eval_loss",
+                    greater: bool = False) -> list[Path]:
+    """Keep the `keep_best` best by `key` (lowest eval loss by default) and the `keep_recent` newest
+    complete checkpoints."""
     done = [(s, p, read_marker(p)) for s, p, ok in list_checkpoints(root) if ok]
     keep = {p for _, p, _ in done[-max(keep_recent, 1):]}
-    scored = [(m["eval_loss"], s, p) for s, p, m in done if m.get("eval_loss") is not None]
-    keep |= {p for _, _, p in sorted(scored)[:keep_best]}
+    keep |= set(ranked(done, key, greater)[:keep_best])
     removed = [p for _, p, _ in done if p not in keep]
     for p in removed:
         remove_checkpoint(p)
@@ -210,12 +218,13 @@ def apply_retention(root: Path, keep_best: int, keep_recent: int) -> list[Path]:
     return removed
 
 
-def best_checkpoint(root: Path) -> Optional[Path]:
-    """Lowest eval loss among complete checkpoints (earliest on ties); the newest if none has one."""
+def best_checkpoint(root: Path, key: str = "eval_loss", greater: bool = False) -> Optional[Path]:
+    """Best by `key` (lowest eval loss by default) among complete checkpoints (earliest on ties);
+    the newest if none has one."""
     done = [(s, p, read_marker(p)) for s, p, ok in list_checkpoints(root) if ok]
-    scored = [(m["eval_loss"], s, p) for s, p, m in done if m.get("eval_loss") is not None]
-    if scored:
-        return min(scored)[2]
+    best = ranked(done, key, greater)
+    if best:
+        return best[0]
     return done[-1][1] if done else None
 
 

@@ -21,6 +21,8 @@ from typing import Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from payload.eval_config import EvalConfig, WandbConfig
+
 ROLES = ("system", "user", "assistant")
 
 # A profile name becomes file names (sky/<name>.yaml), run ids, cluster names and YAML values.
@@ -71,11 +73,15 @@ class SourceConfig(Strict):
     """Split of `hf_dataset` to read."""
     hf_config: Optional[str] = None
     """Config (subset) name of `hf_dataset`."""
-    format: Literal["auto", "messages", "alpaca", "prompt_response"] = "auto"
+    format: Literal["auto", "messages", "alpaca", "prompt_response", "image_text"] = "auto"
     """Record shape: chat `messages`; alpaca `instruction/input/output`; `prompt/question/response`
-    (runbook 004 CSV). `auto` decides per record from its keys."""
+    (runbook 004 CSV); `image_text`: an `image` and its target `text` (OCR, runbook 002: the user
+    turn is the image plus `instruction`, the assistant turn the text). `auto` decides per record
+    from its keys."""
     columns: dict[str, str] = Field(default_factory=dict)
     """Rename raw columns before parsing, e.g. `{text_in: instruction}`."""
+    instruction: str = "Transcribe all text in this image."
+    """format image_text: the user's text beside the image."""
     image_root: Optional[str] = None
     """Directory that relative image paths in vision-language records resolve against."""
     strip_think: bool = False
@@ -302,6 +308,9 @@ class RuntimeConfig(Strict):
     """Dollars per hour for the whole cluster. Env: LAUNCH_PRICE_PER_HOUR."""
     budget_usd: Optional[float] = Field(default=None, gt=0)
     """Stop (after a checkpoint) when spend reaches this. Env: LAUNCH_BUDGET_USD."""
+    budget_warn_fraction: float = Field(default=0.9, gt=0, le=1)
+    """Warn (log, status.json, W&B) once spend reaches this fraction of `budget_usd` (profile
+    `budget.warn_fraction`)."""
     hf_home: Optional[str] = None
     """HF cache location; defaults to `{volume}/.hf` so restarts re-download nothing."""
 
@@ -325,6 +334,10 @@ class RunConfig(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    evaluation: Optional[EvalConfig] = None
+    """Generation metrics (CER/WER/exact match) during training and on the test split (eval_config.py)."""
+    wandb: Optional[WandbConfig] = None
+    """Weights & Biases project/entity/name/tags (eval_config.py); off without WANDB_API_KEY."""
 
     @field_validator("name")
     @classmethod
@@ -366,7 +379,9 @@ class RunConfig(Strict):
 
     def config_hash(self) -> str:
         """Hash of what determines the result (runtime excluded): same hash, same training."""
-        body = self.model_dump(mode="json", exclude={"runtime", "description"})
+        body = self.model_dump(mode="json", exclude={"runtime", "description", "wandb"})
+        if body.get("evaluation") is None:
+            body.pop("evaluation")  # a config without the section hashes as before it existed
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -59,6 +59,8 @@ ARTIFACTS = (
     Artifact("data_stats.json", DATA_STATS),
     Artifact("high_loss_samples.jsonl", HIGH_LOSS),
     Artifact("checkpoints.json", CHECKPOINT_LISTING),
+    Artifact("eval_test.json", "outputs/eval_test.json"),  # payload eval: scores + every prediction
+    Artifact("eval_val.json", "outputs/eval_val.json"),
     Artifact("logs", LOGS_DIR, directory=True, live=True, grows=True),
 )
 LOCAL_MANIFEST = "MANIFEST.json"  # the machine's MANIFEST, as fetched and verified, at {dest}/{run_id}/

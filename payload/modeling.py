@@ -179,7 +179,8 @@ def load_model(cfg, path: str, dtype=None):
             log.info("attention %s skipped: %s", impl, why)
             continue
         try:
-            model = cls.from_pretrained(path, attn_implementation=impl, **kwargs)
+            model = _hub_retry(f"loading model {cfg.model.name_or_path}", path,
+                               lambda: cls.from_pretrained(path, attn_implementation=impl, **kwargs))
         except (ImportError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             errors.append(f"{impl}: {first}")
@@ -192,6 +193,15 @@ def load_model(cfg, path: str, dtype=None):
         f"no attention implementation in model.attn_implementation {cfg.model.attn_implementation} "
         f"could load the model ({'; '.join(errors)}); add `sdpa` or `eager` to the list"
     )
+
+
+def _hub_retry(what: str, path: str, fn):
+    """Hub downloads get 3 tries with backoff (payload/retry.py); a local directory loads once."""
+    if os.path.isdir(path):
+        return fn()
+    from payload.retry import with_retries
+
+    return with_retries(what, fn, retry_on=(OSError,))
 
 
 def quantization_config(q):

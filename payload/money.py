@@ -2,7 +2,8 @@
 
 The price is the whole cluster's dollars per hour (`runtime.price_per_hour`). Every session adds
 its own wall time (model loading and evaluation included: the machine is billed for them too), so
-a job that was preempted and resumed shows the money of all its attempts. At 90% of
+a job that was preempted and resumed shows the money of all its attempts. At 90% (the profile's
+`budget.warn_fraction`, runtime.budget_warn_fraction) of
 `runtime.budget_usd` a warning is logged once; at 100% `exhausted()` turns true and the training
 loop saves a checkpoint and stops (state `budget_exhausted`, exit code `BudgetExhausted.exit_code`).
 The check runs after every optimizer step, so the overshoot is about one step plus that save
@@ -34,7 +35,8 @@ class CostTracker:
     """Seconds and dollars of this run so far; `clock` is injectable for tests of the arithmetic."""
 
     def __init__(self, run_dir: Path, price_per_hour: float, budget_usd: Optional[float],
-                 clock: Callable[[], float] = time.monotonic, write: bool = True):
+                 clock: Callable[[], float] = time.monotonic, write: bool = True,
+                 warn_fraction: float = WARN_FRACTION):
         self.path = Path(run_dir) / layout.COST
         self.price = float(price_per_hour)
         self.budget = budget_usd
@@ -46,6 +48,7 @@ class CostTracker:
         self.sessions = int(prior.get("sessions", 0)) + 1
         self.start = clock()
         self.warned = False
+        self.warn_fraction = warn_fraction
         self._last_write = -1e9
 
     # ------------------------------------------------------------------------------- arithmetic
@@ -67,7 +70,7 @@ class CostTracker:
         frac = self.fraction()
         if frac is None:
             return False
-        if frac >= WARN_FRACTION and not self.warned:
+        if frac >= self.warn_fraction and not self.warned:
             self.warned = True
             log.warning("cost $%.4f is %.0f%% of the $%.2f budget", self.usd(), 100 * frac, self.budget)
         return frac >= 1.0

@@ -161,7 +161,7 @@ class ObserveCallback(Callback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
-        if "loss" not in logs and "eval_loss" not in logs:
+        if "loss" not in logs and "eval_loss" not in logs and not any(k in logs for k in GEN_KEYS):
             return
         rec = self._record(state, logs)
         if rank() == 0:
@@ -178,8 +178,11 @@ class ObserveCallback(Callback):
 
     def _record(self, state, logs: dict) -> dict:
         rec = {"step": state.global_step, "epoch": _round(state.epoch, 4)}
-        if "eval_loss" in logs:
-            rec["eval_loss"] = logs["eval_loss"]
+        gen = {k: logs[k] for k in GEN_KEYS if k in logs}
+        if "eval_loss" in logs or gen:
+            if "eval_loss" in logs:
+                rec["eval_loss"] = logs["eval_loss"]
+            rec.update(gen)
         else:
             rec.update({"loss": logs.get("loss"), "lr": logs.get("learning_rate"),
                         "grad_norm": logs.get("grad_norm"),
@@ -203,8 +206,11 @@ class ObserveCallback(Callback):
 
     def _line(self, rec: dict, eta) -> str:
         parts = [f"step {rec['step']}/{self.max_steps}"]
-        if "eval_loss" in rec:
-            parts.append(f"eval_loss {rec['eval_loss']:.4f}")
+        gen = [f"{k} {rec[k]:.4f}" for k in GEN_KEYS if rec.get(k) is not None]
+        if "eval_loss" in rec or gen:
+            if "eval_loss" in rec:
+                parts.append(f"eval_loss {rec['eval_loss']:.4f}")
+            parts.extend(gen)
         else:
             parts.append(f"loss {rec['loss']:.4f}")
             if rec.get("lr") is not None:
@@ -216,6 +222,9 @@ class ObserveCallback(Callback):
         parts.append(f"${rec['cost_usd']:.4f}")
         parts.append(f"eta {_fmt_eta(eta)}")
         return " | ".join(parts)
+
+
+GEN_KEYS = ("eval_cer", "eval_wer", "eval_exact_match")  # payload/evaluate.py logs these at each evaluation
 
 
 def _round(x, n):

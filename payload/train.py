@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from payload import checkpoints as ck
-from payload import layout, lease, modeling, observe, trainset, verify
+from payload import layout, lease, modeling, observe, tracking, trainset, verify
 from payload.config import dump_run_config
+from payload.eval_config import best_metric
 from payload.errors import (
     EXIT_BUDGET, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, BudgetExhausted, PayloadError, exit_code_for, one_line,
 )
@@ -126,7 +127,8 @@ def setup(run: Run) -> None:
     observe.write_status(rd, state="loading", step=0, max_steps=cfg.train.max_steps, exit_code=None, reason=None,
                          ended_at=None)
     run.stop.install()
-    run.tracker = CostTracker(rd, cfg.runtime.price_per_hour, cfg.runtime.budget_usd, write=run.main)
+    run.tracker = CostTracker(rd, cfg.runtime.price_per_hour, cfg.runtime.budget_usd, write=run.main,
+                              warn_fraction=cfg.runtime.budget_warn_fraction)
     modeling.check_deepspeed_available(cfg)
     if cfg.train.method == "qlora":
         modeling.quantization_config(cfg.train.quantization)  # fail fast, before any download
@@ -146,6 +148,8 @@ def setup(run: Run) -> None:
     eval_ds = trainset.build_dataset(run.val_records, vl, "val.jsonl") if run.val_records else None
     if eval_ds is None:
         args = dataclasses.replace(args, eval_strategy="no", metric_for_best_model=None, greater_is_better=None)
+    if run.main:
+        tracking.start(cfg)  # before the Trainer: its WandbCallback reuses this run
     run.control = ck.RunControl(cfg.train.checkpoints, run.stop, run.tracker, cfg.train.logging_steps,
                                 has_eval=eval_ds is not None, lease=run.lease)
     run.trainer = trainer_class()(
@@ -177,6 +181,13 @@ def _tokenizer_of(processing):
 def _callbacks(run: Run, has_eval: bool) -> list:
     cbs = [run.control, ResumeLossState(run), CostCallback(run.tracker),
            observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
+    cfg = run.cfg
+    cbs.append(tracking.TrackingCallback(run.run_dir, run.tracker, cfg.runtime.budget_warn_fraction,
+                                         gpu=cfg.wandb is None or cfg.wandb.gpu_stats))
+    if cfg.evaluation is not None and cfg.evaluation.during_training and has_eval and not _zero3(cfg):
+        from payload.evaluate import GenerationEval
+
+        cbs.append(GenerationEval(run, run.val_records))  # before early stopping: it reads these metrics
     patience = run.cfg.train.early_stopping_patience
     if patience:
         if not has_eval:
@@ -242,9 +253,9 @@ def sft_config(cfg, has_eval: bool, dtype):
         save_strategy="steps",
         save_steps=t.checkpoints.save_steps,
         save_total_limit=None,  # retention is ours (best-K + recent-K), see checkpoints.apply_retention
-        metric_for_best_model="eval_loss" if has_eval else None,
-        greater_is_better=False if has_eval else None,
-        report_to=list(t.report_to) or "none",
+        metric_for_best_model=best_metric(cfg)[0] if has_eval else None,
+        greater_is_better=best_metric(cfg)[1] if has_eval else None,
+        report_to=tracking.report_to(cfg) or "none",
         disable_tqdm=True,
         dataloader_num_workers=0,
         max_length=t.max_seq_length,
@@ -309,7 +320,7 @@ class LaunchTrainerMixin:
             if self.args.should_save:
                 ck.write_marker(path, {**self._marker_info(run), "files": files})
                 c = run.cfg.train.checkpoints
-                ck.apply_retention(path.parent, c.keep_best, c.keep_recent)
+                ck.apply_retention(path.parent, c.keep_best, c.keep_recent, *best_metric(run.cfg))
         seconds = time.monotonic() - t
         if run is not None:
             run.control.note_save(seconds)
@@ -319,7 +330,10 @@ class LaunchTrainerMixin:
         step = self.state.global_step
         evals = [h["eval_loss"] for h in self.state.log_history if h.get("step") == step and "eval_loss" in h]
         losses = [h["loss"] for h in self.state.log_history if "loss" in h]
-        return {"step": step, "eval_loss": evals[-1] if evals else None, "loss": losses[-1] if losses else None,
+        from payload.evaluate import GEN_KEYS
+
+        scores = {k: h[k] for h in self.state.log_history if h.get("step") == step for k in GEN_KEYS if k in h}
+        return {**scores, "step": step, "eval_loss": evals[-1] if evals else None, "loss": losses[-1] if losses else None,
                 "epoch": self.state.epoch, "config_hash": run.cfg.config_hash(), "saved_at": observe.now_iso()}
 
     def loss_state(self) -> dict:
@@ -418,7 +432,8 @@ def end_of_training(run: Run) -> tuple[str, Optional[str]]:
             f"${run.tracker.usd():.2f}); checkpoint-{step} saved: raise runtime.budget_usd (LAUNCH_BUDGET_USD) "
             "and rerun to resume")
     if total and step < total:
-        return "completed", f"stopped early at step {step} of {total} (early stopping: eval loss stopped improving)"
+        metric = best_metric(cfg)[0].removeprefix("eval_").replace("loss", "eval loss")
+        return "completed", f"stopped early at step {step} of {total} (early stopping: {metric} stopped improving)"
     return "completed", None
 
 
@@ -434,16 +449,19 @@ def save(run: Run) -> dict:
     finished = run.state == "completed"
     root = ck.checkpoints_dir(rd)
     prefer = "latest" if cfg.train.method == "full" else "best"
-    best = (ck.latest_complete(root) if prefer == "latest" else ck.best_checkpoint(root)) if run.main else None
+    key, greater = best_metric(cfg)
+    best = (ck.latest_complete(root) if prefer == "latest" else ck.best_checkpoint(root, key, greater)) \
+        if run.main else None
     if run.main:
         if finished:
-            best = verify.export_verified(root, rd / layout.ADAPTER_DIR, prefer)
+            best = verify.export_verified(root, rd / layout.ADAPTER_DIR, prefer, key, greater)
             if best is None:
                 raise PayloadError(f"training finished but no checkpoint in {root} verifies to export "
                                    f"the {'weights' if prefer == 'latest' else 'adapter'}: see the lines above")
         if finished and trainer.eval_dataset is not None and not _zero3(cfg):
             observe.write_high_loss(trainer, trainer.eval_dataset, run.val_records, cfg.train.high_loss_samples,
                                     rd / layout.HIGH_LOSS)
+            tracking.log_high_loss(cfg, rd / layout.HIGH_LOSS)
         observe.plot_losses(rd / layout.METRICS, rd / layout.LOSS_PLOT, title=f"{cfg.name} ({cfg.runtime.run_id})")
     summary = _summary(run, best)
     if run.main:
@@ -474,6 +492,8 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
         "attn_implementation": run.attn, "steps": st.global_step, "max_steps": st.max_steps,
         "epoch": st.epoch, "best_checkpoint": best.name if best else None,
         "best_eval_loss": ck.read_marker(best).get("eval_loss") if best else None,
+        "best_metric": {"key": best_metric(cfg)[0], "value": ck.read_marker(best).get(best_metric(cfg)[0])}
+        if best else None,
         "final_loss": losses[-1] if losses else None, "final_eval_loss": evals[-1] if evals else None,
         "first_loss": losses[0] if losses else None, "resumed_from": run.resume.name if run.resume else None,
         "duration_s": round(time.monotonic() - run.t0, 3), "total_seconds": round(run.tracker.seconds(), 3),
@@ -487,6 +507,7 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
 
 def cleanup(run: Run) -> None:
     run.stop.restore()
+    tracking.finish()
     if run.lease is not None:
         run.lease.release()
     if run.tracker is not None:

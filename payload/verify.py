@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from payload import checksums, layout
-from payload.checkpoints import checkpoints_dir, gather_objects, list_checkpoints, read_marker
+from payload.checkpoints import checkpoints_dir, gather_objects, list_checkpoints, ranked, read_marker
 from payload.errors import PayloadError
 
 log = logging.getLogger("payload.train")
@@ -144,15 +144,16 @@ def export_adapter(checkpoint: Path, dest: Path) -> Path:
     return dest
 
 
-def export_verified(root: Path, dest: Path, prefer: str = "best") -> Optional[Path]:
-    """Export the best (`prefer="best"`: lowest eval loss) or newest (`"latest"`) checkpoint whose
-    files match its marker; damaged ones are quarantined and the next candidate is tried. Returns the
-    checkpoint exported (None when there is none). Rank 0 only."""
+def export_verified(root: Path, dest: Path, prefer: str = "best", key: str = "eval_loss",
+                    greater: bool = False) -> Optional[Path]:
+    """Export the best (`prefer="best"`: lowest eval loss, or best `key`) or newest (`"latest"`)
+    checkpoint whose files match its marker; damaged ones are quarantined and the next candidate is
+    tried. Returns the checkpoint exported (None when there is none). Rank 0 only."""
     done = [(s, p, read_marker(p)) for s, p, ok in list_checkpoints(root) if ok]
     order = [p for _, p, _ in reversed(done)]
     if prefer == "best":
-        scored = sorted((m["eval_loss"], s, p) for s, p, m in done if m.get("eval_loss") is not None)
-        order = [p for _, _, p in scored] + [p for p in order if p not in {q for _, _, q in scored}]
+        best = ranked(done, key, greater)
+        order = best + [p for p in order if p not in set(best)]
     for path in order:
         try:
             export_adapter(path, dest)

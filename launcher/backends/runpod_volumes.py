@@ -91,7 +91,7 @@ def new_volume_infra(profile, key: Optional[str]) -> str:
     zones = catalog_zones(profile)
     where = f" in region {c.region}" if c.region else ""
     if not zones:
-        raise BackendError(f"no RunPod datacenter in the catalog snapshot offers {c.accelerators}{where}: "
+        raise BackendError(f"no RunPod datacenter in the catalog snapshot offers {c.accelerators_label}{where}: "
                            "change cluster.accelerators or cluster.region")
     stock = {}
     if key:
@@ -102,7 +102,7 @@ def new_volume_infra(profile, key: Optional[str]) -> str:
     if any(stock.values()):
         zones = [rz for rz in zones if stock.get(rz[1]) in STOCK_RANK]
         if not zones:
-            raise BackendError(f"RunPod has no {c.accelerators} in stock in any datacenter{where} right now; "
+            raise BackendError(f"RunPod has no {c.accelerators_label} in stock in any datacenter{where} right now; "
                                "nothing was created: retry later, or drop cluster.region")
         zones.sort(key=lambda rz: (STOCK_RANK[stock[rz[1]]], *_s3_first(rz[1])))
     else:
@@ -141,6 +141,6 @@ def stock_note(profile, zone: Optional[str]) -> Optional[str]:
         return None
     if stock.get(zone) in STOCK_RANK:
         return None
-    return (f"RunPod reports no {c.accelerators} in stock in {zone}, where volume {c.volume.name} lives; "
+    return (f"RunPod reports no {c.accelerators_label} in stock in {zone}, where volume {c.volume.name} lives; "
             f"the launch may wait or fail for capacity (move it: `launch volumes rm {c.volume.name}`, "
             "then `launch up` creates it where the GPUs are, and downloads the model again)")

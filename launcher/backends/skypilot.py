@@ -101,7 +101,7 @@ def map_sky_error(e: BaseException, profile=None) -> BackendError:
     what = first_line(e)
     low = " ".join([str(e)] + [str(f) for f in getattr(e, "failover_history", [])]).lower()
     c = getattr(profile, "cluster", None)
-    spec = f"{c.accelerators or 'CPU'} x{c.num_nodes} on {', '.join(c.infra_list)}" if c else "the request"
+    spec = f"{c.accelerators_label} x{c.num_nodes} on {', '.join(c.infra_list)}" if c else "the request"
     if isinstance(e, (ex.NoCloudAccessError, ex.InvalidCloudCredentials, ex.CloudUserIdentityError)):
         return BackendError(credentials_message([i.split("/")[0] for i in c.infra_list] if c else ["runpod"]))
     if isinstance(e, ex.ApiServerConnectionError) or "no skypilot api server" in low:
@@ -186,7 +186,7 @@ def _runpod_api_price(profile) -> float:
     per_gpu = (gpu.get("secureSpotPrice") or lowest.get("minimumBidPrice")) if c.use_spot else \
         (gpu.get("securePrice") or lowest.get("uninterruptablePrice"))
     if not per_gpu:
-        raise ValueError(f"RunPod lists no price for {c.accelerators}")
+        raise ValueError(f"RunPod lists no price for {c.accelerators_label}")
     return round(float(per_gpu) * c.gpus_per_node * c.num_nodes, 4)
 
 

@@ -149,10 +149,11 @@ def optimize(p, use_spot: Optional[bool] = None) -> Choice:
     except exceptions.ResourcesUnavailableError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no matching instance"
         raise PlanError(f"{p.name}: SkyPilot found no instance in the catalog snapshot ({SNAPSHOT_DATE}) "
-                        f"for {p.cluster.accelerators} x {p.cluster.num_nodes} node(s): {first}") from None
+                        f"for {p.cluster.accelerators_label} x {p.cluster.num_nodes} node(s): {first}") from None
     r = task.best_resources
+    chosen = ",".join(f"{k}:{v:g}" for k, v in (r.accelerators or {}).items())  # any_of: the one SkyPilot took
     return Choice(cloud=str(r.cloud), instance_type=r.instance_type, region=r.region,
-                  accelerators=p.cluster.accelerators or "CPU", num_nodes=p.cluster.num_nodes,
+                  accelerators=chosen or p.cluster.accelerators_label, num_nodes=p.cluster.num_nodes,
                   use_spot=bool(r.use_spot), node_price_per_hour=round(r.get_cost(3600), 4))
 
 

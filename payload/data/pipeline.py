@@ -147,7 +147,7 @@ class _Run:
             try:
                 if isinstance(raw, RecordError):
                     raise raw
-                msgs = apply_transforms(canonicalize(raw, fmt, images), strip, prompt)
+                msgs = apply_transforms(canonicalize(raw, fmt, images, c.instruction), strip, prompt)
                 body, digest = encode_messages(msgs)
                 if seen is not None:
                     if digest in seen:

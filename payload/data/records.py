@@ -6,7 +6,9 @@ understood:
 
 - chat `messages` (runbook 000; ShareGPT `conversations` with `from`/`value` is accepted too),
 - alpaca `instruction` / `input` / `output` (runbook 001; an optional `system` column is kept),
-- `prompt` / `question` / `response` (runbook 004 CSV; `prompt` becomes the system turn).
+- `prompt` / `question` / `response` (runbook 004 CSV; `prompt` becomes the system turn),
+- `image` / `text` (format `image_text`, OCR sets such as runbook 002's well-log headers: the user
+  turn is the image and the source's `instruction`, the assistant turn the text).
 
 Vision-language content parts `{"type": "image", "image": ...}` reference a local file or carry the
 image itself; `payload.data.images` checks and stores them. A part `{"type": "image"}` without a
@@ -39,6 +41,7 @@ REQUIRED_COLUMNS = {
     "messages": ({"messages"}, {"conversations"}),
     "alpaca": ({"instruction", "output"},),
     "prompt_response": ({"question", "response"},),
+    "image_text": ({"image", "text"},),
 }
 
 
@@ -57,7 +60,7 @@ def detect_format(obj: dict) -> str:
     )
 
 
-def canonicalize(obj: Any, fmt: str, images: ImageContext) -> list[dict]:
+def canonicalize(obj: Any, fmt: str, images: ImageContext, instruction: str = "") -> list[dict]:
     """Validate one raw record and return its messages `[{role, content}, ...]` (not yet transformed)."""
     if not isinstance(obj, dict):
         raise RecordError("wrong type", f"record is {tname(obj)}, expected an object")
@@ -67,6 +70,8 @@ def canonicalize(obj: Any, fmt: str, images: ImageContext) -> list[dict]:
         msgs = from_messages(obj, images)
     elif fmt == "alpaca":
         msgs = from_alpaca(obj)
+    elif fmt == "image_text":
+        msgs = from_image_text(obj, images, instruction)
     else:
         msgs = from_prompt_response(obj)
     for m in msgs:
@@ -89,7 +94,8 @@ def _text(obj: dict, key: str, fmt: str, required: bool) -> str:
 
 
 def _need(fmt: str) -> str:
-    return {"alpaca": "'instruction' and 'output'", "prompt_response": "'question' and 'response'"}[fmt]
+    return {"alpaca": "'instruction' and 'output'", "prompt_response": "'question' and 'response'",
+            "image_text": "'image' and 'text'"}[fmt]
 
 
 def from_alpaca(obj: dict) -> list[dict]:
@@ -103,6 +109,17 @@ def from_alpaca(obj: dict) -> list[dict]:
         {"role": "user", "content": user},
         {"role": "assistant", "content": output},
     ]
+
+
+def from_image_text(obj: dict, images: ImageContext, instruction: str) -> list[dict]:
+    """An OCR pair: `image` (path, bytes or a decoded image) and its target `text`."""
+    if obj.get("image") is None:
+        raise RecordError("missing key", "no 'image'; image_text records need 'image' and 'text'")
+    text = _text(obj, "text", "image_text", True)
+    user = [{"type": "image", "image": resolve_image(obj["image"], "image", images)}]
+    if instruction:
+        user.append({"type": "text", "text": instruction})
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": text}]
 
 
 def from_prompt_response(obj: dict) -> list[dict]:
@@ -221,6 +238,6 @@ def is_empty(content: Any) -> bool:
 
 def first_required(fmt: str) -> Optional[tuple]:
     """The column sets a format needs (for file-level header checks)."""
-    if fmt == "auto":
-        return tuple(s for sets in REQUIRED_COLUMNS.values() for s in sets)
+    if fmt == "auto":  # image_text is never guessed: OCR sets say `format: image_text`
+        return tuple(s for f, sets in REQUIRED_COLUMNS.items() if f != "image_text" for s in sets)
     return REQUIRED_COLUMNS[fmt]

@@ -459,7 +459,10 @@ def _iter_hf(src: Source) -> Iterator[tuple[Any, Any]]:
     try:
         import datasets
 
-        ds = datasets.load_dataset(c.hf_dataset, name=c.hf_config, split=c.hf_split, streaming=True)
+        from payload.retry import with_retries
+
+        ds = with_retries(f"loading dataset {c.hf_dataset}[{c.hf_split}]", lambda: datasets.load_dataset(
+            c.hf_dataset, name=c.hf_config, split=c.hf_split, streaming=True))
     except Exception as e:  # network edge: anything `datasets` raises becomes one line with the fix
         raise PayloadError(
             f"{c.name}: cannot load Hugging Face dataset {c.hf_dataset!r} (config {c.hf_config}, split "

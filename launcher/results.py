@@ -1,0 +1,197 @@
+"""What a run produced, looked at from here: `launch checkpoints RUN`, `launch eval RUN`, `launch chat RUN`.
+
+- checkpoints: one row per checkpoint (step, eval loss, generation metric, size, verified or not).
+  A run of the local backend is read in place (each checkpoint's files checked against its COMPLETE
+  marker, payload/verify.py); any other run from its fetched `checkpoints.json` (written on the
+  machine by `payload manifest`, fetched by `launch down --fetch-artifacts`).
+- eval: `payload eval` on this machine, with the fetched adapter and the run's resolved config; the
+  split is rebuilt by the data stage (hub datasets need network), scores land beside the artifacts.
+- chat: base model + fetched adapter on CPU (payload/infer.py, the same generation as eval).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import click
+
+DEST_HELP = "Where `launch down --fetch-artifacts` put the run's artifacts."
+
+
+def _run(run_id: Optional[str]):
+    from . import registry
+
+    return registry.get(run_id)
+
+
+def _local_run_dir(run) -> Optional[Path]:
+    if run.backend != "local":
+        return None
+    from .backends.local import LocalBackend
+
+    d = LocalBackend().run_dir(run)
+    return d if d.is_dir() else None
+
+
+def checkpoint_rows(run, dest: Path) -> tuple[list[dict], str]:
+    """(rows, where they came from)."""
+    from payload import checkpoints as ck
+    from payload import manifest, verify
+
+    rd = _local_run_dir(run)
+    if rd is not None:
+        rows = []
+        for row in manifest.checkpoint_listing(rd):
+            path = ck.checkpoints_dir(rd) / row["name"]
+            marker = ck.read_marker(path) if row["complete"] else {}
+            problems = verify.verify_checkpoint(path) if row["complete"] else ["incomplete"]
+            rows.append({**row, **_metrics(marker), "verified": not problems})
+        return rows, str(ck.checkpoints_dir(rd))
+    listing = Path(dest) / run.id / "checkpoints.json"
+    if not listing.is_file():
+        from .backends import BackendError
+
+        raise BackendError(f"no checkpoint listing for {run.id} here ({listing}): fetch it with "
+                           f"`launch down {run.id} --fetch-artifacts` (or give --dest)")
+    rows = json.loads(listing.read_text())
+    # The machine wrote the listing after checking each checkpoint against its marker (complete = verified there).
+    return [{**r, "verified": bool(r.get("complete"))} for r in rows if isinstance(r, dict)], str(listing)
+
+
+def _metrics(marker: dict) -> dict:
+    return {k: marker[k] for k in ("eval_cer", "eval_wer", "eval_exact_match") if k in marker}
+
+
+@click.command()
+@click.argument("run_id", required=False)
+@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True, help=DEST_HELP)
+@click.option("--json", "as_json", is_flag=True)
+def checkpoints(run_id, dest, as_json):
+    """List a run's checkpoints: step, eval loss, CER/WER, size, verified.
+
+    Example: launch checkpoints well-log-ocr-spot-20261123-101500
+    """
+    from rich.table import Table
+
+    from .ui import cell, console
+
+    run = _run(run_id)
+    rows, source = checkpoint_rows(run, Path(dest))
+    if as_json:
+        click.echo(json.dumps({"run": run.id, "source": source, "checkpoints": rows}, indent=2))
+        return
+    t = Table("checkpoint", "step", "eval loss", "cer", "wer", "size", "verified", box=None, padding=(0, 2))
+    t.columns[0].no_wrap = True
+    for r in rows:
+        t.add_row(cell(str(r.get("name"))), str(r.get("step")), _fmt(r.get("eval_loss")), _fmt(r.get("eval_cer")),
+                  _fmt(r.get("eval_wer")), _size(r.get("bytes")), "[green]✓[/]" if r["verified"] else "[red]✗[/]")
+    console().print(cell(f"{run.id}: {len(rows)} checkpoint(s) from {source}"), soft_wrap=True)
+    console().print(t)
+
+
+def _fmt(v) -> str:
+    return "-" if not isinstance(v, (int, float)) else f"{v:.4f}"
+
+
+def _size(n) -> str:
+    from .checks import human_size
+
+    return human_size(int(n)) if isinstance(n, (int, float)) else "-"
+
+
+# ------------------------------------------------------------------------------------ eval / chat
+
+
+def local_config(run, dest: Path):
+    """(run config, adapter dir) for a run evaluated here: the run's resolved config with its run
+    directory under `{dest}/{run_id}/.eval` (data, the tiny base), the adapter as fetched (or, for a
+    local-backend run, in place)."""
+    from payload.config import load_run_config
+
+    rd = _local_run_dir(run)
+    if rd is not None:
+        return load_run_config(rd / "config.yaml", env={}), rd / "outputs" / "adapter", rd
+    from .backends import BackendError
+
+    target = Path(dest) / run.id
+    adapter = target / "adapter"
+    config = _config_for(run)
+    if not adapter.is_dir():
+        raise BackendError(f"no fetched adapter for {run.id} at {adapter}: run `launch down {run.id} "
+                           "--fetch-artifacts` first (or give --dest)")
+    cfg = load_run_config(config, env={})
+    rt = cfg.runtime.model_copy(update={"volume": str(target.resolve() / ".eval"), "run_id": run.id})
+    return cfg.model_copy(update={"runtime": rt}), adapter, target
+
+
+def _config_for(run) -> Path:
+    from .render import config_path
+    from .state import state_dir
+
+    private = state_dir() / "rendered" / run.id / f"{run.profile}.yaml"
+    return private if private.is_file() else config_path(run.profile)
+
+
+@click.command("eval")
+@click.argument("run_id", required=False)
+@click.option("--split", type=click.Choice(["val", "test"]), default=None,
+              help="Split to score (default: the profile's evaluation.final_split).")
+@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True, help=DEST_HELP)
+@click.option("--json", "as_json", is_flag=True)
+def eval_(run_id, split, dest, as_json):
+    """Score a run's adapter here (CER/WER/exact match, greedy: the same numbers as on the machine).
+
+    Example: launch eval well-log-ocr-spot-20261123-101500 --split test
+    """
+    from payload import evaluate
+
+    from .ui import console, literal
+
+    run = _run(run_id)
+    cfg, adapter, out = local_config(run, Path(dest))
+    with console().status(f"evaluating {run.id} on {split or 'the final split'}..."):
+        result = evaluate.main(cfg, split, str(adapter), out_dir=out)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    scores = ", ".join(f"{k} {result[k]:.4f}" for k in ("cer", "wer", "exact_match") if result.get(k) is not None)
+    console().print(literal("[green]✓[/] ", f"{run.id} {result['split']}: {result['n']} samples, {scores}"))
+    console().print(literal("  ", result["file"]), soft_wrap=True)
+
+
+@click.command()
+@click.argument("run_id", required=False)
+@click.option("--prompt", help="Answer this one prompt and exit (default: a prompt loop).")
+@click.option("--image", type=click.Path(exists=True, dir_okay=False), help="An image for vision-language models.")
+@click.option("--max-new-tokens", type=int, default=256, show_default=True)
+@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True, help=DEST_HELP)
+def chat(run_id, prompt, image, max_new_tokens, dest):
+    """Talk to a run's fine-tuned adapter on this machine (base model + adapter, CPU is fine).
+
+    Example: launch chat well-log-ocr-spot-20261123-101500 --prompt "Hello" --image header.png
+    """
+    from payload import infer
+
+    from .ui import console
+
+    run = _run(run_id)
+    cfg, adapter, _ = local_config(run, Path(dest))
+    with console().status(f"loading {cfg.model.name_or_path} + {adapter}..."):
+        model, processing = infer.load(cfg, adapter)
+    prompts = [prompt] if prompt is not None else None
+    while True:
+        text = prompts.pop(0) if prompts else (None if prompts is not None else _ask())
+        if text is None:
+            return
+        reply = infer.answer(model, processing, [infer.chat_turns(text, image)], max_new_tokens)[0]
+        click.echo(reply)
+
+
+def _ask() -> Optional[str]:
+    try:
+        text = click.prompt(">", prompt_suffix=" ", default="", show_default=False)
+    except (EOFError, click.exceptions.Abort):
+        return None
+    return text if text.strip() not in ("", "/exit", "/quit") else None
