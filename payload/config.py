@@ -324,6 +324,9 @@ class RunConfig(Strict):
     model: ModelConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
+    stages: list["StageConfig"] = Field(default_factory=list)
+    """Training stages in order (payload/stage_config.py), e.g. sft -> dpo -> grpo, each starting from
+    the previous stage's adapter. Empty: one SFT stage on `data:` with `train:` (as without stages)."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     @field_validator("name")
@@ -338,6 +341,10 @@ class RunConfig(Strict):
         if self.train.method == "full" and self.model.dtype == "float16" and self.train.deepspeed is None:
             raise ValueError("full fine-tuning in `model.dtype: float16` needs fp32 master weights: add "
                              "`train.deepspeed` or use `model.dtype: float32`")
+        if self.stages:
+            from payload.stage_config import check_stages
+
+            check_stages(self.stages, self.train)
         return self
 
     # --- runtime helpers (no torch) -------------------------------------------------------------
@@ -366,7 +373,7 @@ class RunConfig(Strict):
 
     def config_hash(self) -> str:
         """Hash of what determines the result (runtime excluded): same hash, same training."""
-        body = self.model_dump(mode="json", exclude={"runtime", "description"})
+        body = self.model_dump(mode="json", exclude={"runtime", "description"} | ({"stages"} if not self.stages else set()))
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -477,4 +484,10 @@ def _model_at(model, loc: tuple):
 
 def dump_run_config(cfg: RunConfig) -> str:
     """The resolved YAML form (all defaults filled) that the payload reads."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, width=100)
+    body = cfg.model_dump(mode="json", exclude=None if cfg.stages else {"stages"})  # no stages: as before stages
+    return yaml.safe_dump(body, sort_keys=False, width=100)
+
+
+from payload.stage_config import StageConfig  # noqa: E402  (stage_config builds on the classes above)
+
+RunConfig.model_rebuild()
