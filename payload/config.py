@@ -71,9 +71,12 @@ class SourceConfig(Strict):
     """Split of `hf_dataset` to read."""
     hf_config: Optional[str] = None
     """Config (subset) name of `hf_dataset`."""
-    format: Literal["auto", "messages", "alpaca", "prompt_response"] = "auto"
+    format: Literal["auto", "messages", "alpaca", "prompt_response", "preference", "prompt_answer"] = "auto"
     """Record shape: chat `messages`; alpaca `instruction/input/output`; `prompt/question/response`
-    (runbook 004 CSV). `auto` decides per record from its keys."""
+    (runbook 004 CSV); `auto` decides per record from its keys. For DPO stages `preference`:
+    `prompt` (or `question`), `chosen`, `rejected`, optional `image`/`images` (RLHF-V's `text` JSON
+    column with question/chosen/rejected is read too); for GRPO stages `prompt_answer`: `prompt` (or
+    `question`), `answer`, optional `image`/`images`. Neither is picked by `auto`."""
     columns: dict[str, str] = Field(default_factory=dict)
     """Rename raw columns before parsing, e.g. `{text_in: instruction}`."""
     image_root: Optional[str] = None
