@@ -70,10 +70,25 @@ def quiet_trainer(trainer) -> None:
 # ------------------------------------------------------------------------------------------ status
 
 
+# Set by payload.stages while a stage trains: (stage dir, fn(fields) -> fields). A stage's status goes
+# to the run's one status.json, with `stage` (name, kind, index, of) added by fn.
+_STAGE_STATUS: dict = {}
+
+
+def status_of_stage(stage_dir: Optional[Path], run_dir: Optional[Path] = None, fn=None) -> None:
+    """Route status writes for `stage_dir` to `run_dir`'s status.json through `fn` (None: stop)."""
+    _STAGE_STATUS.clear()
+    if stage_dir is not None:
+        _STAGE_STATUS[str(stage_dir)] = (Path(run_dir), fn)
+
+
 def write_status(run_dir: Path, **fields) -> dict:
     """Merge `fields` into status.json (rank 0 only) and stamp `updated_at`."""
     if rank() != 0:
         return {}
+    routed = _STAGE_STATUS.get(str(run_dir))
+    if routed is not None:
+        run_dir, fields = routed[0], routed[1](fields)
     path = Path(run_dir) / layout.STATUS
     try:
         status = json.loads(path.read_text())

@@ -32,8 +32,6 @@ class DpoConfig(Strict):
     """Strength of the pull towards the reference (the previous stage's adapter)."""
     loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "bco_pair", "apo_zero", "apo_down"] = "sigmoid"
     """TRL's DPO loss; `sigmoid` is the original DPO."""
-    max_prompt_length: Optional[int] = Field(default=None, gt=0)
-    """Truncate prompts to this many tokens (unset: only `train.max_seq_length` applies)."""
 
 
 class GrpoConfig(Strict):

@@ -62,6 +62,10 @@ def main(cfg) -> dict:
     """Train (or resume) the run described by `cfg`; returns the training summary. Every end is
     recorded in status.json (state, exit_code, reason) before this returns or raises."""
     observe.setup_logging()
+    if getattr(cfg, "stages", None):  # sft -> dpo -> grpo: payload/stages.py runs each stage through here
+        from payload import stages
+
+        return stages.main(cfg)
     run = Run(cfg=cfg, run_dir=cfg.run_dir)
     if run.main:  # before anything is written: a live trainer elsewhere means exit 4, nothing touched
         run.lease = lease.acquire(run.run_dir, cfg.runtime.run_id)
@@ -130,6 +134,10 @@ def setup(run: Run) -> None:
     modeling.check_deepspeed_available(cfg)
     if cfg.train.method == "qlora":
         modeling.quantization_config(cfg.train.quantization)  # fail fast, before any download
+    if getattr(cfg, "stage", None) is not None and cfg.stage.kind != "sft":
+        from payload import preference
+
+        return preference.setup(run)  # DPO / GRPO stage (TRL's DPOTrainer / GRPOTrainer)
     dtype = modeling.resolve_dtype(cfg.model)
     # The TrainingArguments set up the process group (torchrun), so they come first; without
     # validation data they are rebuilt with evaluation off (dataclasses.replace re-validates).
@@ -141,6 +149,10 @@ def setup(run: Run) -> None:
         train_records, run.val_records = trainset.ensure_data(cfg, _tokenizer_of(processing))
     model, run.attn = modeling.load_model(cfg, path, dtype)
     model, peft_config = modeling.prepare_for_method(cfg, model)
+    if getattr(cfg, "init_adapter", None) is not None:  # a later stage: train on from the previous adapter
+        from payload import preference
+
+        model, peft_config = preference.start_from_adapter(cfg, model)
     vl = cfg.model.kind == "image_text_to_text"
     train_ds = trainset.build_dataset(train_records, vl, "train.jsonl")
     eval_ds = trainset.build_dataset(run.val_records, vl, "val.jsonl") if run.val_records else None
@@ -282,7 +294,7 @@ class LaunchTrainerMixin:
     launch_run: Optional[Run] = None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if model.training:
+        if model.training and "input_ids" in inputs:  # DPO/GRPO batches have other keys
             import torch
 
             ids = inputs["input_ids"]
