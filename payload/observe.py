@@ -70,6 +70,7 @@ def quiet_trainer(trainer) -> None:
 # ------------------------------------------------------------------------------------------ status
 
 
+STAGE_METRICS = ("reward", "rewards/", "kl", "completions/mean_length", "logps/", "logits/")
 # Set by payload.stages while a stage trains: (stage dir, fn(fields) -> fields). A stage's status goes
 # to the run's one status.json, with `stage` (name, kind, index, of) added by fn.
 _STAGE_STATUS: dict = {}
@@ -187,6 +188,9 @@ class ObserveCallback(Callback):
                         "grad_norm": logs.get("grad_norm"),
                         "real_token_fraction": _round(logs.get("real_token_fraction"), 4),
                         "tokens_per_s": self._tokens_per_s(logs.get("num_tokens"))})
+            # DPO / GRPO stages: rewards, margins, KL and completion lengths as TRL logs them
+            rec.update({k: _round(v, 6) for k, v in logs.items() if k.startswith(STAGE_METRICS)
+                        and isinstance(v, (int, float))})
         rec["cost_usd"] = round(self.tracker.usd(), 6)
         rec["elapsed_s"] = round(self.tracker.seconds(), 2)
         return rec

@@ -24,6 +24,7 @@ from payload import modeling, observe, trainset
 from payload.errors import PayloadError
 
 log = logging.getLogger("payload.train")
+STARTED_FROM = "started_from.json"  # in the stage's directory: the adapter it started from and its sha256
 
 
 def start_from_adapter(cfg, model):
@@ -35,6 +36,13 @@ def start_from_adapter(cfg, model):
         raise PayloadError(f"stage {cfg.stage.label}: the previous stage's adapter is missing ({path}); "
                            "rerun the run to train that stage again")
     log.info("stage %s starts from %s", cfg.stage.label, path)
+    if observe.rank() == 0:  # what this stage started from, checkable against the previous stage's adapter
+        from payload.checksums import sha256_file
+        from payload.money import atomic_write_json
+
+        weights = path / "adapter_model.safetensors"
+        atomic_write_json(cfg.run_dir / STARTED_FROM, {"adapter": str(path), "sha256": sha256_file(weights)
+                                                       if weights.is_file() else None})
     return PeftModel.from_pretrained(model, str(path), is_trainable=True), None
 
 
@@ -45,7 +53,8 @@ def training_kwargs(cfg, dtype, has_eval: bool) -> dict:
     from payload.train import sft_config
 
     args = sft_config(cfg, has_eval=has_eval, dtype=dtype)
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainingArguments) if f.init}
+    keep = {f.name for f in dataclasses.fields(TrainingArguments) if f.init} - {"remove_unused_columns"}
+    return {name: getattr(args, name) for name in keep}  # TRL's default keeps `answer` for the rewards
 
 
 def dpo_config(cfg, dtype):

@@ -15,7 +15,7 @@ def counting(prompts, completions, answer=None, **kwargs):
     if path:
         with open(path, "a") as f:
             f.write(json.dumps({"n": len(completions), "answers": list(answer or [])}) + "\\n")
-    return [min(len(str(c)), 50) / 50.0 for c in completions]
+    return [(sum(map(ord, str(c))) % 7) / 7.0 for c in completions]
 '''
 
 
