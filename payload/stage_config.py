@@ -204,7 +204,7 @@ def stage_dir_name(index: int, stage: StageConfig) -> str:
 def stage_run_config(cfg: RunConfig, index: int, init_adapter: Optional[Path] = None) -> StageRunConfig:
     """The config stage `index` of `cfg.stages` trains with."""
     stage = cfg.stages[index]
-    body = cfg.model_dump(mode="json")
+    body = cfg.model_dump(mode="json", include=set(RunConfig.model_fields))  # a launcher Profile has more
     body["stages"] = []
     body["train"] = stage_train(cfg.train, stage).model_dump(mode="json")
     if stage.data is not None:
