@@ -10,7 +10,7 @@ from launcher.profile import ProfileError, load_profile, profile_names, total_gp
 from launcher.render import CONTROLLER_AUTOSTOP, render_all, render_profile, render_text, stale
 
 REPO = Path(__file__).resolve().parent.parent
-PROFILES = ["local-demo", "lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100"]
+PROFILES = ["local-demo", "lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100", "spatial-vl-t4"]
 
 
 def test_the_four_profiles_are_shipped():

@@ -194,3 +194,56 @@ def test_fp16_is_chosen_where_bf16_is_missing_and_scales_the_loss(monkeypatch, t
     scaler.step(opt)
     scaler.update()
     assert not torch.equal(before, lin.weight) and scaler.get_scale() > 0
+
+
+# ------------------------------------------------------------------------------------------ profile
+
+
+def test_spatial_profile_validates_renders_and_plans_each_stage():
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+    from launcher.plan import plan_profile
+    from launcher.profile import load_profile
+    from launcher.render import render_profile
+
+    p = load_profile("spatial-vl-t4")
+    assert [s.kind for s in p.stages] == ["sft", "dpo", "grpo"]
+    assert (p.cluster.accelerators, p.cluster.use_spot) == ("T4:1", True)
+    assert (p.train.max_seq_length, p.train.lora.r, p.train.gradient_accumulation_steps) == (2048, 16, 8)
+    assert p.stages[2].grpo.num_generations == 4 and not p.stages[2].grpo.use_vllm
+    assert [s.sources[0].max_records for s in (p.data, p.stages[1].data, p.stages[2].data)] == [1000, 500, 300]
+    import sky
+
+    from payload.config import load_run_config
+
+    rendered = render_profile("spatial-vl-t4")
+    task_path = next(k for k in rendered if k.parent.name == "sky")
+    assert rendered[task_path] == task_path.read_text()  # committed and fresh
+    sky.Task.from_yaml(str(task_path)).validate()
+    resolved = load_run_config(next(k for k in rendered if k.parent.name == "config"), env={})
+    assert [s.label for s in resolved.stages] == ["sft", "dpo", "grpo"]
+    plan = plan_profile(p)
+    assert [s["name"] for s in plan.stages] == ["1-sft", "2-dpo", "3-grpo"]
+    # runbook 003 on a T4: SFT ~4 h (1k), DPO ~2 h (500), GRPO ~3 h (300); within 40 %
+    for row, runbook_h in zip(plan.stages, (4.0, 2.0, 3.0)):
+        assert runbook_h * 0.6 < row["hours"] < runbook_h * 1.4, row
+        assert row["memory"] == "fits" and row["usd"] == pytest.approx(row["hours"] * plan.price_per_hour, abs=0.01)
+    assert plan.train_hours == pytest.approx(sum(r["hours"] for r in plan.stages), abs=0.01)
+    assert plan.memory["status"] == "fits" and plan.memory["stage"] == "grpo"
+    out = CliRunner().invoke(cli, ["plan", "spatial-vl-t4"], env={"COLUMNS": "80"})
+    assert out.exit_code == 0, out.output
+    for name in ("Stage 1-sft", "Stage 2-dpo", "Stage 3-grpo"):
+        assert name in out.output
+
+
+def test_a_stage_that_cannot_fit_is_refused_by_the_memory_estimate():
+    from launcher.plan import memory_verdict
+    from launcher.profile import load_profile
+
+    p = load_profile("spatial-vl-t4")
+    grpo = p.stages[2].model_copy(update={"train": {**p.stages[2].train, "per_device_batch_size": 64,
+                                                    "gradient_accumulation_steps": 1}})
+    big = p.model_copy(update={"stages": [p.stages[0], p.stages[1], grpo]})
+    verdict = memory_verdict(big)
+    assert verdict["status"] == "does not fit" and verdict["stage"] == "grpo", verdict
