@@ -247,3 +247,33 @@ def test_a_stage_that_cannot_fit_is_refused_by_the_memory_estimate():
     big = p.model_copy(update={"stages": [p.stages[0], p.stages[1], grpo]})
     verdict = memory_verdict(big)
     assert verdict["status"] == "does not fit" and verdict["stage"] == "grpo", verdict
+
+
+def test_vision_language_stages_train_on_images(train_env, tmp_path):
+    """Runbook 003 is Qwen3-VL: DPO pairs and GRPO prompts with images, on a tiny Qwen3-VL."""
+    from payload.config import RunConfig
+    from train_fixtures import VL_MODEL, vl_records
+
+    root = tmp_path / "vl"
+    recs = [r for r in vl_records(root / "img", 12, 0) if isinstance(r["messages"][0]["content"], list)]
+    pref, qa = [], []
+    for i, r in enumerate(recs):
+        img, ans = r["messages"][0]["content"][0]["image"], r["messages"][1]["content"]
+        pref.append({"question": f"What color is image {i}?", "chosen": ans, "rejected": "Unknown.", "image": img})
+        qa.append({"prompt": f"What color is image {i}?", "answer": ans.split()[-1].rstrip("."), "images": [img]})
+    data = write_stage_data(root / "text")
+    for name, rows in (("sft", recs), ("dpo", pref), ("grpo", qa)):
+        data[name] = root / f"{name}.jsonl"
+        data[name].write_text("".join(json.dumps(x) + "\n" for x in rows))
+    body = stage_config(train_env, data, steps=(2, 2, 2)).model_dump(mode="json")
+    body["model"], body["train"]["max_seq_length"] = VL_MODEL, 256
+    body["stages"][2]["grpo"]["rewards"] = ["exact_match", "format"]
+    import payload.train as train
+
+    cfg = RunConfig.model_validate(body)
+    summary = train.main(cfg)
+    assert [s["steps"] for s in summary["stages"]] == [2, 2, 2]
+    rows = [json.loads(x) for x in (cfg.run_dir / "stages" / "2-dpo" / "data" / "train.jsonl").read_text().splitlines()]
+    assert all(r["messages"][0]["content"][0]["type"] == "image" and r["rejected"] == "Unknown." for r in rows)
+    w = [adapter_tensors(cfg.run_dir / layout.STAGE_ADAPTERS / n / "adapter") for n in ("1-sft", "2-dpo", "3-rl")]
+    assert _differ(w[0], w[1])
