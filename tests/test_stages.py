@@ -277,3 +277,12 @@ def test_vision_language_stages_train_on_images(train_env, tmp_path):
     assert all(r["messages"][0]["content"][0]["type"] == "image" and r["rejected"] == "Unknown." for r in rows)
     w = [adapter_tensors(cfg.run_dir / layout.STAGE_ADAPTERS / n / "adapter") for n in ("1-sft", "2-dpo", "3-rl")]
     assert _differ(w[0], w[1])
+
+
+def test_validate_names_a_missing_stage_data_file_with_its_line():
+    from launcher.checks import data_file_report
+    from launcher.profile import resolve_profile_path
+
+    problems, _ = data_file_report(resolve_profile_path("spatial-vl-t4"))
+    stage = [p for p in problems if "stages.2.data.sources.0.path: data/spatial/grpo.jsonl not found" in p]
+    assert len(stage) == 1 and "spatial-vl-t4.yaml:" in stage[0], problems
