@@ -74,14 +74,13 @@ def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
     if on_this_machine is None:
         infra = (data.get("cluster") or {}).get("infra") if isinstance(data.get("cluster"), dict) else None
         on_this_machine = infra == "local" or infra == ["local"]
-    sources = (data.get("data") or {}).get("sources") if isinstance(data.get("data"), dict) else None
     problems, present = [], []
-    for i, src in enumerate(sources if isinstance(sources, list) else []):
+    for prefix, i, src in ((pre, i, src) for pre, sources in _source_lists(data) for i, src in enumerate(sources)):
         rel = src.get("path") if isinstance(src, dict) else None
         if not isinstance(rel, str) or not rel:
             continue
         problem, size = _check_file(rel, on_this_machine)
-        loc = ("data", "sources", i, "path")
+        loc = (*prefix, "data", "sources", i, "path")
         if problem:
             problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
         else:
@@ -89,6 +88,19 @@ def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
     if problems and present:
         problems[-1] += f" (present: {', '.join(present)})"
     return problems, present
+
+
+def _source_lists(data: dict) -> list[tuple[tuple, list]]:
+    """(key prefix, sources) of the run's `data:` and of each stage's own `data:` (`stages:`)."""
+    out = []
+    blocks = [((), data)] + [(("stages", j), st) for j, st in enumerate(data.get("stages") or [])
+                             if isinstance(data.get("stages"), list)]
+    for prefix, block in blocks:
+        d = block.get("data") if isinstance(block, dict) else None
+        sources = d.get("sources") if isinstance(d, dict) else None
+        if isinstance(sources, list):
+            out.append((prefix, sources))
+    return out
 
 
 def check_profile(name_or_path: str, backend: Optional[str] = None,

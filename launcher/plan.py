@@ -25,11 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from payload.memory import dims_from_name, estimate_gpu_memory_gb, lora_trainable_params
+from payload.memory import dims_from_name, estimate_stage_memory_gb, lora_trainable_params
 
 from .profile import REPO_ROOT, Profile, total_gpus
 from .render import profile_secrets
 from .storage import checkpoint_gb, disk_needed_gb, model_gb, storage_for
+from .throughput import (DPO_FACTOR, GRPO_TRAIN_FACTOR, decode_steps_per_s)
 from .throughput import (GPUS, cross_node_bytes_per_microstep, effective_speed, link_for, model_size_b,
                          tokens_per_second_per_gpu)
 
@@ -92,6 +93,8 @@ class Plan:
     any_of: list = field(default_factory=list)
     """With a list of cluster.accelerators: each option's instance and price, cheapest first; the
     one SkyPilot's optimizer chose has `chosen: true`, the others are the fallbacks."""
+    stages: list = field(default_factory=list)
+    """Per stage of a profile with `stages:`: name, kind, records, hours, usd, memory."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -162,12 +165,21 @@ def training_speed(p: Profile, data: DataEstimate, instance_type: Optional[str])
     return effective_speed(tps, micro, p.cluster.num_nodes, link_for(instance_type), cross), src
 
 
-def memory_verdict(p: Profile) -> dict:
-    """GPU-memory estimate per GPU (payload.memory, as the payload's preflight computes it) vs the GPU."""
+def memory_verdict(p: Profile, stage_cfg=None) -> dict:
+    """GPU-memory estimate per GPU (payload.memory, as the payload's preflight computes it) vs the GPU.
+    With stages: the largest of the stages' estimates (or the one of `stage_cfg`)."""
     if p.cluster.is_local or not p.cluster.accelerator_name:
         return {"status": "n/a", "detail": "CPU"}
+    if p.stages and stage_cfg is None:
+        from payload.stage_config import stage_run_config
+
+        worst = max((dict(memory_verdict(p, stage_run_config(p, i)), stage=s.label) for i, s in enumerate(p.stages)),
+                    key=lambda v: v.get("total_gb") or 0.0)
+        if worst.get("detail") and worst.get("total_gb"):
+            worst["detail"] += f", largest in stage {worst['stage']}"
+        return worst
     gpu = GPUS.get(p.cluster.accelerator_name)
-    est = estimate_gpu_memory_gb(p, gpu.memory_gib if gpu else None, total_gpus(p))
+    est = estimate_stage_memory_gb(stage_cfg or p, gpu.memory_gib if gpu else None, total_gpus(p))
     if not est.get("known"):
         return {"status": "unknown", "detail": est.get("detail", "model size unknown")}
     if gpu is None:
@@ -178,6 +190,55 @@ def memory_verdict(p: Profile) -> dict:
     return {"status": status, "total_gb": est["total_gb"], "gpu_gb": gpu.memory_gib,
             "components_gb": est["components_gb"],
             "detail": f"~{est['total_gb']:g} of {gpu.memory_gib:g} GiB per GPU ({frac:.0%})"}
+
+
+# ------------------------------------------------------------------------------------------ stages
+
+
+def stage_plans(p: Profile, tps_per_gpu: float, price: float) -> list[dict]:
+    """Records, tokens, hours, dollars and GPU memory of every stage (throughput.py's stage factors)."""
+    from payload.stage_config import stage_dir_name, stage_run_config
+
+    rows, gpus = [], total_gpus(p)
+    size = model_size_b(p.model.name_or_path, tiny=p.model.tiny is not None)
+    decode = decode_steps_per_s(p.cluster.accelerator_name, size)
+    for i, stage in enumerate(p.stages):
+        sc = stage_run_config(p, i)
+        t = sc.train
+        per_step = t.per_device_batch_size * t.gradient_accumulation_steps * gpus
+        records = _stage_records(p, sc.data)
+        tpr = min(p.estimate.mean_tokens_per_record or t.max_seq_length / 2, t.max_seq_length)
+        if stage.kind == "grpo":
+            g = stage.grpo
+            prompts = t.max_steps * per_step // g.num_generations if t.max_steps else records * t.epochs
+            seq = min(tpr + g.max_completion_length, t.max_seq_length)
+            seconds = prompts * (g.num_generations * seq * GRPO_TRAIN_FACTOR / (tps_per_gpu * gpus)
+                                 + g.max_completion_length / decode)
+            n, tokens = prompts, prompts * g.num_generations * seq
+        else:
+            n = t.max_steps * per_step if t.max_steps else records * t.epochs
+            tokens = n * tpr * (DPO_FACTOR if stage.kind == "dpo" else 1.0)
+            seconds = tokens / (tps_per_gpu * gpus)
+        hours = seconds / 3600
+        mem = memory_verdict(p, sc)
+        rows.append({"name": stage_dir_name(i, stage), "kind": stage.kind, "records": round(n),
+                     "tokens": round(tokens), "hours": round(hours, 3), "usd": round(hours * price, 2),
+                     "memory": mem.get("status"), "memory_gb": mem.get("total_gb")})
+    return rows
+
+
+def _stage_records(p: Profile, data) -> int:
+    """Train records of a stage's data: counted in local files, capped by max_records, else the estimate."""
+    total = 0.0
+    for s in data.sources:
+        path = _local_path(s.path) if s.path else None
+        n = _count_records(path) if path else None
+        if s.max_records:
+            n = min(n, s.max_records) if n is not None else s.max_records
+        if n is None:
+            return p.estimate.train_records or 0
+        total += n * ((1.0 if s.split == "train" else 0.0) if isinstance(s.split, str) else s.split.get("train", 0.0))
+    return int(total)
 
 
 MEMORY_FIX = ("lower train.per_device_batch_size or max_seq_length, use qlora, add train.deepspeed "
@@ -242,6 +303,10 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
                  Phase("setup", LOCAL_OVERHEAD_H, "local")]
     else:
         steps = phases(p, choice.cloud, data, tokens, speed)
+    stage_rows = stage_plans(p, speed.tokens_per_s_per_gpu, choice.price_per_hour) if p.stages else []
+    if stage_rows:  # training = the stages' sum (each kind costs differently per record)
+        steps = [Phase("training", round(sum(r["hours"] for r in stage_rows), 4), "sum of the stages")
+                 if ph.name == "training" else ph for ph in steps]
     train_h = sum(ph.hours for ph in steps if ph.name == "training")
     total_h = sum(ph.hours for ph in steps)
     price = choice.price_per_hour
@@ -256,7 +321,7 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
         phases=[asdict(ph) for ph in steps], speed=speed.to_dict(), memory=memory_verdict(p),
         storage=[s.to_dict() for s in storage_for(p)],
         disk={"size_gb": p.cluster.disk_size, "needed_gb": disk_needed_gb(p)} if not p.cluster.is_local else {},
-        secrets={s: ("set" if os.environ.get(s) else "not set") for s in profile_secrets(p)},
+        secrets={s: ("set" if os.environ.get(s) else "not set") for s in profile_secrets(p)}, stages=stage_rows,
     )
     if alternative is not None:
         plan.alternative = {

@@ -307,6 +307,8 @@ def _row(run) -> dict:
     if st:
         row.update(step=st.step, max_steps=st.max_steps, loss=st.loss, eval_loss=st.eval_loss,
                    eta_s=st.eta_s, projected_cost_usd=st.projected_cost_usd)
+        if isinstance(st.extra.get("stage"), dict):  # a run with stages: which one trains (name, index, of)
+            row["stage"] = st.extra["stage"]
     return row
 
 

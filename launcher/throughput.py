@@ -42,7 +42,28 @@ TABLE = {
     ("A100-80GB", "lora"): 1090, ("A100-80GB", "qlora"): 760, ("A100-80GB", "full"): 550,
     ("A100-80GB-SXM", "lora"): 1150, ("A100-80GB-SXM", "qlora"): 800, ("A100-80GB-SXM", "full"): 580,
     ("L40S", "lora"): 760, ("L40S", "qlora"): 530, ("L40S", "full"): 385,
+    # runbook 003 (Qwen3-VL-2B on a Colab T4, fp16, LoRA r16, seq 2048, gradient checkpointing): SFT
+    # of 1,000 records in ~4 h = ~2.05M tokens / 14,400 s = 142 tok/s at 2B, i.e. 8.9 at the 32B
+    # reference. Far below the T4's fp16 peak: no flash-attention on Turing, eager image processing.
+    ("T4", "lora"): 8.9, ("T4", "qlora"): 8.9 * 0.7,
 }
+
+# Stage cost factors (launcher/plan.py, per record of each kind; runbook 003's table checks them):
+# DPO trains chosen + rejected (2 sequences) and runs the reference forward on both (~1/3 of a
+# forward+backward): 2 x 4/3 sequence-equivalents per pair. GRPO trains num_generations sequences
+# of prompt + completion per prompt, plus the reference forward (x 4/3), and first decodes the
+# completions: max_completion_length decode steps per prompt (the generations run as one batch).
+DPO_FACTOR = 2 * 4 / 3
+GRPO_TRAIN_FACTOR = 4 / 3
+# Decode steps/s of HF generate for a 2B model on a T4 (memory-bound, small batch, no vLLM): ~20;
+# other GPUs scale by compute peak, other models by size.
+DECODE_STEPS_PER_S_T4_2B = 20.0
+
+
+def decode_steps_per_s(accelerator: Optional[str], size_b: Optional[float]) -> float:
+    gpu = GPUS.get(accelerator or "")
+    rate = DECODE_STEPS_PER_S_T4_2B * (gpu.bf16_tflops / GPUS["T4"].bf16_tflops if gpu else 1.0)
+    return rate * (2.0 / size_b if size_b else 1.0)
 CPU_TINY_TOKENS_PER_S = 25000.0
 
 # Figures measured by `make gpu-check` (bench/gpu_check.py), preferred over TABLE. One entry per

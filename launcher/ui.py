@@ -101,6 +101,10 @@ def print_plan(p, plan) -> None:
     t.add_row("Duration", f"~{plan.train_hours:.2f} h training + {plan.overhead_hours:.2f} h other billed phases "
                           f"= ~{plan.total_hours:.2f} h")
     t.add_row("Phases", ", ".join(f"{ph['name']} {hours(ph['hours'])}" for ph in plan.phases))
+    for st in plan.stages:  # a profile with stages: time, cost and memory of each
+        mem = f", {st['memory']} ~{st['memory_gb']:g} GiB" if st.get("memory_gb") else ""
+        t.add_row(f"Stage {esc(st['name'])}", f"{st['kind']}: {st['records']:,} records, ~{hours(st['hours'])}, "
+                                              f"~{money(st['usd'])}{mem}")
     t.add_row("Cost", f"~{money(plan.total_usd)}  (budget cap {money(plan.budget_usd)} = "
                       f"{plan.budget_hours:.1f} h at this price)")
     if plan.alternative:
@@ -240,8 +244,13 @@ def _state(r: dict):
 
 def _step(r: dict) -> str:
     if r.get("step") is not None and r.get("max_steps"):
-        return f"{r['step']}/{r['max_steps']}"
-    return str(r["step"]) if r.get("step") is not None else "-"
+        step = f"{r['step']}/{r['max_steps']}"
+    else:
+        step = str(r["step"]) if r.get("step") is not None else "-"
+    stage = r.get("stage")
+    if isinstance(stage, dict) and stage.get("name"):  # a staged run: the stage and its place, then its step
+        step = f"{stage['name']} {stage.get('index')}/{stage.get('of')} {step}"
+    return step
 
 
 def print_status(rows: list[dict], as_json: bool = False, json_value=None) -> None:

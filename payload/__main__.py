@@ -29,7 +29,7 @@ LEASED = ("post", "merge", "export", "eval")  # `train` takes the lease itself (
 STAGES = {
     "preflight": "payload.preflight",
     "data": "payload.data",
-    "train": "payload.train",
+    "train": "payload.stages",  # one SFT run, or every stage of a run with `stages:`
     "eval": "payload.evaluate",
     "merge": "payload.merge",
     "export": "payload.export",

@@ -23,6 +23,7 @@ OUTPUTS_DIR = "outputs"
 ADAPTER_DIR = "outputs/adapter"  # best adapter (or final full weights for method: full)
 MERGED_DIR = "outputs/merged"
 MLX_DIR = "outputs/mlx"
+STAGE_ADAPTERS = "outputs/stages"  # <i>-<name>/adapter: every stage's adapter of a run with `stages:`
 SUMMARY = "outputs/training_summary.json"
 LOSS_PLOT = "outputs/loss.png"
 HIGH_LOSS = "outputs/high_loss_samples.jsonl"
@@ -53,6 +54,7 @@ ARTIFACTS = (
     Artifact("adapter", ADAPTER_DIR, directory=True),
     Artifact("merged", MERGED_DIR, directory=True, on_request=True),
     Artifact("mlx", MLX_DIR, directory=True),
+    Artifact("stages", STAGE_ADAPTERS, directory=True),
     Artifact("training_summary.json", SUMMARY),
     Artifact("metrics.jsonl", METRICS, grows=True),
     Artifact("loss.png", LOSS_PLOT),

@@ -179,6 +179,47 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
     return out
 
 
+def estimate_stage_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int,
+                             dims: Optional[ModelDims] = None) -> dict:
+    """`estimate_gpu_memory_gb` for one stage of a run with `stages:` (payload/stage_config.py); an SFT
+    stage or a config without stages is estimated as it is.
+
+    dpo   chosen and rejected run as one batch: activations (and the logit tiles) of 2 x B sequences.
+          The reference is the previous stage's adapter kept as a frozen second adapter on the same
+          base (TRL's `ref` adapter copy; peft), so no second model: + T x 4 B (fp32 LoRA copy); its
+          forward holds no activations for backward.
+    grpo  B counts completions (prompts x num_generations per device batch); each sequence is prompt
+          + completion, at most max_seq_length. Generation adds the KV cache of B sequences of that
+          length, 2 (K, V) x layers x kv_heads x head_dim x 2 B per token, and the completion logits
+          TRL scores for the log-probs, B x max_completion_length x V x 4 B (fp32). The reference
+          is the frozen adapter copy as for dpo (+ T x 4 B; beta 0 drops it).
+    """
+    stage = getattr(cfg, "stage", None)
+    if stage is None or stage.kind == "sft":
+        return estimate_gpu_memory_gb(cfg, gpu_mem_gb, num_gpus, dims)
+    dims = dims or dims_from_name(cfg.model.name_or_path)
+    if dims is None:
+        return {"known": False, "detail": f"unknown size of `{cfg.model.name_or_path}`"}
+    t = cfg.train
+    batch = t.per_device_batch_size * (2 if stage.kind == "dpo" else 1)
+    sized = cfg.model_copy(update={"train": t.model_copy(update={"per_device_batch_size": batch})})
+    est = estimate_gpu_memory_gb(sized, gpu_mem_gb, num_gpus, dims)
+    extra = {}
+    trainable = lora_trainable_params(cfg, dims) if t.method != "full" else 0
+    if stage.kind == "dpo" or stage.grpo.beta > 0:
+        extra["reference_adapter"] = trainable * 4
+    if stage.kind == "grpo":
+        g = stage.grpo
+        kv = 2 * dims.layers * dims.kv_heads * dims.head_dim * 2
+        extra["generation_kv_cache"] = t.per_device_batch_size * t.max_seq_length * kv
+        extra["completion_logits"] = t.per_device_batch_size * g.max_completion_length * dims.vocab * 4
+    comp = dict(est["components_gb"], **{k: round(v / GIB, 2) for k, v in extra.items()})
+    total = est["total_gb"] + sum(extra.values()) / GIB * 1.05
+    est.update(components_gb=comp, total_gb=round(total, 1), stage=stage.label, kind=stage.kind,
+               fraction=round(total / gpu_mem_gb, 3) if gpu_mem_gb else None)
+    return est
+
+
 AUTO_CHECKPOINTING_FRACTION = 0.85  # `auto` keeps activations only below this share of the GPU
 PARTIAL_EVERY_N = (4, 3, 2)  # `auto` tries checkpointing every 4th, 3rd, 2nd layer before every layer
 

@@ -83,10 +83,26 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+STAGE_METRICS = ("reward", "rewards/", "kl", "completions/mean_length", "logps/", "logits/")
+# Set by payload.stages while a stage trains: (stage dir, fn(fields) -> fields). A stage's status goes
+# to the run's one status.json, with `stage` (name, kind, index, of) added by fn.
+_STAGE_STATUS: dict = {}
+
+
+def status_of_stage(stage_dir: Optional[Path], run_dir: Optional[Path] = None, fn=None) -> None:
+    """Route status writes for `stage_dir` to `run_dir`'s status.json through `fn` (None: stop)."""
+    _STAGE_STATUS.clear()
+    if stage_dir is not None:
+        _STAGE_STATUS[str(stage_dir)] = (Path(run_dir), fn)
+
+
 def write_status(run_dir: Path, **fields) -> dict:
     """Merge `fields` into status.json (rank 0 only) and stamp `updated_at`."""
     if rank() != 0:
         return {}
+    routed = _STAGE_STATUS.get(str(run_dir))
+    if routed is not None:
+        run_dir, fields = routed[0], routed[1](fields)
     path = Path(run_dir) / layout.STATUS
     try:
         status = json.loads(path.read_text())
@@ -188,6 +204,9 @@ class ObserveCallback(Callback):
                         "grad_norm": logs.get("grad_norm"),
                         "real_token_fraction": _round(logs.get("real_token_fraction"), 4),
                         "tokens_per_s": self._tokens_per_s(logs.get("num_tokens"))})
+            # DPO / GRPO stages: rewards, margins, KL and completion lengths as TRL logs them
+            rec.update({k: _round(v, 6) for k, v in logs.items() if k.startswith(STAGE_METRICS)
+                        and isinstance(v, (int, float))})
         rec["cost_usd"] = round(self.tracker.usd(), 6)
         rec["elapsed_s"] = round(self.tracker.seconds(), 2)
         return rec

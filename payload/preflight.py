@@ -32,6 +32,7 @@ from payload.memory import (  # noqa: F401  (re-exported: preflight's public fac
     dims_from_config,
     dims_from_name,
     estimate_gpu_memory_gb,
+    estimate_stage_memory_gb,
     lora_trainable_params,
 )
 
@@ -257,7 +258,7 @@ def check_versions(cfg) -> Check:
 
 def check_gpu_memory(cfg, dims: Optional[ModelDims], env) -> tuple[Check, dict]:
     mem, n, source = gpu_info(env)
-    est = estimate_gpu_memory_gb(cfg, mem, n, dims=dims) if dims else {"known": False}
+    est = estimate_stage_memory_gb(cfg, mem, n, dims=dims) if dims else {"known": False}
     if not est.get("known"):
         return Check("gpu_memory", "warn", f"model size unknown for `{cfg.model.name_or_path}`: not estimated"), est
     comps = ", ".join(f"{k} {v:g}" for k, v in est["components_gb"].items())
@@ -284,6 +285,14 @@ def run_checks(cfg, env=None) -> tuple[list[Check], dict]:
         dims = None
         checks.append(Check("model_shape", "warn", f"could not read the model shape: {e}"))
     checks += [check_disk(cfg, dims, env), check_token(cfg, env), check_versions(cfg)]
+    if getattr(cfg, "stages", None):  # every stage must fit (DPO: pairs + reference, GRPO: generations)
+        from payload.stage_config import stage_run_config
+
+        for i, stage in enumerate(cfg.stages):
+            gpu_check, est = check_gpu_memory(stage_run_config(cfg, i), dims, env)
+            checks.append(Check(f"gpu_memory[{stage.label}]", gpu_check.status, gpu_check.detail))
+            estimate = est if i == 0 or est.get("total_gb", 0) > estimate.get("total_gb", 0) else estimate
+        return checks, estimate
     gpu_check, estimate = check_gpu_memory(cfg, dims, env)
     checks.append(gpu_check)
     return checks, estimate

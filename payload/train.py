@@ -34,6 +34,8 @@ from payload.errors import (
 from payload.money import CostCallback, CostTracker
 
 log = logging.getLogger("payload.train")
+STARTED_FROM = "started_from.json"  # in the stage's directory: the adapter it started from and its sha256
+
 
 @dataclass
 class Run:
@@ -59,10 +61,14 @@ class Run:
         return observe.rank() == 0
 
 
-def main(cfg) -> dict:
+def main(cfg, setup_fn=None) -> dict:
     """Train (or resume) the run described by `cfg`; returns the training summary. Every end is
-    recorded in status.json (state, exit_code, reason) before this returns or raises."""
+    recorded in status.json (state, exit_code, reason) before this returns or raises. `setup_fn`
+    builds the data, model and trainer instead of SFT's (payload/preference.py's for a DPO or GRPO stage); a run with `stages:` trains
+    through payload/stages.py, which calls this once per stage."""
     observe.setup_logging()
+    if getattr(cfg, "stages", None):
+        raise ValueError("a config with `stages:` trains through payload.stages.main (python -m payload train)")
     run = Run(cfg=cfg, run_dir=cfg.run_dir)
     if run.main:  # before anything is written: a live trainer elsewhere means exit 4, nothing touched
         run.lease = lease.acquire(run.run_dir, cfg.runtime.run_id)
@@ -70,7 +76,7 @@ def main(cfg) -> dict:
         done = already_trained(run)
         if done is not None:
             return done
-        setup(run)
+        setup(run, setup_fn)
         load_checkpoint(run)
         train(run)
         summary = save(run)
@@ -84,6 +90,25 @@ def main(cfg) -> dict:
     if run.state == "stopped":
         raise ck.TrainingInterrupted(run.reason)
     return summary
+
+
+def start_from_adapter(cfg, model):
+    """(PeftModel with the previous stage's adapter, trainable; None): nothing new is initialised."""
+    from peft import PeftModel
+
+    path = cfg.init_adapter
+    if not (path / "adapter_config.json").is_file():
+        raise PayloadError(f"stage {cfg.stage.label}: the previous stage's adapter is missing ({path}); "
+                           "rerun the run to train that stage again")
+    log.info("stage %s starts from %s", cfg.stage.label, path)
+    if observe.rank() == 0:  # what this stage started from, checkable against the previous stage's adapter
+        from payload.checksums import sha256_file
+        from payload.observe import atomic_write_json
+
+        weights = path / "adapter_model.safetensors"
+        atomic_write_json(cfg.run_dir / STARTED_FROM, {"adapter": str(path), "sha256": sha256_file(weights)
+                                                       if weights.is_file() else None})
+    return PeftModel.from_pretrained(model, str(path), is_trainable=True), None
 
 
 def record_failure(run: Run, exc: BaseException) -> None:
@@ -116,8 +141,9 @@ def already_trained(run: Run) -> Optional[dict]:
     return None
 
 
-def setup(run: Run) -> None:
-    """Directories, signals, cost, data, tokenizer, model and the trainer."""
+def setup(run: Run, build=None) -> None:
+    """Directories, signals, cost, data, tokenizer, model and the trainer (`build(run)` makes the last
+    four for a DPO or GRPO stage)."""
     cfg, rd = run.cfg, run.run_dir
     _set_env(cfg)
     observe.quiet_libraries()
@@ -132,6 +158,8 @@ def setup(run: Run) -> None:
     modeling.check_deepspeed_available(cfg)
     if cfg.train.method == "qlora":
         modeling.quantization_config(cfg.train.quantization)  # fail fast, before any download
+    if build is not None:
+        return build(run)
     dtype = modeling.resolve_dtype(cfg.model)
     # The TrainingArguments set up the process group (torchrun), so they come first; without
     # validation data they are rebuilt with evaluation off (dataclasses.replace re-validates).
@@ -140,9 +168,11 @@ def setup(run: Run) -> None:
         path = modeling.base_model_path(cfg)
         processing = modeling.load_processing_class(path, cfg.model.kind, cfg.model.trust_remote_code,
                                                     cfg.model.revision)
-        train_records, run.val_records = trainset.ensure_data(cfg, _tokenizer_of(processing))
+        train_records, run.val_records = trainset.ensure_data(cfg, tokenizer_of(processing))
     model, run.attn = modeling.load_model(cfg, path, dtype)
     model, peft_config = modeling.prepare_for_method(cfg, model)
+    if getattr(cfg, "init_adapter", None) is not None:  # a later stage: train on from the previous adapter
+        model, peft_config = start_from_adapter(cfg, model)
     vl = cfg.model.kind == "image_text_to_text"
     train_ds = trainset.build_dataset(train_records, vl, "train.jsonl")
     eval_ds = trainset.build_dataset(run.val_records, vl, "val.jsonl") if run.val_records else None
@@ -154,7 +184,7 @@ def setup(run: Run) -> None:
                                 has_eval=eval_ds is not None, lease=run.lease)
     run.trainer = trainer_class()(
         model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=processing,
-        peft_config=peft_config, callbacks=_callbacks(run, eval_ds is not None),
+        peft_config=peft_config, callbacks=trainer_callbacks(run, eval_ds is not None),
     )
     run.trainer.launch_run = run
     observe.quiet_trainer(run.trainer)
@@ -174,11 +204,11 @@ def _set_env(cfg) -> None:
             raise PayloadError(f"train.report_to lists `{name}` but the {pkg} package is not installed")
 
 
-def _tokenizer_of(processing):
+def tokenizer_of(processing):
     return getattr(processing, "tokenizer", processing)
 
 
-def _callbacks(run: Run, has_eval: bool) -> list:
+def trainer_callbacks(run: Run, has_eval: bool) -> list:
     cbs = [run.control, ResumeLossState(run), CostCallback(run.tracker),
            observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
     cfg = run.cfg
@@ -293,7 +323,7 @@ class LaunchTrainerMixin:
     launch_run: Optional[Run] = None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if model.training:
+        if model.training and "input_ids" in inputs:  # DPO/GRPO batches have other keys
             import torch
 
             ids = inputs["input_ids"]

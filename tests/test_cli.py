@@ -51,14 +51,14 @@ def test_unknown_profile_is_one_line_with_suggestion():
 def test_render_check_is_clean():
     r = invoke("render", "--check")
     assert r.exit_code == 0, r.output
-    assert "sky/ is up to date (10 files)" in r.output  # 5 profiles x (task + config)
+    assert "sky/ is up to date (12 files)" in r.output  # 6 profiles x (task + config)
 
 
 def test_profiles_lists_all_four():
     r = invoke("profiles", "--json")
     rows = json.loads(r.output)
     assert [x["profile"] for x in rows] == ["local-demo", "lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100",
-                                           "well-log-ocr-spot"]
+                                           "spatial-vl-t4", "well-log-ocr-spot"]
     assert all(x["error"] is None and x["est_usd"] > 0 for x in rows if x["profile"] != "local-demo")
 
 

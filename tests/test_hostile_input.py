@@ -196,7 +196,8 @@ def test_rendering_hostile_values_adds_no_keys(tmp_path):
 
     config_path = tmp_path / "sonia-h100.yaml"
     config_path.write_text(config_text)
-    assert yaml.safe_load(config_text) == json.loads(resolved_run_config(p, 5.38).model_dump_json())
+    # (a config without stages is written without the empty `stages:` key, as before stages existed)
+    assert yaml.safe_load(config_text) == json.loads(resolved_run_config(p, 5.38).model_dump_json(exclude={"stages"}))
     back = load_run_config(config_path, env={})
     assert back.description == EVIL and back.model.name_or_path == EVIL
     assert back.data.system_prompts["sonia"] == EVIL and back.data.sources[0].path == f"data/{EVIL}.jsonl"

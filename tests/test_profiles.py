@@ -11,7 +11,7 @@ from launcher.catalog import plan_price
 from launcher.render import CONTROLLER_AUTOSTOP, render_all, render_profile, render_text, stale
 
 REPO = Path(__file__).resolve().parent.parent
-PROFILES = ["local-demo", "lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100"]
+PROFILES = ["local-demo", "lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100", "spatial-vl-t4"]
 
 
 def test_the_four_profiles_are_shipped():
@@ -134,7 +134,8 @@ def test_skypilot_parses_and_validates_every_rendered_task(name):
     assert not {"HF_TOKEN", "WANDB_API_KEY"} & set(raw["envs"])
     if p.cluster.use_spot:
         assert raw["resources"]["job_recovery"]["strategy"] == "EAGER_NEXT_REGION"
-        assert raw["volumes"] == {"/workspace": "lovecraft-workspace"}
+        if p.cluster.volume:  # spatial-vl-t4 keeps its checkpoints in a bucket instead
+            assert raw["volumes"] == {p.cluster.volume.mount: p.cluster.volume.name}
     assert "source payload/gpu_env.sh" in task.setup and "source payload/gpu_env.sh" in task.run
     # The GPU environment lives on the volume ($LAUNCH_VOLUME/.envs), but never in a FUSE bucket.
     assert raw["envs"].get("LAUNCH_ENV_ROOT") == ("~/.cache/launch/envs" if p.cluster.bucket else None)

@@ -147,8 +147,12 @@ class _Run:
             try:
                 if isinstance(raw, RecordError):
                     raise raw
-                msgs = apply_transforms(canonicalize(raw, fmt, images, c.instruction), strip, prompt)
+                msgs = canonicalize(raw, fmt, images, c.instruction)
+                extra = rejected_tail(msgs) if fmt == "preference" else b""
+                msgs = apply_transforms(msgs, strip, prompt)
                 body, digest = encode_messages(msgs)
+                if extra:  # the same prompt and chosen reply with another rejected one is another pair
+                    digest = hashlib.blake2b(digest + extra, digest_size=16).digest()
                 if seen is not None:
                     if digest in seen:
                         self._duplicate(st, f"{label}:{loc}")
@@ -163,7 +167,7 @@ class _Run:
                 self._drop(st, f"{label}:{loc}", e)
                 continue
             name = split(digest)
-            write[name](record_line(body, tail))
+            write[name](record_line(body, extra + tail if extra else tail))
             splits[name] += 1
         self._finish(st)
 
@@ -239,6 +243,12 @@ class _Run:
             "sources": {s.name: s.as_dict() for s in self.per_source},
             "token_lengths": percentiles(self.lengths),
         }
+
+
+def rejected_tail(msgs: list[dict]) -> bytes:
+    """Take the `rejected` turn off a preference record; its bytes as the line's `"rejected"` key."""
+    last = msgs.pop()
+    return b', "rejected": ' + json.dumps(last["content"], ensure_ascii=False).encode("utf-8")
 
 
 def log_summary(stats: dict, out: Path, seconds: float, log: Callable[[str], None]) -> None:

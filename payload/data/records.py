@@ -42,7 +42,10 @@ REQUIRED_COLUMNS = {
     "alpaca": ({"instruction", "output"},),
     "prompt_response": ({"question", "response"},),
     "image_text": ({"image", "text"},),
+    "preference": ({"chosen", "rejected"}, {"text"}),
+    "prompt_answer": ({"prompt", "answer"}, {"question", "answer"}),
 }
+REJECTED = "rejected"  # role of the extra last turn `canonicalize` returns for preference records
 
 
 def detect_format(obj: dict) -> str:
@@ -72,6 +75,8 @@ def canonicalize(obj: Any, fmt: str, images: ImageContext, instruction: str = ""
         msgs = from_alpaca(obj)
     elif fmt == "image_text":
         msgs = from_image_text(obj, images, instruction)
+    elif fmt in ("preference", "prompt_answer"):
+        return from_prompt_record(obj, fmt, images)
     else:
         msgs = from_prompt_response(obj)
     for m in msgs:
@@ -95,7 +100,9 @@ def _text(obj: dict, key: str, fmt: str, required: bool) -> str:
 
 def _need(fmt: str) -> str:
     return {"alpaca": "'instruction' and 'output'", "prompt_response": "'question' and 'response'",
-            "image_text": "'image' and 'text'"}[fmt]
+            "image_text": "'image' and 'text'",
+            "preference": "'prompt' (or 'question'), 'chosen' and 'rejected'",
+            "prompt_answer": "'prompt' (or 'question') and 'answer'"}[fmt]
 
 
 def from_alpaca(obj: dict) -> list[dict]:
@@ -131,6 +138,38 @@ def from_prompt_response(obj: dict) -> list[dict]:
         {"role": "user", "content": question},
         {"role": "assistant", "content": response},
     ]
+
+
+def from_prompt_record(obj: dict, fmt: str, images: ImageContext) -> list[dict]:
+    """A preference record (DPO) or a prompt with its answer (GRPO) as chat turns: the user turn (the
+    record's images first, then the prompt), the chosen reply / the answer as the assistant turn,
+    and for preferences the rejected reply as a last turn of role `rejected` (the pipeline moves it
+    to the record's `rejected` key). RLHF-V keeps question/chosen/rejected as JSON in `text`."""
+    if fmt == "preference" and "chosen" not in obj and isinstance(obj.get("text"), str):
+        try:
+            inner = json.loads(obj["text"])
+        except ValueError:
+            raise RecordError("wrong type", "'text' is not JSON with question/chosen/rejected (RLHF-V)") from None
+        if not isinstance(inner, dict):
+            raise RecordError("wrong type", f"'text' holds {tname(inner)}, expected an object (RLHF-V)")
+        obj = {**obj, **inner}
+    key = "prompt" if "prompt" in obj else "question"
+    prompt = _text(obj, key, fmt, True)
+    pool = _image_pool(obj)
+    parts = [{"type": "image", "image": resolve_image(ref, f"images[{i}]", images)} for i, ref in enumerate(pool)]
+    user = parts + [{"type": "text", "text": prompt}] if parts else prompt
+    msgs = [{"role": "system", "content": _text(obj, "system", fmt, False)}, {"role": "user", "content": user}]
+    if fmt == "prompt_answer":
+        answer = obj.get("answer")
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)
+        if not isinstance(answer, str) or not answer.strip():
+            raise RecordError("missing key", "no non-empty 'answer'; prompt_answer records need 'prompt' and 'answer'")
+        return msgs + [{"role": "assistant", "content": answer}]
+    chosen, rejected = _text(obj, "chosen", fmt, True), _text(obj, "rejected", fmt, True)
+    if not chosen.strip() or not rejected.strip():
+        raise RecordError("no assistant turn", "a preference record needs non-empty 'chosen' and 'rejected'")
+    return msgs + [{"role": "assistant", "content": chosen}, {"role": REJECTED, "content": rejected}]
 
 
 def from_messages(obj: dict, images: ImageContext) -> list[dict]:
@@ -238,6 +277,7 @@ def is_empty(content: Any) -> bool:
 
 def first_required(fmt: str) -> Optional[tuple]:
     """The column sets a format needs (for file-level header checks)."""
-    if fmt == "auto":  # image_text is never guessed: OCR sets say `format: image_text`
-        return tuple(s for f, sets in REQUIRED_COLUMNS.items() if f != "image_text" for s in sets)
+    if fmt == "auto":  # image_text, preference and prompt_answer are never guessed: their sets say so
+        return tuple(s for f, sets in REQUIRED_COLUMNS.items()
+                     if f not in ("image_text", "preference", "prompt_answer") for s in sets)
     return REQUIRED_COLUMNS[fmt]
