@@ -378,7 +378,10 @@ def plan_any_of(p: Profile, compare_layouts: bool = True) -> Plan:
             rows.append({"accelerators": spec, "cloud": c.cloud, "instance_type": c.instance_type,
                          "region": c.region, "price_per_hour": c.price_per_hour})
         except PlanError as e:
-            rows.append({"accelerators": spec, "error": str(e).split(": ")[-1], "price_per_hour": None})
+            # the option is named in its own row: say where it was not found, not SkyPilot's request repr
+            where = f"{p.cluster.infra} in the catalog snapshot" if p.cluster.infra else "the catalog snapshot"
+            rows.append({"accelerators": spec, "error": f"no instance on {where}", "detail": str(e),
+                         "price_per_hour": None})
     chosen = optimize(p).accelerators  # the any_of task as SkyPilot sees it; PlanError when none fits
     plan = plan_profile(with_accelerator(p, chosen), compare_layouts)
     rows.sort(key=lambda r: (r["price_per_hour"] is None, r["price_per_hour"] or 0.0))
