@@ -224,6 +224,24 @@ def test_contract_up_fetch_verify_down(kind, tmp_path, template, sshd, monkeypat
     assert all((template / rel).exists() for rel in NOT_ARTIFACTS)  # there, and never fetched
 
 
+@pytest.mark.parametrize("kind", ["local", "ssh", "skypilot-cluster"])
+def test_contract_exec_runs_in_the_run_dir_and_exits_with_the_commands_code(kind, tmp_path, template, sshd,
+                                                                            monkeypatch, capfd):
+    """`launch exec RUN -- CMD` on the run's machine, for real on every backend that has one (SkyPilot:
+    `ssh CLUSTER` through its generated ssh config, here pointing at the real sshd): the command runs in
+    the run's directory with LAUNCH_RUN_DIR set, and its exit code is launch's."""
+    run, _ = start(kind, tmp_path, template, sshd, monkeypatch)
+    registry.save(run)
+    r = CliRunner().invoke(cli, ["exec", run.id, "--", 'pwd > exec_marker; echo "$LAUNCH_RUN_DIR" >> exec_marker; '
+                                 "test -f status.json -a -d outputs || exit 9; exit 7"])
+    assert r.exit_code == 7, (r.output, capfd.readouterr())
+    markers = list(tmp_path.rglob("exec_marker"))
+    assert len(markers) == 1, markers
+    cwd, env_dir = markers[0].read_text().split()
+    assert Path(cwd).resolve() == Path(env_dir).resolve() == markers[0].parent.resolve()
+    assert markers[0].parent.name == run.id
+
+
 # ------------------------------------------------------------------- what the contract refuses
 
 
