@@ -185,6 +185,7 @@ def finalize_checkpoint(path: Path, config_yaml: str, info: dict, base_model: Op
     prepare_checkpoint(path, config_yaml, base_model)
     files = digest_checkpoint(path)
     write_marker(path, {**info, "files": files})
+    write_index(Path(path).parent)
     return files
 
 
@@ -215,7 +216,28 @@ def apply_retention(root: Path, keep_best: int, keep_recent: int, key: str = "ev
     for p in removed:
         remove_checkpoint(p)
         log.info("retention: removed %s", p.name)
+    write_index(root)
     return removed
+
+
+def write_index(root: Path) -> Optional[Path]:
+    """Rewrite the run's checkpoint index (`outputs/checkpoints.json`: step, eval loss, generation
+    metrics, bytes, complete) atomically, so `launch checkpoints RUN` can read it while the run
+    trains. Called after every save (the Trainer's save is followed by retention) and at retention;
+    `payload manifest` writes the same rows at the end. Only for a run's own `checkpoints/` dir."""
+    root = Path(root)
+    if root.name != layout.CHECKPOINTS_DIR:
+        return None
+    from payload.manifest import checkpoint_listing  # manifest imports this module
+    from payload.observe import atomic_write_json
+
+    target = root.parent / layout.CHECKPOINT_LISTING
+    try:
+        atomic_write_json(target, checkpoint_listing(root.parent))
+    except OSError as e:  # the index is a convenience: never stop training for it
+        log.warning("could not write the checkpoint index %s: %s", target, e.strerror or e)
+        return None
+    return target
 
 
 def best_checkpoint(root: Path, key: str = "eval_loss", greater: bool = False) -> Optional[Path]:

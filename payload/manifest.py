@@ -51,7 +51,9 @@ def regular_files(root: Path, rel: str) -> dict[str, Path]:
 
 def checkpoint_row(step: int, name: str, size: int, complete: bool, marker: dict) -> dict:
     """One row of checkpoints.json (the launcher builds the same rows for a run without a MANIFEST)."""
-    return {"step": step, "name": name, "bytes": size, "complete": complete,
+    metrics = {k: v for k, v in marker.items() if k.startswith("eval_") and k != "eval_loss"
+               and isinstance(v, (int, float))}  # generation metrics: eval_cer, eval_wer, eval_exact_match
+    return {"step": step, "name": name, "bytes": size, "complete": complete, **metrics,
             "eval_loss": marker.get("eval_loss"), "loss": marker.get("loss"), "saved_at": marker.get("saved_at")}
 
 
