@@ -486,11 +486,10 @@ def _hub_check(key, name, kind, repo, outcome, value, token) -> Check:
 def check_wandb_key(cfg, env, sleep=None) -> list[Check]:
     """WANDB_API_KEY valid, when the profile reports to W&B and a key is set (wandb.Api verifies
     the key with the server when it is built; nothing is written to disk)."""
-    from payload import tracking
-
     key = env.get("WANDB_API_KEY")
     mode = str(env.get("WANDB_MODE") or "").lower()
-    if not tracking.wanted(cfg) or not key or mode in ("offline", "dryrun", "disabled"):
+    wanted = cfg.wandb is not None or "wandb" in cfg.train.report_to  # as payload/tracking.wanted (no import: cycle)
+    if not wanted or not key or mode in ("offline", "dryrun", "disabled"):
         return []
 
     def verify():
