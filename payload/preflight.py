@@ -100,7 +100,7 @@ def check_data(cfg) -> list[Check]:
         if src.hf_dataset:
             bad = _repo_id_problem(src.hf_dataset)
             out.append(Check(name, "fail", f"hf_dataset `{src.hf_dataset}`: {bad}") if bad else
-                       Check(name, "ok", f"hub dataset `{src.hf_dataset}` (syntax only; not checked offline)"))
+                       Check(name, "ok", f"hub dataset `{src.hf_dataset}` (syntax; reachability: the hub check below)"))
         else:
             out.append(_check_local_file(name, Path(src.path)))
         if src.image_root and not Path(src.image_root).is_dir():
@@ -148,7 +148,7 @@ def check_model(cfg) -> Check:
     bad = _repo_id_problem(m.name_or_path)
     if bad:
         return Check("model", "fail", f"model.name_or_path `{m.name_or_path}`: {bad}")
-    return Check("model", "ok", f"hub model `{m.name_or_path}` (syntax only; not checked offline)")
+    return Check("model", "ok", f"hub model `{m.name_or_path}` (syntax; reachability: the hub check below)")
 
 
 def check_writable(cfg, env) -> list[Check]:
@@ -462,14 +462,14 @@ def check_hub(cfg, env, sleep=None) -> list[Check]:
             key = f"data.sources.{i}.hf_dataset"
             outcome, v = ask(f"Hub dataset {src.hf_dataset}", lambda r=src.hf_dataset: api.dataset_info(
                 r, token=token, timeout=REMOTE_TIMEOUT_S), _hub_definite, sleep)
-            out.append(_hub_check(key, f"data[{src.name}]", "dataset", src.hf_dataset, outcome, v, token))
+            out.append(_hub_check(key, f"hub[{src.name}]", "dataset", src.hf_dataset, outcome, v, token))
     m = cfg.model
     local = Path(m.name_or_path).expanduser()
     if m.tiny is None and not local.exists() and not m.name_or_path.startswith(("/", ".", "~")) \
             and not _repo_id_problem(m.name_or_path):
         outcome, v = ask(f"Hub model {m.name_or_path}", lambda: api.model_info(
             m.name_or_path, revision=m.revision, token=token, timeout=REMOTE_TIMEOUT_S), _hub_definite, sleep)
-        out.append(_hub_check("model.name_or_path", "model_hub", "model", m.name_or_path, outcome, v, token))
+        out.append(_hub_check("model.name_or_path", "hub_model", "model", m.name_or_path, outcome, v, token))
     return out
 
 

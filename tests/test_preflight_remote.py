@@ -99,9 +99,9 @@ def test_found_everywhere_is_ok_and_tokens_go_to_the_services_only(tmp_path, mon
     hub = Hub(monkeypatch, {DATASET: ["info"], MODEL: ["info"]})
     env = {"HF_TOKEN": HF, "WANDB_API_KEY": WB}
     checks = by_name(preflight.check_remote(ocr_cfg(tmp_path), env, sleep=no_sleep([])))
-    assert checks["data[well-log-headers]"].status == "ok"
-    assert checks["data[well-log-headers]"].detail == f"hub dataset `{DATASET}` reachable (data.sources.0.hf_dataset)"
-    assert checks["model_hub"].detail == f"hub model `{MODEL}` reachable (model.name_or_path)"
+    assert checks["hub[well-log-headers]"].status == "ok"
+    assert checks["hub[well-log-headers]"].detail == f"hub dataset `{DATASET}` reachable (data.sources.0.hf_dataset)"
+    assert checks["hub_model"].detail == f"hub model `{MODEL}` reachable (model.name_or_path)"
     assert checks["wandb"].status == "ok" and "value not shown" in checks["wandb"].detail
     assert hub.calls == [("dataset_info", DATASET, HF), ("model_info", MODEL, HF)]
     assert fake_wandb.keys == [WB]
@@ -115,7 +115,7 @@ def test_not_found_gated_and_401_are_fails_naming_the_key(tmp_path, monkeypatch,
                       MODEL: [GatedRepoError("403 gated", response=response(403))]})
     fake_wandb.answers = [AuthenticationError(f"Failed to verify credentials: 401 invalid API key {WB}")]
     checks = by_name(preflight.check_remote(ocr_cfg(tmp_path), {"WANDB_API_KEY": WB}, sleep=no_sleep(waits)))
-    data, model, wb = checks["data[well-log-headers]"], checks["model_hub"], checks["wandb"]
+    data, model, wb = checks["hub[well-log-headers]"], checks["hub_model"], checks["wandb"]
     assert (data.status, model.status, wb.status) == ("fail", "fail", "fail")
     assert data.detail.startswith(f"data.sources.0.hf_dataset: dataset `{DATASET}` not found on the Hub or private")
     assert "fix `data.sources.0.hf_dataset`" in data.detail
@@ -130,8 +130,8 @@ def test_a_rejected_hf_token_names_hf_token(tmp_path, monkeypatch):
                       MODEL: ["info"]})
     checks = by_name(preflight.check_remote(ocr_cfg(tmp_path, wandb_section=False), {"HF_TOKEN": HF},
                                             sleep=no_sleep([])))
-    assert checks["data[well-log-headers]"].status == "fail"
-    assert checks["data[well-log-headers]"].detail.startswith("HF_TOKEN: the Hub rejected HF_TOKEN (401)")
+    assert checks["hub[well-log-headers]"].status == "fail"
+    assert checks["hub[well-log-headers]"].detail.startswith("HF_TOKEN: the Hub rejected HF_TOKEN (401)")
     assert "wandb" not in checks  # no W&B key: nothing to check
 
 
@@ -156,8 +156,8 @@ def test_no_answer_after_the_retries_is_a_warning_and_the_stage_goes_on(tmp_path
     fake_wandb.answers = [AuthenticationError("An error occurred while verifying credentials: timed out")]
     checks = by_name(preflight.check_remote(ocr_cfg(tmp_path), {"WANDB_API_KEY": WB}, sleep=no_sleep(waits)))
     assert {c.status for c in checks.values()} == {"warn"}
-    assert "no answer after retries (ConnectTimeout: timed out)" in checks["data[well-log-headers]"].detail
-    assert "volume's HF cache" in checks["model_hub"].detail
+    assert "no answer after retries (ConnectTimeout: timed out)" in checks["hub[well-log-headers]"].detail
+    assert "volume's HF cache" in checks["hub_model"].detail
     assert len(waits) == 6 and len(fake_wandb.keys) == 3
 
 
@@ -173,7 +173,7 @@ def test_local_tiny_offline_and_prepared_runs_make_no_call(tmp_path, monkeypatch
     (cfg.run_dir / "data").mkdir(parents=True)
     (cfg.run_dir / "data" / ".complete").write_text("")
     checks = preflight.check_remote(cfg, {"WANDB_MODE": "offline", "WANDB_API_KEY": WB})
-    assert [c.name for c in checks] == ["model_hub"]  # data on the volume; W&B offline
+    assert [c.name for c in checks] == ["hub_model"]  # data on the volume; W&B offline
     assert hub.calls == [("model_info", MODEL, None)] and fake_wandb.keys == []
 
 
