@@ -2,8 +2,10 @@
 
 - checkpoints: one row per checkpoint (step, eval loss, generation metric, size, verified or not).
   A run of the local backend is read in place (each checkpoint's files checked against its COMPLETE
-  marker, payload/verify.py); any other run from its fetched `checkpoints.json` (written on the
-  machine by `payload manifest`, fetched by `launch down --fetch-artifacts`).
+  marker, payload/verify.py); any other run from the checkpoint index the payload rewrites at
+  every save (`outputs/checkpoints.json`), read on its machine the way `launch status` reads
+  status.json (ssh: the stored connection; SkyPilot: ssh to the cluster while up, else the volume),
+  else from the fetched `checkpoints.json` (`launch down --fetch-artifacts`).
 - eval: `payload eval` on this machine, with the fetched adapter and the run's resolved config; the
   split is rebuilt by the data stage (hub datasets need network), scores land beside the artifacts.
 - chat: base model + fetched adapter on CPU (payload/infer.py, the same generation as eval).
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 import click
+
+from payload import layout
 
 DEST_HELP = "Where `launch down --fetch-artifacts` put the run's artifacts."
 
@@ -49,15 +53,43 @@ def checkpoint_rows(run, dest: Path) -> tuple[list[dict], str]:
             problems = verify.verify_checkpoint(path) if row["complete"] else ["incomplete"]
             rows.append({**row, **_metrics(marker), "verified": not problems})
         return rows, str(ck.checkpoints_dir(rd))
+    live, why = _live_index(run)
     listing = Path(dest) / run.id / "checkpoints.json"
-    if not listing.is_file():
+    if live is not None:
+        rows, source = live, f"the run's {layout.CHECKPOINT_LISTING} on its {run.backend} machine (live)"
+    elif listing.is_file():
+        rows, source = _rows(listing.read_text()), str(listing)
+    else:
         from .backends import BackendError
 
-        raise BackendError(f"no checkpoint listing for {run.id} here ({listing}): fetch it with "
-                           f"`launch down {run.id} --fetch-artifacts` (or give --dest)")
-    rows = json.loads(listing.read_text())
+        raise BackendError(f"no checkpoint listing for {run.id}: {why or 'the run has none yet'}, and none "
+                           f"fetched here ({listing}); fetch it with `launch down {run.id} --fetch-artifacts` "
+                           "(or give --dest)")
     # The machine wrote the listing after checking each checkpoint against its marker (complete = verified there).
-    return [{**r, "verified": bool(r.get("complete"))} for r in rows if isinstance(r, dict)], str(listing)
+    return [{**r, "verified": bool(r.get("complete"))} for r in rows if isinstance(r, dict)], source
+
+
+def _rows(text: Optional[str]) -> Optional[list]:
+    try:
+        rows = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return rows if isinstance(rows, list) else None
+
+
+def _live_index(run) -> tuple[Optional[list], Optional[str]]:
+    """(rows, None) from the checkpoint index the payload rewrites at every save
+    (payload/checkpoints.write_index), read where the run is by its backend (as `launch status`
+    reads status.json); (None, why not) when it cannot be had there."""
+    from .backends import BackendError
+    from .runs import backend_for
+
+    try:
+        text = backend_for(run).read_run_file(run, layout.CHECKPOINT_LISTING)
+    except BackendError as e:
+        return None, f"its machine could not be read ({e})"
+    rows = _rows(text)
+    return (rows, None) if rows is not None else (None, "its machine has no checkpoint index (or is gone)")
 
 
 def _metrics(marker: dict) -> dict:
@@ -145,12 +177,13 @@ def eval_(run_id, split, dest, as_json):
 
     Example: launch eval well-log-ocr-spot-20261123-101500 --split test
     """
-    from payload import evaluate
+    from payload import evaluate, observe
 
     from .ui import console, literal
 
     run = _run(run_id)
     cfg, adapter, out = local_config(run, Path(dest))
+    observe.setup_logging(to="stderr")  # the payload's progress lines: never into --json on stdout
     with console().status(f"evaluating {run.id} on {split or 'the final split'}..."):
         result = evaluate.main(cfg, split, str(adapter), out_dir=out)
     if as_json:
@@ -172,12 +205,13 @@ def chat(run_id, prompt, image, max_new_tokens, dest):
 
     Example: launch chat well-log-ocr-spot-20261123-101500 --prompt "Hello" --image header.png
     """
-    from payload import infer
+    from payload import infer, observe
 
     from .ui import console
 
     run = _run(run_id)
     cfg, adapter, _ = local_config(run, Path(dest))
+    observe.setup_logging(to="stderr")  # stdout carries the replies only
     with console().status(f"loading {cfg.model.name_or_path} + {adapter}..."):
         model, processing = infer.load(cfg, adapter)
     prompts = [prompt] if prompt is not None else None

@@ -185,6 +185,7 @@ def finalize_checkpoint(path: Path, config_yaml: str, info: dict, base_model: Op
     prepare_checkpoint(path, config_yaml, base_model)
     files = digest_checkpoint(path)
     write_marker(path, {**info, "files": files})
+    write_index(Path(path).parent)
     return files
 
 
@@ -215,7 +216,60 @@ def apply_retention(root: Path, keep_best: int, keep_recent: int, key: str = "ev
     for p in removed:
         remove_checkpoint(p)
         log.info("retention: removed %s", p.name)
+    write_index(root)
     return removed
+
+
+# ------------------------------------------------------------------------------ checkpoint index
+
+
+def checkpoint_row(step: int, name: str, size: int, complete: bool, marker: dict) -> dict:
+    """One row of checkpoints.json (the launcher builds the same rows for a run without a MANIFEST)."""
+    metrics = {k: v for k, v in marker.items() if k.startswith("eval_") and k != "eval_loss"
+               and isinstance(v, (int, float))}  # generation metrics: eval_cer, eval_wer, eval_exact_match
+    return {"step": step, "name": name, "bytes": size, "complete": complete, **metrics,
+            "eval_loss": marker.get("eval_loss"), "loss": marker.get("loss"), "saved_at": marker.get("saved_at")}
+
+
+def _tree_bytes(top: Path) -> int:
+    """Bytes of the regular files under `top`, never through a symlink (as payload/manifest.py lists)."""
+    total = 0
+    for dirpath, _, names in os.walk(top, followlinks=False):
+        for name in names:
+            p = Path(dirpath) / name
+            try:
+                if not p.is_symlink() and p.is_file():
+                    total += p.stat().st_size
+            except OSError:  # removed meanwhile (retention, a cut-off save)
+                pass
+    return total
+
+
+def checkpoint_listing(run_dir: Path) -> list[dict]:
+    """One row per `checkpoints/checkpoint-N`: step, bytes, complete, and the marker's eval/train loss."""
+    return [checkpoint_row(step, path.name, _tree_bytes(path), complete, read_marker(path) if complete else {})
+            for step, path, complete in list_checkpoints(checkpoints_dir(run_dir))]
+
+
+def write_index(root: Path) -> Optional[Path]:
+    """Rewrite the run's checkpoint index (`outputs/checkpoints.json`: step, eval loss, generation
+    metrics, bytes, complete) atomically, so `launch checkpoints RUN` can read it while the run
+    trains. Called after every save (the Trainer's save is followed by retention) and at retention;
+    `payload manifest` writes the same rows at the end. Only for a run's own `checkpoints/` dir."""
+    root = Path(root)
+    if root.name != layout.CHECKPOINTS_DIR:
+        return None
+    target = root.parent / layout.CHECKPOINT_LISTING
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(checkpoint_listing(root.parent), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as e:  # the index is a convenience: never stop training for it
+        log.warning("could not write the checkpoint index %s: %s", target, e.strerror or e)
+        tmp.unlink(missing_ok=True)
+        return None
+    return target
 
 
 def best_checkpoint(root: Path, key: str = "eval_loss", greater: bool = False) -> Optional[Path]:

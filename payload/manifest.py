@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-from payload import checkpoints as ck
+from payload.checkpoints import checkpoint_listing, checkpoint_row  # noqa: F401  (their home; used from here)
 from payload import layout
 from payload.checksums import file_digest
 from payload.observe import atomic_write_json, now_iso
@@ -47,21 +47,6 @@ def regular_files(root: Path, rel: str) -> dict[str, Path]:
             if not p.is_symlink() and p.is_file():
                 found[p.relative_to(root).as_posix()] = p
     return dict(sorted(found.items()))
-
-
-def checkpoint_row(step: int, name: str, size: int, complete: bool, marker: dict) -> dict:
-    """One row of checkpoints.json (the launcher builds the same rows for a run without a MANIFEST)."""
-    return {"step": step, "name": name, "bytes": size, "complete": complete,
-            "eval_loss": marker.get("eval_loss"), "loss": marker.get("loss"), "saved_at": marker.get("saved_at")}
-
-
-def checkpoint_listing(run_dir: Path) -> list[dict]:
-    """One row per `checkpoints/checkpoint-N`: step, bytes, complete, and the marker's eval/train loss."""
-    rows = []
-    for step, path, complete in ck.list_checkpoints(ck.checkpoints_dir(run_dir)):
-        size = sum(p.stat().st_size for p in regular_files(path, ".").values())
-        rows.append(checkpoint_row(step, path.name, size, complete, ck.read_marker(path) if complete else {}))
-    return rows
 
 
 def required_artifacts(cfg, state: Optional[str]) -> list[str]:

@@ -36,13 +36,33 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def setup_logging() -> None:
-    """`payload.*` loggers to stdout, one line per record, rank-prefixed on ranks > 0."""
+class CurrentStream(logging.StreamHandler):
+    """Writes to whatever `sys.stdout` (or `sys.stderr`) is when a record is emitted: a handler set up
+    once never keeps a stream that was replaced and closed since (the launcher's in-process `eval`,
+    tests)."""
+
+    def __init__(self, name: str = "stdout"):
+        self.to = name
+        super().__init__()
+
+    @property
+    def stream(self):
+        return getattr(sys, self.to)
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler assigns one; the current one is looked up instead
+        pass
+
+
+def setup_logging(to: Optional[str] = None) -> None:
+    """`payload.*` loggers to stdout (`to="stderr"`: the launcher, whose stdout may carry --json), one
+    line per record, rank-prefixed on ranks > 0."""
     logger = logging.getLogger("payload")
-    if any(getattr(h, "_launch", False) for h in logger.handlers):
-        return
-    handler = logging.StreamHandler(sys.stdout)
-    handler._launch = True  # type: ignore[attr-defined]
+    for h in logger.handlers:
+        if isinstance(h, CurrentStream):
+            h.to = to or h.to
+            return
+    handler = CurrentStream(to or "stdout")
     prefix = f"[rank {rank()}] " if rank() else ""
     handler.setFormatter(logging.Formatter(f"{prefix}%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)

@@ -185,6 +185,8 @@ def test_local_demo_trains_tiny_qwen3(train_env):
     assert 0 < first["real_token_fraction"] < 1
     assert summary["config_hash"] == cfg.config_hash() and summary["best_checkpoint"] == "checkpoint-30"
     assert summary["cost_usd"] > 0 and summary["tokens_per_s"] > 0
+    index = json.loads((rd / layout.CHECKPOINT_LISTING).read_text())  # rewritten at every save (before post)
+    assert index[-1]["step"] == 30 and index[-1]["complete"] and index[-1]["eval_loss"] is not None
     assert train_in_process(cfg)["finished_at"] == summary["finished_at"]  # a rerun does nothing
 
 

@@ -103,6 +103,12 @@ class Backend(abc.ABC):
     def down(self, run: Run) -> None:
         """Stop the run and release what bills (cluster, pod process, managed job)."""
 
+    def read_run_file(self, run: Run, rel: str) -> Optional[str]:
+        """The text of one small run-dir-relative file where the run is, read the way `status` reads
+        the run's status.json (`launch checkpoints` reads the live checkpoint index so); None when
+        the file is not there or the machine cannot be reached."""
+        return None
+
     # Files: backends only move bytes. Layout, confinement and verification are launcher.artifacts'.
 
     @abc.abstractmethod

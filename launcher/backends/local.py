@@ -177,6 +177,12 @@ class LocalBackend(Backend):
         except OSError:
             return True
 
+    def read_run_file(self, run: Run, rel: str) -> Optional[str]:
+        try:
+            return (self.run_dir(run) / rel).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+
     def status(self, run: Run) -> RemoteStatus:
         reported = _read_json(self.run_dir(run) / layout.STATUS)
         if self._alive(run):

@@ -444,19 +444,35 @@ class SkyPilotBackend(Backend):
 
     def _reported(self, run: Run, up: bool) -> Optional[dict]:
         """The run's own status.json: over SSH while the cluster is up, else from the volume (S3)."""
-        h, rel = run.handle, layout.STATUS
-        text = None
-        if h.get("kind") == "cluster" and up:
-            text = cluster_ssh(run.cluster, f"cat {remote_expr(h['run_dir'] + '/' + rel)}", check=False)
-        elif s3_ready(h):
-            try:
-                text = S3Volume(h["volume"]).read(f"{h['volume']['key_prefix']}/{run.id}/{rel}")
-            except Exception:  # noqa: BLE001
-                text = None
+        text = self._run_text(run, layout.STATUS, up)
         try:
             return json.loads(text) if text else None
         except ValueError:
             return None
+
+    def _run_text(self, run: Run, rel: str, up: bool) -> Optional[str]:
+        """A run-dir-relative file of the run: over SSH while the cluster is up, else from the volume (S3)."""
+        h = run.handle
+        if h.get("kind") == "cluster" and up:
+            return cluster_ssh(run.cluster, f"cat {remote_expr(h['run_dir'] + '/' + rel)}", check=False)
+        if s3_ready(h):
+            try:
+                return S3Volume(h["volume"]).read(f"{h['volume']['key_prefix']}/{run.id}/{rel}")
+            except Exception:  # noqa: BLE001
+                return None
+        return None
+
+    def read_run_file(self, run: Run, rel: str) -> Optional[str]:
+        """As `status` reads status.json: over SSH while the cluster is up (asked of SkyPilot), else
+        from the volume (S3); None when neither has it."""
+        up = False
+        if run.handle.get("kind") == "cluster" and run.cluster:
+            try:
+                state, _, _ = self._cluster_state(sdk(), run)
+                up = state in ("running", "completed", "failed")
+            except Exception:  # noqa: BLE001 - SkyPilot unreachable: try the volume
+                up = False
+        return self._run_text(run, rel, up)
 
     def down(self, run: Run) -> None:
         """The trainer gets its SIGTERM checkpoint first, then the machines go (bounded waits)."""

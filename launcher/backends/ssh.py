@@ -409,6 +409,21 @@ class SSHBackend(Backend):
         state, reason = _state(facts, reported, run)
         return RemoteStatus.from_report(state, reported, reason)
 
+    def read_run_file(self, run: Run, rel: str) -> Optional[str]:
+        """Over the run's stored connection, as `status` reads status.json; None when the file is
+        missing or the host unreachable (host-key and authentication problems raise, as there)."""
+        h = run.handle
+        if not h.get("run_dir"):
+            return None
+        try:
+            out = self._sh(self._conn(run), f"cat {shlex.quote(h['run_dir'] + '/' + rel)} 2>/dev/null || true",
+                           tries=2, timeout=30)
+        except BackendError as e:
+            if not str(e).startswith("cannot reach") and not isinstance(e, CommandTimeout):
+                raise
+            return None
+        return out or None
+
     # ---------------------------------------------------------------------------------- down
 
     def down(self, run: Run, grace_s: float = 10) -> None:
