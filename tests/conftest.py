@@ -39,3 +39,15 @@ def isolated_state(tmp_path, monkeypatch):
     # restore it when the body raises; don't let one test's SkyPilot error hide later tracebacks.
     if hasattr(sys, "tracebacklimit"):
         del sys.tracebacklimit
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A real OpenSSH server on 127.0.0.1 for the module's tests (tests/sshd.py; installed with apt
+    where it is missing, else the test is skipped with the reason)."""
+    from sshd import SSHServer, ensure_sshd
+
+    ensure_sshd()
+    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()

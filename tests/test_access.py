@@ -13,11 +13,6 @@ from launcher.cli import cli
 from launcher.registry import Run
 from payload import layout
 
-try:  # tests/ is a plain directory (pytest puts it on sys.path) or, later, a package
-    from sshd import SSHServer, ensure_sshd
-except ImportError:
-    from tests.sshd import SSHServer, ensure_sshd
-
 
 def launch(*args):
     return CliRunner().invoke(cli, list(args))
@@ -70,13 +65,6 @@ def test_a_run_that_never_started_says_so(tmp_path):
 
 # ------------------------------------------------------------------------------------------- ssh
 
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    ensure_sshd()
-    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 def ssh_run(sshd, tmp_path, known: str, rid="sonia-h100-20261123-000000"):

@@ -18,11 +18,6 @@ from launcher.registry import Run
 from payload import checkpoints as ck
 from payload import layout
 
-try:
-    from sshd import SSHServer, ensure_sshd
-except ImportError:
-    from tests.sshd import SSHServer, ensure_sshd
-
 
 def save(ckdir: Path, step: int, eval_loss: float, cer: float, nbytes: int = 1000, keep_best: int = 1) -> Path:
     """A checkpoint as the trainer leaves it: files, then the COMPLETE marker (then retention)."""
@@ -62,13 +57,6 @@ def test_the_payload_rewrites_the_index_at_every_save_and_at_retention(tmp_path)
 
 # ------------------------------------------------------------------- where the run is, per backend
 
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    ensure_sshd()
-    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 def local_run(tmp_path, sshd, monkeypatch) -> tuple[Run, Path]:

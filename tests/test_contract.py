@@ -49,13 +49,6 @@ def template(tmp_path_factory):
     return make_run_dir(tmp_path_factory.mktemp("template") / "run")
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    ensure_sshd()
-    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
-
 
 # ---------------------------------------------------------------------------- starting the job
 

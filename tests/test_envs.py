@@ -27,11 +27,6 @@ from launcher.profile import REPO_ROOT, ProfileError, load_profile  # noqa: E402
 from launcher.registry import Run  # noqa: E402
 from test_skypilot_backend import FakeSky  # noqa: E402
 
-try:
-    from sshd import SSHServer, ensure_sshd
-except ImportError:
-    from tests.sshd import SSHServer, ensure_sshd
-
 SHOW = 'echo "FOO=$FOO N=$N HF_TOKEN=${HF_TOKEN:-unset}"'
 TASK = {"name": "envs", "num_nodes": 1, "envs": {"LAUNCH_CONFIG": "sky/config/envs.yaml", "N": "3"},
         "run": SHOW}
@@ -89,13 +84,6 @@ def test_local_backend_passes_env_to_the_run(tmp_path):
     assert "FOO=from --env N=3 HF_TOKEN=hf_secret_value" in log.read_text()
     assert "hf_secret_value" not in (Path(run.handle["home"]) / "node.sh").read_text()
 
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    ensure_sshd()
-    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 def test_ssh_backend_passes_env_to_the_run(sshd, tmp_path):

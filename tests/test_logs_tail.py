@@ -20,11 +20,6 @@ from launcher.cli import cli  # noqa: E402
 from launcher.registry import Run  # noqa: E402
 from test_skypilot_backend import FakeSky, cluster_run  # noqa: E402
 
-try:
-    from sshd import SSHServer, ensure_sshd
-except ImportError:
-    from tests.sshd import SSHServer, ensure_sshd
-
 LOG = "".join(f"step {i} café\n" for i in range(1, 2001))
 
 
@@ -50,13 +45,6 @@ def test_local_logs_tail(tmp_path):
     r = CliRunner().invoke(cli, ["logs", "local-demo-1", "--tail", "0"])
     assert r.exit_code == 2 and "--tail" in r.output
 
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    ensure_sshd()
-    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 def test_ssh_logs_tail(sshd, tmp_path):

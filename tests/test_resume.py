@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import (  # noqa: E402
     adapter_tensors, logged_losses, make_config, metrics, reference_run, start_payload, train_env,
-    train_in_process, write_config, write_text_data,
+    train_in_process, wait_for, write_config, write_text_data, KILL_TIMEOUT,
 )
 
 from payload import checkpoints as ck  # noqa: E402
@@ -32,7 +32,6 @@ from payload.money import CostTracker  # noqa: E402
 
 __all__ = ["train_env"]
 
-KILL_TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +47,6 @@ def assert_same_adapter(run_dir: Path, expected: dict) -> None:
     assert got.keys() == expected.keys()
     for k in expected:
         assert torch.equal(got[k], expected[k]), k
-
-
-def _wait(pred, proc, timeout: float = KILL_TIMEOUT, every: float = 0.001) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(every)
-    raise AssertionError("the training subprocess made no progress in time")
 
 
 def _incomplete(run_dir: Path) -> bool:
@@ -84,7 +72,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_exact(reference, tmp_path)
     kills = []
     # 1st: while a checkpoint is being written (a checkpoint-N directory without its marker).
     proc = start_payload("train", config, log)
-    hit = _wait(lambda: _incomplete(rd), proc)
+    hit = wait_for(lambda: _incomplete(rd), proc)
     _stop(proc)
     kills.append(("during-save" if hit else "exited", _incomplete(rd)))
     # 2nd and 3rd: at a random moment after the restarted run made progress past its checkpoint.
@@ -92,7 +80,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_exact(reference, tmp_path)
         start = ck.latest_complete(ck.checkpoints_dir(rd))
         resumed = ck.step_of(start) if start else 0
         proc = start_payload("train", config, log)
-        _wait(lambda: any(r["step"] > resumed for r in metrics(rd)), proc, every=0.01)
+        wait_for(lambda: any(r["step"] > resumed for r in metrics(rd)), proc, every=0.01)
         time.sleep(rnd.uniform(0.0, 0.8))
         kills.append(("random", _stop(proc)))
     proc = start_payload("train", config, log)
@@ -143,7 +131,7 @@ def test_sigterm_stops_at_a_step_boundary_and_resumes(reference, train_env, tmp_
     write_text_data(cfg.run_dir)
     rd, log = cfg.run_dir, tmp_path / "train.log"
     proc = start_payload("train", write_config(cfg, tmp_path / "run.yaml"), log)
-    _wait(lambda: (rd / layout.CHECKPOINTS_DIR / "checkpoint-4" / layout.COMPLETE_MARKER).exists(), proc, every=0.01)
+    wait_for(lambda: (rd / layout.CHECKPOINTS_DIR / "checkpoint-4" / layout.COMPLETE_MARKER).exists(), proc, every=0.01)
     assert _stop(proc, signal.SIGTERM) == 143, log.read_text()[-3000:]
     assert "stopped by SIGTERM at step" in log.read_text()
     status = json.loads((rd / layout.STATUS).read_text())

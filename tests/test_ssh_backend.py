@@ -27,9 +27,9 @@ from launcher.registry import Run
 from payload import layout
 
 try:  # tests/ is a plain directory (pytest puts it on sys.path) or, later, a package
-    from sshd import SSHServer, ensure_sshd, free_port, keygen
+    from sshd import free_port, keygen
 except ImportError:
-    from tests.sshd import SSHServer, ensure_sshd, free_port, keygen
+    from tests.sshd import free_port, keygen
 
 SECRET = "test-secret-value-123"
 VENV_BIN = str(Path(sys.executable).parent)
@@ -66,13 +66,6 @@ FAKE_TASK = {
     "run": FAKE_RUN,
 }
 
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    ensure_sshd()
-    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,8 @@ import torch
 from payload import checkpoints as ck
 from payload import layout
 from stage_fixtures import stage_config, write_stage_data
-from train_fixtures import adapter_tensors, start_payload, train_env, write_config  # noqa: F401
+from train_fixtures import KILL_TIMEOUT, adapter_tensors, start_payload, train_env, wait_for, write_config  # noqa: F401
 
-KILL_TIMEOUT = 120
 
 
 def _sha(path: Path) -> str:
@@ -73,17 +71,6 @@ def test_three_stages_chain_adapters_and_call_the_named_rewards(train_env, tmp_p
     assert before == {n: (rd / "stages" / n / layout.SUMMARY).read_text() for n in names}
 
 
-def _wait(pred, proc, timeout: float = KILL_TIMEOUT) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.01)
-    raise AssertionError("the staged run made no progress in time")
-
-
 def test_sigkill_in_dpo_resumes_in_dpo_without_rerunning_sft(tmp_path):
     data = write_stage_data(tmp_path / "data")
     cfg = stage_config(tmp_path / "vol", data, run_id="killed", steps=(2, 8, 2), save_steps=2)
@@ -91,7 +78,7 @@ def test_sigkill_in_dpo_resumes_in_dpo_without_rerunning_sft(tmp_path):
     rd, log = cfg.run_dir, tmp_path / "train.log"
     dpo_ckpts = rd / "stages" / "2-dpo" / layout.CHECKPOINTS_DIR
     proc = start_payload("train", config, log)
-    hit = _wait(lambda: ck.latest_complete(dpo_ckpts) is not None, proc)
+    hit = wait_for(lambda: ck.latest_complete(dpo_ckpts) is not None, proc)
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=KILL_TIMEOUT)

@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -245,3 +246,18 @@ def reference_run(tmp_path_factory) -> tuple:
         _REFERENCE["run"] = (cfg.run_dir, adapter_tensors(cfg.run_dir / "outputs" / "adapter"),
                              logged_losses(cfg.run_dir))
     return _REFERENCE["run"]
+
+
+KILL_TIMEOUT = 120  # seconds a kill/resume test waits for a training subprocess at most
+
+
+def wait_for(pred, proc, timeout: float = KILL_TIMEOUT, every: float = 0.001) -> bool:
+    """True once `pred()` holds, False if `proc` ended first; fails the test after `timeout`."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(every)
+    raise AssertionError("the training subprocess made no progress in time")
