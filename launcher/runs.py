@@ -309,6 +309,8 @@ def _row(run) -> dict:
                    eta_s=st.eta_s, projected_cost_usd=st.projected_cost_usd)
         if isinstance(st.extra.get("stage"), dict):  # a run with stages: which one trains (name, index, of)
             row["stage"] = st.extra["stage"]
+        if isinstance(st.extra.get("budget_warning"), str):  # the payload passed budget.warn_fraction
+            row["budget_warning"] = st.extra["budget_warning"]
     return row
 
 
@@ -399,9 +401,12 @@ def status(run_id, all_, as_json):
 
 
 def _print_differences(row: dict) -> None:
-    """One line per way the run differs from its profile: `--set` overrides and `--env` additions."""
+    """Under the table: the payload's budget warning, then one line per way the run differs from its
+    profile (`--set` overrides, `--env` additions)."""
     from .ui import console, literal
 
+    if row.get("budget_warning"):
+        console().print(literal("[yellow]![/] ", row["budget_warning"]), soft_wrap=True)
     if row.get("overrides"):
         console().print(literal("  ", "differs from profile: " + ", ".join(row["overrides"])), soft_wrap=True)
     if row.get("envs"):

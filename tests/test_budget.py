@@ -159,3 +159,16 @@ def test_the_payload_tells_the_launcher_its_newest_checkpoint(tmp_path):
     cb.on_save(None, types.SimpleNamespace(global_step=40), None)
     assert json.loads((tmp_path / "status.json").read_text())["checkpoint_step"] == 40
     assert (tmp_path / "cost.json").exists()
+
+
+def test_the_payloads_budget_warning_is_shown_by_status(clock, backend):
+    """Past `budget.warn_fraction` the payload writes `budget_warning` to status.json; `launch status`
+    shows it under the table (and in --json) while the run goes on."""
+    registry.save(Run(id="w", profile="well-log-ocr-spot", backend="skypilot", started_at=1000.0, state="running",
+                      price_per_hour=PRICE, billed_s=0.0, billed_usd=0.0, billing_since=1000.0, budget_usd=10.0))
+    text = "spent $9.12 = 91% of the $10.00 budget (warning at 90%)"
+    backend.reply = RemoteStatus.from_report("running", {"state": "training", "step": 450, "budget_warning": text})
+    clock.t = 1100.0
+    assert status("w")["budget_warning"] == text
+    out = launch("status", "w").output
+    assert f"! {text}" in out and "w" in out
