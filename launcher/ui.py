@@ -122,8 +122,11 @@ def print_plan(p, plan) -> None:
         t.add_row("Storage", _storage_line(s))
     if plan.disk:
         t.add_row("Disk", f"{plan.disk['size_gb']} GB per node (needs ~{plan.disk['needed_gb']} GB)")
-    t.add_row("Secrets", ", ".join(f"{k} ({v})" for k, v in plan.secrets.items())
-              + "  - passed at launch, never written")
+    if plan.secrets:
+        t.add_row("Secrets", ", ".join(f"{k} ({v})" for k, v in plan.secrets.items())
+                  + "  - passed at launch, never written")
+    else:
+        t.add_row("Secrets", "none needed")
     console().print(t)
     for line in plan_warnings(plan):
         console().print(f"[yellow]![/] {line}", soft_wrap=True)
