@@ -188,6 +188,20 @@ def _mutex(path: Path) -> Iterator[bool]:
         os.rmdir(m)
 
 
+def _await_mutex(path: Path) -> None:
+    """Until the takeover mutex is released or old enough to be stale (MUTEX_STALE_S): a trainer
+    killed in the middle of a takeover (a preemption at startup) must not make the next start fail."""
+    m = path.with_name(path.name + ".takeover")
+    while True:
+        try:
+            age = time.time() - m.stat().st_mtime
+        except OSError:
+            return
+        if age > MUTEX_STALE_S:
+            return
+        time.sleep(min(0.5, MUTEX_STALE_S - age + 0.01))
+
+
 class Lease:
     """A held lease: `lost` turns true when someone else's lease replaced it."""
 
@@ -266,6 +280,8 @@ def acquire(run_dir: Path, run_id: str = "", tries: int = 5) -> Lease:
                 log.warning("took over this run's stale lease (%s): %s",
                             held.describe() if held else "unreadable", why)
                 return Lease(run_dir, me)
+        if not mine:  # another process is taking over, or was killed doing it: wait it out, then judge again
+            _await_mutex(path)
         time.sleep(0.2)
     raise LeaseHeld(f"could not take the lease of {path} after {tries} tries (another trainer is starting?): "
                     "run again in a minute")

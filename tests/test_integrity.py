@@ -378,3 +378,18 @@ def test_checksums_share_the_work_and_catch_every_change(tmp_path):
     (tmp_path / "c/d.bin").unlink()
     _truncate(tmp_path / "a.bin")
     assert [p.kind for p in checksums.check(tmp_path, listing)] == ["truncated", "missing"]
+
+
+def test_a_trainer_killed_mid_takeover_delays_the_next_start_but_does_not_fail_it(tmp_path, monkeypatch, logs):
+    """A trainer SIGKILLed while taking over a stale lease leaves the takeover mutex behind: the next
+    trainer waits until that mutex is stale, then takes the lease (before: exit 4 after 5 quick tries)."""
+    monkeypatch.setattr(lease, "MUTEX_STALE_S", 1.0)
+    rd = tmp_path / "run"
+    _write_lease(rd, pid=_dead_pid())  # the lease of a trainer that is gone
+    mutex = lease.lease_path(rd).with_name(lease.lease_path(rd).name + ".takeover")
+    mutex.mkdir()  # ... and the mutex of the trainer killed while taking it over
+    t0 = time.monotonic()
+    held = lease.acquire(rd, "r")
+    assert lease.read(rd).token == held.holder.token and "took over this run's stale lease" in logs.text
+    assert 0.5 < time.monotonic() - t0 < 10 and not mutex.exists()
+    held.release()
