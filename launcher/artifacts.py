@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Optional
 
 from payload import layout
+from payload.checkpoints import checkpoint_row
 from payload.checksums import file_digest
-from payload.manifest import checkpoint_row
 
 from .backends import BackendError
 

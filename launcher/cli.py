@@ -36,7 +36,6 @@ class LaunchGroup(click.Group):
                 err_console().print(literal("[red]✗[/] ", line), highlight=False, soft_wrap=True)
             ctx.exit(1)
 
-
     SECTIONS = (("Plan", ("profiles", "validate", "plan", "render", "init")),
                 ("Run", ("up", "logs", "status", "ssh", "exec", "down")),
                 ("Results", ("checkpoints", "eval", "chat", "cost", "volumes")))

@@ -30,9 +30,8 @@ from payload.memory import dims_from_name, estimate_stage_memory_gb, lora_traina
 from .profile import REPO_ROOT, Profile, total_gpus
 from .render import profile_secrets
 from .storage import checkpoint_gb, disk_needed_gb, model_gb, storage_for
-from .throughput import (DPO_FACTOR, GRPO_TRAIN_FACTOR, decode_steps_per_s)
-from .throughput import (GPUS, cross_node_bytes_per_microstep, effective_speed, link_for, model_size_b,
-                         tokens_per_second_per_gpu)
+from .throughput import (DPO_FACTOR, GPUS, GRPO_TRAIN_FACTOR, cross_node_bytes_per_microstep, decode_steps_per_s,
+                         effective_speed, link_for, model_size_b, tokens_per_second_per_gpu)
 
 BYTES_PER_TOKEN = 4.0  # ~4 bytes of UTF-8 JSON per token for English chat data (documented guess)
 PROVISION_MIN = {"RunPod": 4.0, "Azure": 8.0, "Kubernetes": 3.0}
@@ -109,7 +108,7 @@ def estimate_data(p: Profile) -> DataEstimate:
     paths = [_local_path(s.path) if s.path else None for s in p.data.sources]
     if all(paths):
         for s, path in zip(p.data.sources, paths):
-            share = (1.0 if s.split == "train" else 0.0) if isinstance(s.split, str) else s.split.get("train", 0.0)
+            share = train_share(s)
             records += int(_count_records(path) * share)
             nbytes += path.stat().st_size * share
         tpr = (nbytes / max(records, 1)) / BYTES_PER_TOKEN
@@ -120,6 +119,12 @@ def estimate_data(p: Profile) -> DataEstimate:
         how = "profile estimate" if e.mean_tokens_per_record else "profile estimate; tokens/record = max_seq_length/2"
         return DataEstimate(e.train_records, float(tpr), how)
     return DataEstimate(0, 0.0, "unknown: add `estimate.train_records` to the profile")
+
+
+def train_share(source) -> float:
+    """The share of a data source's records that goes to the train split."""
+    split = source.split
+    return (1.0 if split == "train" else 0.0) if isinstance(split, str) else split.get("train", 0.0)
 
 
 def _local_path(rel: str) -> Optional[Path]:
@@ -237,7 +242,7 @@ def _stage_records(p: Profile, data) -> int:
             n = min(n, s.max_records) if n is not None else s.max_records
         if n is None:
             return p.estimate.train_records or 0
-        total += n * ((1.0 if s.split == "train" else 0.0) if isinstance(s.split, str) else s.split.get("train", 0.0))
+        total += n * train_share(s)
     return int(total)
 
 

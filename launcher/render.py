@@ -164,9 +164,11 @@ def profile_secrets(p: Profile) -> tuple[str, ...]:
     """The secrets a profile's task names. Each listed one must be given to a plain `sky launch`
     (`--secret NAME`), so optional ones are listed only when the profile uses them: HF_TOKEN when
     anything comes from or goes to the Hugging Face hub, WANDB_API_KEY when it reports to wandb."""
+    from payload.eval_config import wandb_wanted
+
     hub = (p.model.tiny is None or p.outputs.push_to_hub
            or any(s.hf_dataset for s in p.data.sources))
-    wandb = "wandb" in p.train.report_to or p.wandb is not None
+    wandb = wandb_wanted(p)
     return tuple(s for s, used in zip(SECRETS, (hub, wandb)) if used)
 
 

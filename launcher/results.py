@@ -42,17 +42,13 @@ def _local_run_dir(run) -> Optional[Path]:
 def checkpoint_rows(run, dest: Path) -> tuple[list[dict], str]:
     """(rows, where they came from)."""
     from payload import checkpoints as ck
-    from payload import manifest, verify
+    from payload import verify
 
     rd = _local_run_dir(run)
-    if rd is not None:
-        rows = []
-        for row in manifest.checkpoint_listing(rd):
-            path = ck.checkpoints_dir(rd) / row["name"]
-            marker = ck.read_marker(path) if row["complete"] else {}
-            problems = verify.verify_checkpoint(path) if row["complete"] else ["incomplete"]
-            rows.append({**row, **_metrics(marker), "verified": not problems})
-        return rows, str(ck.checkpoints_dir(rd))
+    if rd is not None:  # the rows carry the markers' eval loss and generation metrics (eval_cer, ...)
+        root = ck.checkpoints_dir(rd)
+        return [{**row, "verified": row["complete"] and not verify.verify_checkpoint(root / row["name"])}
+                for row in ck.checkpoint_listing(rd)], str(root)
     live, why = _live_index(run)
     listing = Path(dest) / run.id / "checkpoints.json"
     if live is not None:
@@ -92,10 +88,6 @@ def _live_index(run) -> tuple[Optional[list], Optional[str]]:
     return (rows, None) if rows is not None else (None, "its machine has no checkpoint index (or is gone)")
 
 
-def _metrics(marker: dict) -> dict:
-    return {k: marker[k] for k in ("eval_cer", "eval_wer", "eval_exact_match") if k in marker}
-
-
 @click.command()
 @click.argument("run_id", required=False)
 @click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True, help=DEST_HELP)
@@ -105,22 +97,24 @@ def checkpoints(run_id, dest, as_json):
 
     Example: launch checkpoints well-log-ocr-spot-20261123-101500
     """
-    from rich.table import Table
+    from rich.text import Text
 
+    from .tables import Column, print_table
     from .ui import cell, console
 
     run = _run(run_id)
     rows, source = checkpoint_rows(run, Path(dest))
-    if as_json:
-        click.echo(json.dumps({"run": run.id, "source": source, "checkpoints": rows}, indent=2))
-        return
-    t = Table("checkpoint", "step", "eval loss", "cer", "wer", "size", "verified", box=None, padding=(0, 2))
-    t.columns[0].no_wrap = True
-    for r in rows:
-        t.add_row(cell(str(r.get("name"))), str(r.get("step")), _fmt(r.get("eval_loss")), _fmt(r.get("eval_cer")),
-                  _fmt(r.get("eval_wer")), _size(r.get("bytes")), "[green]✓[/]" if r["verified"] else "[red]✗[/]")
-    console().print(cell(f"{run.id}: {len(rows)} checkpoint(s) from {source}"), soft_wrap=True)
-    console().print(t)
+    if not as_json:
+        console().print(cell(f"{run.id}: {len(rows)} checkpoint(s) from {source}"), soft_wrap=True)
+    columns = [Column("checkpoint", lambda r: str(r.get("name")), must_copy=True),
+               Column("step", lambda r: str(r.get("step")), justify="right"),
+               Column("eval loss", lambda r: _fmt(r.get("eval_loss")), priority=1, justify="right"),
+               Column("cer", lambda r: _fmt(r.get("eval_cer")), priority=2, justify="right"),
+               Column("wer", lambda r: _fmt(r.get("eval_wer")), priority=3, justify="right"),
+               Column("size", lambda r: _size(r.get("bytes")), priority=4, justify="right"),
+               Column("verified", lambda r: Text("✓", style="green") if r["verified"] else Text("✗", style="red"))]
+    print_table(rows, columns, as_json, console=console(),
+                json_value={"run": run.id, "source": source, "checkpoints": rows})
 
 
 def _fmt(v) -> str:
@@ -137,9 +131,9 @@ def _size(n) -> str:
 
 
 def local_config(run, dest: Path):
-    """(run config, adapter dir) for a run evaluated here: the run's resolved config with its run
-    directory under `{dest}/{run_id}/.eval` (data, the tiny base), the adapter as fetched (or, for a
-    local-backend run, in place)."""
+    """(run config, adapter dir, output dir) for a run evaluated here: the run's resolved config with
+    its run directory under `{dest}/{run_id}/.eval` (data, the tiny base), the adapter as fetched, the
+    scores written beside the fetched artifacts (a local-backend run: all of it in place)."""
     from payload.config import load_run_config
 
     rd = _local_run_dir(run)

@@ -54,34 +54,32 @@ def print_table(rows: list[dict], columns: list[Column], as_json: bool = False, 
     if as_json:
         click.echo(json.dumps(rows if json_value is None else json_value, indent=2, default=str))
         return
-    c = console
     cells = [[col.cell(r) for col in columns] for r in rows]
-    shown = list(range(len(columns)))
-    while True:
-        table = _table(columns, shown, cells, title)
-        if _min_width(c, table) <= c.width:
-            c.print(table)
-            return
-        droppable = [i for i in shown if columns[i].priority > 0]
-        if not droppable:
-            break
-        shown.remove(max(droppable, key=lambda i: (columns[i].priority, i)))
-    _print_records(c, columns, cells, title)
+    shown = _shown(console, columns, cells, title)
+    if shown is None:
+        _print_records(console, columns, cells, title)
+    else:
+        console.print(_table(columns, shown, cells, title))
 
 
 def fits(rows: list[dict], columns: list[Column], width: int) -> list[str]:
     """The headers `print_table` shows at `width` columns (for tests and `--help` text)."""
     from rich.console import Console
 
-    c = Console(width=width)
-    cells = [[col.cell(r) for col in columns] for r in rows]
+    shown = _shown(Console(width=width), columns, [[col.cell(r) for col in columns] for r in rows], None)
+    return [columns[i].name for i in shown or []]
+
+
+def _shown(console, columns: list[Column], cells: list[list], title: Optional[str]) -> Optional[list[int]]:
+    """The columns that fit `console`: the highest `priority` dropped first; None when even the
+    undroppable ones are too wide (then the rows are printed as records)."""
     shown = list(range(len(columns)))
-    while _min_width(c, _table(columns, shown, cells, None)) > width:
+    while _min_width(console, _table(columns, shown, cells, title)) > console.width:
         droppable = [i for i in shown if columns[i].priority > 0]
         if not droppable:
-            return []
+            return None
         shown.remove(max(droppable, key=lambda i: (columns[i].priority, i)))
-    return [columns[i].name for i in shown]
+    return shown
 
 
 def _table(columns: list[Column], shown: list[int], cells: list[list], title: Optional[str]):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 
 
-
 @functools.lru_cache(maxsize=1)
 def console():
     from rich.console import Console

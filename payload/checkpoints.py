@@ -232,16 +232,13 @@ def checkpoint_row(step: int, name: str, size: int, complete: bool, marker: dict
 
 
 def _tree_bytes(top: Path) -> int:
-    """Bytes of the regular files under `top`, never through a symlink (as payload/manifest.py lists)."""
+    """Bytes of the regular files under `top`, never through a symlink (checksums.regular_files)."""
     total = 0
-    for dirpath, _, names in os.walk(top, followlinks=False):
-        for name in names:
-            p = Path(dirpath) / name
-            try:
-                if not p.is_symlink() and p.is_file():
-                    total += p.stat().st_size
-            except OSError:  # removed meanwhile (retention, a cut-off save)
-                pass
+    for p in checksums.regular_files(top.parent, top.name).values():
+        try:
+            total += p.stat().st_size
+        except OSError:  # removed meanwhile (retention, a cut-off save)
+            pass
     return total
 
 

@@ -153,3 +153,19 @@ def read_sums(directory: Path) -> Optional[dict[str, str]]:
         if sep and len(digest_) == 64:
             out[rel] = digest_
     return out
+
+
+def regular_files(root: Path, rel: str) -> dict[str, Path]:
+    """{run-dir-relative path: file} of the regular files at/under `root/rel`, never through a symlink."""
+    top = root / rel
+    if top.is_symlink():
+        return {}
+    if top.is_file():
+        return {rel: top}
+    found: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in filenames:
+            p = Path(dirpath) / name
+            if not p.is_symlink() and p.is_file():
+                found[p.relative_to(root).as_posix()] = p
+    return dict(sorted(found.items()))

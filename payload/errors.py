@@ -68,7 +68,7 @@ _TRANSIENT_NAMES = frozenset({
 })
 
 
-def _is_transient(exc: BaseException) -> bool:
+def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in _TRANSIENT_NAMES:
         return True
     if type(exc).__name__ == "HfHubHTTPError":
@@ -87,7 +87,7 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_INTERRUPTED
     seen, e = 0, exc
     while e is not None and seen < 10:
-        if _is_transient(e):
+        if is_transient(e):
             return EXIT_TRANSIENT
         e, seen = e.__cause__ or e.__context__, seen + 1
     return EXIT_CRASH

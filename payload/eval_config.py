@@ -85,6 +85,11 @@ class WandbConfig(_Strict):
     """Log GPU utilisation and memory with every training log line (CUDA only)."""
 
 
+def wandb_wanted(cfg) -> bool:
+    """Whether the run reports to W&B: a `wandb:` section, or `wandb` in train.report_to."""
+    return cfg.wandb is not None or "wandb" in cfg.train.report_to
+
+
 def best_metric(cfg) -> tuple[str, bool]:
     """(marker/Trainer key, greater is better) that ranks a run's checkpoints."""
     ev = getattr(cfg, "evaluation", None)

@@ -21,10 +21,8 @@ from typing import Optional
 from payload import layout
 from payload.checkpoints import Callback
 from payload.errors import PayloadError
-from payload.observe import GEN_KEYS  # what the in-training evaluation logs
 
 log = logging.getLogger("payload.eval")
-
 
 
 def eval_file(split: str) -> str:
@@ -56,20 +54,15 @@ def score(references: list[str], predictions: list[str], metrics) -> dict:
 
 def generate_and_score(model, processing, records: list[dict], ecfg, batch_size: int = 8) -> tuple[dict, list[dict]]:
     """(corpus scores, per-sample rows) for canonical records."""
-    from payload.infer import answer, split_record
+    from payload.infer import answer, images_of, split_record
 
     prompts, refs = zip(*(split_record(r) for r in records)) if records else ((), ())
     preds = answer(model, processing, list(prompts), ecfg.max_new_tokens, batch_size)
     rows = []
     for i, (rec, ref, pred) in enumerate(zip(records, refs, preds)):
         rows.append({"index": i, "source": rec.get("source"), "reference": ref, "prediction": pred,
-                     **score([ref], [pred], ecfg.metrics), "images": _images(rec)})
+                     **score([ref], [pred], ecfg.metrics), "images": images_of(rec["messages"])})
     return score(list(refs), preds, ecfg.metrics), rows
-
-
-def _images(rec: dict) -> list[str]:
-    return [p["image"] for m in rec["messages"] if isinstance(m["content"], list)
-            for p in m["content"] if p.get("type") == "image"]
 
 
 # -------------------------------------------------------------------------------------------- stage
@@ -96,9 +89,7 @@ def main(cfg, split: Optional[str] = None, adapter: Optional[str] = None, out_di
     result = {"split": split, "n": len(rows), "adapter": str(adapter_dir), "model": cfg.model.name_or_path,
               "config_hash": cfg.config_hash(), "max_new_tokens": ecfg.max_new_tokens, "decoding": "greedy",
               "metrics": scores, "samples": rows}
-    from payload.money import atomic_write_json
-
-    atomic_write_json(out_dir / eval_file(split), result)
+    observe.atomic_write_json(out_dir / eval_file(split), result)
     step = _trained_steps(out_dir)
     _replace_metrics_line(out_dir / layout.METRICS, split, {"step": step, "split": split,
                                                              **{f"{split}_{k}": v for k, v in scores.items()}})
@@ -150,7 +141,7 @@ def _replace_metrics_line(path: Path, split: str, rec: dict) -> None:
 
 
 def _add_to_summary(path: Path, split: str, scores: dict, n: int) -> None:
-    from payload.money import atomic_write_json
+    from payload.observe import atomic_write_json
 
     try:
         summary = json.loads(path.read_text())

@@ -47,9 +47,16 @@ def split_record(rec: dict) -> tuple[list[dict], str]:
 
 
 def text_of(content: Any) -> str:
+    """A turn's text: the string, or its text parts joined."""
     if isinstance(content, str):
         return content
     return "".join(p.get("text") or "" for p in content if p.get("type") == "text")
+
+
+def images_of(turns: list[dict]) -> list[str]:
+    """The image references of the turns' image parts, in order."""
+    return [p["image"] for m in turns if isinstance(m["content"], list)
+            for p in m["content"] if p.get("type") == "image"]
 
 
 def _template_messages(turns: list[dict], vl: bool) -> tuple[list[dict], list]:

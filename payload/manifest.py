@@ -17,36 +17,19 @@ Live artifacts (logs) are left out: they change after this is written. Torch-fre
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-from payload.checkpoints import checkpoint_listing, checkpoint_row  # noqa: F401  (their home; used from here)
 from payload import layout
-from payload.checksums import file_digest
+from payload.checkpoints import checkpoint_listing
+from payload.checksums import file_digest, regular_files
 from payload.observe import atomic_write_json, now_iso
 
 log = logging.getLogger("payload.manifest")
 
 HASH_THREADS = 8
 FORMAT = 1
-
-
-def regular_files(root: Path, rel: str) -> dict[str, Path]:
-    """{run-dir-relative path: file} of the regular files at/under `root/rel`, never through a symlink."""
-    top = root / rel
-    if top.is_symlink():
-        return {}
-    if top.is_file():
-        return {rel: top}
-    found: dict[str, Path] = {}
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-        for name in filenames:
-            p = Path(dirpath) / name
-            if not p.is_symlink() and p.is_file():
-                found[p.relative_to(root).as_posix()] = p
-    return dict(sorted(found.items()))
 
 
 def required_artifacts(cfg, state: Optional[str]) -> list[str]:

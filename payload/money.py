@@ -3,8 +3,9 @@
 The price is the whole cluster's dollars per hour (`runtime.price_per_hour`). Every session adds
 its own wall time (model loading and evaluation included: the machine is billed for them too), so
 a job that was preempted and resumed shows the money of all its attempts. At 90% (the profile's
-`budget.warn_fraction`, runtime.budget_warn_fraction) of
-`runtime.budget_usd` a warning is logged once; at 100% `exhausted()` turns true and the training
+`budget.warn_fraction`, runtime.budget_warn_fraction) of `runtime.budget_usd` a warning is logged
+once and written to status.json (`budget_warning`: `launch status` shows it, payload/tracking.py
+puts it in W&B); at 100% `exhausted()` turns true and the training
 loop saves a checkpoint and stops (state `budget_exhausted`, exit code `BudgetExhausted.exit_code`).
 The check runs after every optimizer step, so the overshoot is about one step plus that save
 (bench/bench_budget.py), within one logging interval's cost.
@@ -47,7 +48,7 @@ class CostTracker:
         self.prior_usd = float(prior.get("usd", 0.0))
         self.sessions = int(prior.get("sessions", 0)) + 1
         self.start = clock()
-        self.warned = False
+        self.warning: Optional[str] = None  # the budget warning, once spend passed warn_fraction
         self.warn_fraction = warn_fraction
         self._last_write = -1e9
 
@@ -66,13 +67,17 @@ class CostTracker:
         return None if not self.budget else self.usd() / self.budget
 
     def exhausted(self) -> bool:
-        """True at or past 100% of the budget; logs the 90% warning once on the way."""
+        """True at or past 100% of the budget; warns once on the way, at `warn_fraction` (the log,
+        and status.json `budget_warning` from the writing rank)."""
         frac = self.fraction()
         if frac is None:
             return False
-        if frac >= self.warn_fraction and not self.warned:
-            self.warned = True
-            log.warning("cost $%.4f is %.0f%% of the $%.2f budget", self.usd(), 100 * frac, self.budget)
+        if frac >= self.warn_fraction and self.warning is None:
+            self.warning = (f"cost ${self.usd():.4f} is {100 * frac:.0f}% of the ${self.budget:.2f} budget "
+                            f"(warning at {100 * self.warn_fraction:.0f}%)")
+            log.warning(self.warning)
+            if self.write:
+                write_status(self.path.parent, budget_warning=self.warning)
         return frac >= 1.0
 
     def eta_s(self, step: int, max_steps: int, session_steps: int, session_train_s: float) -> Optional[float]:

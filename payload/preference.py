@@ -60,9 +60,9 @@ def _split(rec: dict, where: str) -> tuple[list, str]:
     msgs = rec["messages"]
     if not msgs or msgs[-1].get("role") != "assistant":
         raise PayloadError(f"{where}: the record does not end with an assistant turn; rerun the data stage")
-    last = msgs[-1]["content"]
-    text = last if isinstance(last, str) else "".join(p.get("text") or "" for p in last)
-    return msgs[:-1], text
+    from payload.infer import text_of
+
+    return msgs[:-1], text_of(msgs[-1]["content"])
 
 
 def _prompt_row(prompt: list, vl: bool, where: str) -> dict:

@@ -392,11 +392,11 @@ _REJECTED = re.compile(r"\b(401|403)\b|unauthori[sz]ed|invalid|not authenticated
 def _wandb_definite(exc: BaseException) -> bool:
     """W&B rejected the key (its AuthenticationError also covers 'could not reach the server':
     only a message that says 401/403/invalid/unauthorized is a definite answer)."""
-    from payload.errors import _is_transient
+    from payload.errors import is_transient
 
     e, seen = exc, 0
     while e is not None and seen < 5:
-        if _is_transient(e):
+        if is_transient(e):
             return False
         e, seen = e.__cause__ or e.__context__, seen + 1
     text = " ".join(str(x) for x in (exc, exc.__cause__) if x is not None)
@@ -429,9 +429,9 @@ def ask(what: str, fn: Callable[[], T], definite: Callable[[BaseException], bool
 
 def _say(exc: BaseException, secrets: tuple) -> str:
     """One line for an exception, with any secret value blanked out."""
-    from payload.retry import _first_line
+    from payload.retry import first_line
 
-    text = _first_line(exc)
+    text = first_line(exc)
     for s in secrets:
         if s:
             text = text.replace(s, "***")
@@ -500,8 +500,9 @@ def check_wandb_key(cfg, env, sleep=None) -> list[Check]:
     the key with the server when it is built; nothing is written to disk)."""
     key = env.get("WANDB_API_KEY")
     mode = str(env.get("WANDB_MODE") or "").lower()
-    wanted = cfg.wandb is not None or "wandb" in cfg.train.report_to  # as payload/tracking.wanted (no import: cycle)
-    if not wanted or not key or mode in ("offline", "dryrun", "disabled"):
+    from payload.eval_config import wandb_wanted
+
+    if not wandb_wanted(cfg) or not key or mode in ("offline", "dryrun", "disabled"):
         return []
 
     def verify():

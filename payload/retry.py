@@ -28,15 +28,15 @@ def with_retries(what: str, fn: Callable[[], T], *, tries: int = TRIES, base_del
             return fn()
         except retry_on as e:
             if attempt == tries:
-                log.error("%s failed %d times; giving up: %s", what, tries, _first_line(e))
+                log.error("%s failed %d times; giving up: %s", what, tries, first_line(e))
                 raise
             delay = base_delay_s * 2 ** (attempt - 1)
-            log.warning("%s failed (try %d of %d): %s; retrying in %.0f s", what, attempt, tries, _first_line(e),
+            log.warning("%s failed (try %d of %d): %s; retrying in %.0f s", what, attempt, tries, first_line(e),
                         delay)
             sleep(delay)
     raise AssertionError("unreachable")
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__

@@ -1,14 +1,13 @@
 """Training stages of one run (runbook 003): SFT -> DPO -> GRPO, each from the previous stage's adapter.
 
-The stage schema (`StageConfig`, `DpoConfig`, `GrpoConfig`) lives in payload/config.py beside the
-rest of the run config; this module derives the RunConfig each stage trains with.
 A profile's `stages:` is a list of stage blocks. Each names its `kind` (sft, dpo, grpo), may bring
 its own data recipe (`data:`, else the run's `data:` is used) and overrides of `train:` (learning
 rate, steps or epochs, batch, ...), plus the `dpo:` or `grpo:` settings of its kind. Without
 `stages:` a run is one SFT stage, exactly as before.
 
-Like payload/config.py this imports only pydantic (no torch): the launcher validates, plans and
-renders profiles with it. `stage_run_config` derives the RunConfig one stage trains with.
+The stage schema (`StageConfig`, `DpoConfig`, `GrpoConfig`) lives in payload/config.py beside the
+rest of the run config; this module derives the RunConfig one stage trains with (`stage_run_config`).
+Like payload/config.py it imports only pydantic (no torch): the launcher plans stages with it.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from typing import Optional
 from pydantic import PrivateAttr
 
 from payload.config import STAGES_DIR, RunConfig, StageConfig, stage_train  # noqa: F401  (the schema lives in config)
+
 
 class StageRunConfig(RunConfig):
     """The RunConfig one stage trains with: its directory `{run_dir}/stages/<i>-<name>/`, its kind

@@ -1,6 +1,7 @@
 """The stage driver: a run's `stages:` (sft -> dpo -> grpo) in order, each from the previous adapter.
 
-`payload.train.main(cfg)` comes here when the config has stages. Stage i trains in
+`python -m payload train` comes here (a config without stages goes on to payload.train.main as
+one SFT run). Stage i trains in
 `{run_dir}/stages/<i>-<name>/` (its own data/, checkpoints/, metrics.jsonl, outputs/adapter) by
 payload.train's phases with the config `payload.stage_config.stage_run_config` derives, starting
 from stage i-1's exported adapter. A stage whose training_summary.json says completed for the same
@@ -19,7 +20,6 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Optional
 
 from payload import layout, lease, observe
 from payload.errors import BudgetExhausted, PayloadError
@@ -133,11 +133,3 @@ def _join_metrics(rd: Path, names: list[str], stages) -> None:
     tmp = rd / (layout.METRICS + ".tmp")
     tmp.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     tmp.replace(rd / layout.METRICS)
-
-
-def current_stage(run_dir: Path) -> Optional[dict]:
-    """The `stage` field of a run's status.json (None for runs without stages)."""
-    try:
-        return json.loads((Path(run_dir) / layout.STATUS).read_text()).get("stage")
-    except (OSError, ValueError):
-        return None

@@ -7,7 +7,7 @@ warning, GPU utilisation and memory, the generation metrics, and the highest-los
 Optional everywhere: without WANDB_API_KEY (and without WANDB_MODE=offline) one log line says W&B is
 off and nothing else changes. WANDB_MODE=offline writes the run under `{run_dir}/logs/wandb/` for a
 later `wandb sync`. `wandb.init` gets 3 tries with backoff (payload/retry.py). The budget warning
-(status.json `budget_warning`) is written here whether or not W&B is on.
+is payload/money.py's (log and status.json); here it only goes into the W&B run's summary.
 """
 
 from __future__ import annotations
@@ -21,15 +21,12 @@ from typing import Optional
 
 from payload import layout
 from payload.checkpoints import Callback
+from payload.eval_config import wandb_wanted
 
 log = logging.getLogger("payload.tracking")
 
 _RUN = None  # the wandb run this process started (None: off)
 _SAID_OFF = False
-
-
-def wanted(cfg) -> bool:
-    return cfg.wandb is not None or "wandb" in cfg.train.report_to
 
 
 def why_off() -> Optional[str]:
@@ -46,7 +43,7 @@ def report_to(cfg) -> list[str]:
     """The Trainer's `report_to`: the config's list, with wandb added when the section asks for it
     and removed when W&B is off here."""
     names = [n for n in cfg.train.report_to if n != "wandb"]
-    if wanted(cfg) and why_off() is None:
+    if wandb_wanted(cfg) and why_off() is None:
         names.append("wandb")
     return names
 
@@ -54,7 +51,7 @@ def report_to(cfg) -> list[str]:
 def start(cfg, job_type: str = "train"):
     """Start (or resume: same id per run) the run's wandb run; None when off."""
     global _RUN, _SAID_OFF
-    if _RUN is not None or not wanted(cfg):
+    if _RUN is not None or not wandb_wanted(cfg):
         return _RUN
     why = why_off()
     if why:
@@ -117,36 +114,24 @@ def gpu_stats() -> dict:
 
 
 class TrackingCallback(Callback):
-    """With every Trainer log line: cost, budget fraction (and the one-time warning into
-    status.json), GPU stats, to W&B when it is on."""
+    """With every Trainer log line, to W&B when it is on: cost, budget fraction (and the cost
+    tracker's budget warning, once it has one, in the run's summary), GPU stats."""
 
-    def __init__(self, run_dir: Path, tracker, warn_fraction: float, gpu: bool = True):
-        self.run_dir, self.tracker, self.warn_fraction, self.gpu = Path(run_dir), tracker, warn_fraction, gpu
-        self.warned = False
+    def __init__(self, tracker, gpu: bool = True):
+        self.tracker, self.gpu = tracker, gpu
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if _RUN is None or not state.is_world_process_zero:
+            return
         frac = self.tracker.fraction()
         row = {"cost_usd": round(self.tracker.usd(), 6), "train/global_step": state.global_step}
         if frac is not None:
             row["budget/fraction"] = round(frac, 4)
-            if frac >= self.warn_fraction and not self.warned:
-                self.warned = True
-                self._warn(frac)
         if self.gpu:
             row.update(gpu_stats())
-        if _RUN is not None and state.is_world_process_zero:
-            _RUN.log(row)
-
-    def _warn(self, frac: float) -> None:
-        from payload.observe import rank, write_status
-
-        text = (f"spent ${self.tracker.usd():.2f} = {100 * frac:.0f}% of the ${self.tracker.budget:.2f} budget "
-                f"(warning at {100 * self.warn_fraction:.0f}%)")
-        log.warning("budget: %s", text)
-        if rank() == 0:
-            write_status(self.run_dir, budget_warning=text)
-        if _RUN is not None:
-            _RUN.summary["budget_warning"] = text
+        _RUN.log(row)
+        if self.tracker.warning:
+            _RUN.summary["budget_warning"] = self.tracker.warning
 
 
 def log_high_loss(cfg, path: Path) -> int:
@@ -155,7 +140,7 @@ def log_high_loss(cfg, path: Path) -> int:
         return 0
     import wandb
 
-    from payload.infer import split_record
+    from payload.infer import images_of, split_record, text_of
 
     table = wandb.Table(columns=["loss", "val_index", "image", "prompt", "target", "source"])
     n = 0
@@ -163,10 +148,9 @@ def log_high_loss(cfg, path: Path) -> int:
         row = json.loads(line)
         rec = {"messages": row.get("messages") or []}
         prompt, target = split_record(rec)
-        images = [p["image"] for m in prompt if isinstance(m["content"], list)
-                  for p in m["content"] if p.get("type") == "image"]
-        text = " ".join(_text(m["content"]) for m in prompt)
-        table.add_data(row.get("loss"), row.get("val_index"), _image(images), text, target, row.get("source"))
+        text = " ".join(text_of(m["content"]) for m in prompt)
+        table.add_data(row.get("loss"), row.get("val_index"), _image(images_of(prompt)), text, target,
+                       row.get("source"))
         n += 1
     _RUN.log({"high_loss_samples": table})
     return n
@@ -196,9 +180,3 @@ def _image(paths: list[str]):
     import wandb
 
     return wandb.Image(paths[0]) if paths and Path(paths[0]).is_file() else None
-
-
-def _text(content) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text") or "" for p in content if p.get("type") == "text")

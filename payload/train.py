@@ -64,8 +64,8 @@ class Run:
 def main(cfg, setup_fn=None) -> dict:
     """Train (or resume) the run described by `cfg`; returns the training summary. Every end is
     recorded in status.json (state, exit_code, reason) before this returns or raises. `setup_fn`
-    builds the data, model and trainer instead of SFT's (payload/preference.py's for a DPO or GRPO stage); a run with `stages:` trains
-    through payload/stages.py, which calls this once per stage."""
+    builds the data, model and trainer instead of SFT's (payload/preference.py's for a DPO or GRPO
+    stage); a run with `stages:` trains through payload/stages.py, which calls this once per stage."""
     observe.setup_logging()
     if getattr(cfg, "stages", None):
         raise ValueError("a config with `stages:` trains through payload.stages.main (python -m payload train)")
@@ -212,8 +212,7 @@ def trainer_callbacks(run: Run, has_eval: bool) -> list:
     cbs = [run.control, ResumeLossState(run), CostCallback(run.tracker),
            observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
     cfg = run.cfg
-    cbs.append(tracking.TrackingCallback(run.run_dir, run.tracker, cfg.runtime.budget_warn_fraction,
-                                         gpu=cfg.wandb is None or cfg.wandb.gpu_stats))
+    cbs.append(tracking.TrackingCallback(run.tracker, gpu=cfg.wandb is None or cfg.wandb.gpu_stats))
     if cfg.evaluation is not None and cfg.evaluation.during_training and has_eval and not _zero3(cfg):
         from payload.evaluate import GenerationEval
 
@@ -360,9 +359,8 @@ class LaunchTrainerMixin:
         step = self.state.global_step
         evals = [h["eval_loss"] for h in self.state.log_history if h.get("step") == step and "eval_loss" in h]
         losses = [h["loss"] for h in self.state.log_history if "loss" in h]
-        from payload.evaluate import GEN_KEYS
-
-        scores = {k: h[k] for h in self.state.log_history if h.get("step") == step for k in GEN_KEYS if k in h}
+        scores = {k: h[k] for h in self.state.log_history if h.get("step") == step for k in observe.GEN_KEYS
+                  if k in h}
         return {**scores, "step": step, "eval_loss": evals[-1] if evals else None, "loss": losses[-1] if losses else None,
                 "epoch": self.state.epoch, "config_hash": run.cfg.config_hash(), "saved_at": observe.now_iso()}
 

@@ -166,7 +166,7 @@ def test_the_payloads_budget_warning_is_shown_by_status(clock, backend):
     shows it under the table (and in --json) while the run goes on."""
     registry.save(Run(id="w", profile="well-log-ocr-spot", backend="skypilot", started_at=1000.0, state="running",
                       price_per_hour=PRICE, billed_s=0.0, billed_usd=0.0, billing_since=1000.0, budget_usd=10.0))
-    text = "spent $9.12 = 91% of the $10.00 budget (warning at 90%)"
+    text = "cost $9.1200 is 91% of the $10.00 budget (warning at 90%)"
     backend.reply = RemoteStatus.from_report("running", {"state": "training", "step": 450, "budget_warning": text})
     clock.t = 1100.0
     assert status("w")["budget_warning"] == text

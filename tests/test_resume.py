@@ -229,6 +229,9 @@ def test_cost_accumulates_across_restarts_warns_and_stops(tmp_path, caplog):
         now[0] = 9.5
         assert not second.exhausted()  # $0.0095: 95%
         assert "95% of the $0.01 budget" in caplog.text
+        # ... and in status.json, where `launch status` shows it (once: the tracker warns once)
+        warning = json.loads((tmp_path / layout.STATUS).read_text())["budget_warning"]
+        assert "95% of the $0.01 budget (warning at 90%)" in warning and warning == second.warning
         now[0] = 10.0
         assert second.exhausted()
     assert second.eta_s(step=10, max_steps=40, session_steps=10, session_train_s=5.0) == pytest.approx(15.0)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 from payload import layout
-from payload.manifest import regular_files
+from payload.checksums import regular_files
 
 from ..registry import Run
 from ..state import state_dir

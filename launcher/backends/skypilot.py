@@ -30,9 +30,9 @@ from payload.errors import END_STATES
 from ..profile import REPO_ROOT
 from ..registry import ACTIVE_STATES, STATES, Run
 from ..uploads import remove_staged, stage_workdir
-from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, remote_command
+from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, remote_command, remote_path
 from . import skypilot_control as control
-from .skypilot_files import RunFiles, S3Volume, cluster_ssh, remote_expr, s3_ready, ssh_argv
+from .skypilot_files import RunFiles, S3Volume, cluster_ssh, s3_ready, ssh_argv
 from .skypilot_sdk import first_line, record_field, sdk, volume_record
 from .tasks import workdir_files
 
@@ -454,7 +454,7 @@ class SkyPilotBackend(Backend):
         """A run-dir-relative file of the run: over SSH while the cluster is up, else from the volume (S3)."""
         h = run.handle
         if h.get("kind") == "cluster" and up:
-            return cluster_ssh(run.cluster, f"cat {remote_expr(h['run_dir'] + '/' + rel)}", check=False)
+            return cluster_ssh(run.cluster, f"cat {remote_path(h['run_dir'] + '/' + rel)}", check=False)
         if s3_ready(h):
             try:
                 return S3Volume(h["volume"]).read(f"{h['volume']['key_prefix']}/{run.id}/{rel}")

@@ -23,9 +23,6 @@ RSYNC_TIMEOUT_S = 3600
 # ------------------------------------------------------------------------- files: ssh + rsync
 
 
-remote_expr = remote_path  # a remote path for a shell command, `~/` kept expandable (one owner)
-
-
 def ssh_argv(host: str) -> list[str]:
     """ssh with the per-cluster config SkyPilot writes at launch (also Included from ~/.ssh/config,
     which ssh reads from the passwd home, so name the file: it follows $HOME like SkyPilot does)."""
@@ -52,7 +49,7 @@ def cluster_ssh(host: str, command: str, check: bool = True) -> Optional[str]:
 
 def cluster_list(host: str, run_dir: str, roots: tuple[str, ...]) -> dict[str, int]:
     """{run-dir-relative file: bytes} for the regular files under `roots` on the cluster's head node."""
-    return parse_listing(cluster_ssh(host, list_command(remote_expr(run_dir), roots)) or "")
+    return parse_listing(cluster_ssh(host, list_command(remote_path(run_dir), roots)) or "")
 
 
 def cluster_copy(host: str, run_dir: str, rels: list[str], into: Path) -> None:
