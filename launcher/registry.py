@@ -102,7 +102,8 @@ def db_path():
 # Run ids handed out, each reserved by an INSERT in the transaction that picks it, so two `launch up`
 # at the same second never get the same id (a reservation outlives a launch that failed).
 _SCHEMA_IDS = "CREATE TABLE IF NOT EXISTS run_ids (id TEXT PRIMARY KEY)"
-_CHECKED: set[str] = set()
+_CHECKED: set[str] = set()  # registries quick_check-ed by this process
+_LOCKED: set[str] = set()  # registries whose setup lock this process holds
 
 
 class RegistryError(Exception):
@@ -139,15 +140,18 @@ def _open(path) -> sqlite3.Connection:
     con = sqlite3.connect(path, timeout=30, isolation_level=None)
     try:
         con.execute("PRAGMA busy_timeout=30000")
-        con.execute("PRAGMA journal_mode=WAL")
-        if str(path) not in _CHECKED:
-            result = con.execute("PRAGMA quick_check").fetchone()
-            if result and result[0] != "ok":
-                raise sqlite3.DatabaseError(f"database disk image is malformed ({result[0]})")
-            _CHECKED.add(str(path))
-        con.execute(_SCHEMA)
-        con.execute(_SCHEMA_IDS)
-        _migrate(con)
+        # Switching a new file to WAL answers "database is locked" at once (no busy wait) when another
+        # process is switching it too: the setup runs one process at a time.
+        with _setup_lock(path):
+            con.execute("PRAGMA journal_mode=WAL")
+            if str(path) not in _CHECKED:
+                result = con.execute("PRAGMA quick_check").fetchone()
+                if result and result[0] != "ok":
+                    raise sqlite3.DatabaseError(f"database disk image is malformed ({result[0]})")
+                _CHECKED.add(str(path))
+            con.execute(_SCHEMA)
+            con.execute(_SCHEMA_IDS)
+            _migrate(con)
     except BaseException:
         con.close()
         raise
@@ -163,12 +167,29 @@ def _corrupt(e: sqlite3.DatabaseError) -> bool:
     return "not a database" in text or "malformed" in text
 
 
-def _move_aside(path, err: Exception) -> None:
-    """Rename a corrupt registry (and its -wal/-shm) to `runs.db.corrupt-<UTC time>`, under a lock so
-    concurrent commands move it once; say so in one line on stderr."""
+@contextmanager
+def _setup_lock(path) -> Iterator[None]:
+    """The registry's setup lock (`runs.db.lock`, flock): opening a registry (WAL switch, schema,
+    migration) and moving a corrupt one aside happen one process at a time. Re-entrant within a
+    process (moving aside opens the registry again under it)."""
+    key = str(path)
+    if key in _LOCKED:
+        yield
+        return
     lock = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        _LOCKED.add(key)
+        yield
+    finally:
+        _LOCKED.discard(key)
+        os.close(lock)  # releases the flock
+
+
+def _move_aside(path, err: Exception) -> None:
+    """Rename a corrupt registry (and its -wal/-shm) to `runs.db.corrupt-<UTC time>`, under the setup
+    lock so concurrent commands move it once; say so in one line on stderr."""
+    with _setup_lock(path):
         try:
             _open(path).close()  # another process may have replaced it while we waited
             return
@@ -184,8 +205,6 @@ def _move_aside(path, err: Exception) -> None:
             src = path.with_name(path.name + suffix)
             if src.exists():
                 os.replace(src, aside.with_name(aside.name + suffix))
-    finally:
-        os.close(lock)  # releases the flock
     _CHECKED.discard(str(path))
     sys.stderr.write(f"! run registry {path} was unreadable ({err}); moved it to {aside.name} and started an "
                      "empty one: runs it listed are no longer tracked, so check your provider (`sky status`, "
