@@ -1,6 +1,6 @@
 # make demo   - install what is needed, run local-demo end to end (up, follow, down --fetch-artifacts)
 # make test   - install what is needed, run the test suite
-# make lock   - re-resolve the GPU machine's lock (payload/requirements-gpu.lock) from its pins
+# make lock   - re-resolve both locks (requirements/dev.lock, payload/requirements-gpu.lock) from their inputs
 # make gpu-check [ARGS=...] - on a GPU machine: the payload vs a plain Trainer, per mode (bench/README.md)
 SHELL := /bin/bash
 PY ?= python3
@@ -9,17 +9,28 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
-.PHONY: install test demo render render-check bench clean lock gpu-check gpu-check-smoke gpu-wheels
+.PHONY: install test demo render render-check bench clean lock lock-check gpu-check gpu-check-smoke gpu-wheels
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/dev.txt requirements/skypilot.txt requirements/constraints.txt
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# CPU torch first and pinned: an unpinned torch would pull several GB of CUDA wheels.
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.txt -r requirements/skypilot.txt
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps skypilot==0.14.1
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+# The launcher/test environment is requirements/dev.lock, installed exactly (uv pip sync: what is not in
+# the lock is removed, every wheel is checked against its hash). uv itself is bootstrapped at its
+# pinned version into .tools/ from the package index. CPU torch (`torch==2.13.0+cpu` in the lock) comes
+# from a local wheel folder where this machine has one, else from the PyTorch CPU index; set TORCH_CPU
+# to point elsewhere (uv flags).
+UV_VERSION := 0.13.9
+UV := .tools/bin/uv
+TORCH_CPU ?= $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links /opt/wheels,--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
+export UV_LINK_MODE ?= copy
+
+$(UV):
+	test -x .tools/bin/python || $(PY) -m venv .tools
+	.tools/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+
+$(STAMP): pyproject.toml requirements/dev.lock | $(UV)
+	test -x $(BIN)/python || $(UV) venv -q --python $(PY) $(VENV)
+	$(UV) pip sync -q --python $(BIN)/python $(TORCH_CPU) requirements/dev.lock
+	$(UV) pip install -q --python $(BIN)/python --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 test: install
@@ -28,17 +39,24 @@ test: install
 demo: install
 	bash scripts/demo.sh
 
-# The GPU stack for the machine that trains, not this one: linux x86_64, Python 3.11, CUDA 12 (the
-# torch wheel on PyPI). Wheels only, except deepspeed (pure Python with DS_BUILD_OPS=0). Existing pins
-# are kept where they still fit; LOCK_FLAGS=--upgrade re-resolves everything.
-UV_VERSION := 0.13.9
-GPU_PLATFORM := --python-platform x86_64-manylinux_2_28 --python-version 3.11 --only-binary :all: --no-binary deepspeed
-lock:
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/uv --version 2>/dev/null | grep -q "$(UV_VERSION)" || \
-	  $(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(BIN)/uv pip compile -q $(GPU_PLATFORM) $(LOCK_FLAGS) --custom-compile-command "make lock" \
+# `make lock` re-resolves both locks from their inputs, keeping existing pins where they still fit
+# (LOCK_FLAGS=--upgrade upgrades on purpose), and records the inputs' hash in each lock's header;
+# `make lock-check` (CI) fails while a lock is older than its inputs and names the file to refresh.
+# - requirements/dev.lock: this machine's (launcher + tests), linux x86_64 / Python 3.11, with hashes.
+# - payload/requirements-gpu.lock: the GPU machine's, linux x86_64 / Python 3.11 / CUDA 12 (the torch
+#   wheel on PyPI), wheels only except deepspeed (pure Python with DS_BUILD_OPS=0).
+PLATFORM := --python-platform x86_64-manylinux_2_28 --python-version 3.11
+GPU_PLATFORM := $(PLATFORM) --only-binary :all: --no-binary deepspeed
+lock: | $(UV)
+	$(UV) pip compile -q $(PLATFORM) --generate-hashes $(TORCH_CPU) $(LOCK_FLAGS) \
+	  --overrides requirements/overrides.txt --custom-compile-command "make lock" \
+	  pyproject.toml requirements/dev.in -o requirements/dev.lock
+	$(UV) pip compile -q $(GPU_PLATFORM) $(LOCK_FLAGS) --custom-compile-command "make lock" \
 	  payload/requirements-gpu.txt -o payload/requirements-gpu.lock
+	$(PY) scripts/lock_inputs.py --write
+
+lock-check:
+	$(PY) scripts/lock_inputs.py --check
 
 render: install
 	$(BIN)/launch render --all
@@ -64,4 +82,4 @@ gpu-wheels: install
 	$(BIN)/python bench/gpu_wheels.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) artifacts .pytest_cache
+	rm -rf $(VENV) .tools artifacts .pytest_cache
