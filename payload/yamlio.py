@@ -7,8 +7,10 @@ gets expensive, with one line naming the place (`where:line`) and the fix:
 
 - size: at most `MAX_BYTES` (checked before reading the whole file),
 - encoding: UTF-8 (a BOM is accepted), the first bad byte's line and column reported,
-- nesting: at most `MAX_DEPTH` levels, counted on the event stream (no recursion) and again after
-  alias expansion,
+- nesting: at most `MAX_DEPTH` levels, counted by our own code whatever the parser: flow brackets
+  (`[[[[`) in one linear pass over the text before any parser sees it (libyaml's scanner reads a
+  flow collection far ahead and since PyYAML 6.0.4 stops at its own depth limit with its own
+  wording), then every level on the event stream (no recursion), and again after alias expansion,
 - aliases: at most `MAX_ALIASES`, and the document expanded through them at most `MAX_NODES` nodes;
   a recursive alias (`&a [*a]`) is refused.
 
@@ -18,6 +20,7 @@ PyYAML has it (about 10x faster; the pure-Python scanner is quadratic in nesting
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ MAX_NODES = 100_000
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
 _CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+_FLOW_SPECIAL = re.compile(r"[\[\]{}\n'\"#]")
 
 
 class YamlProblem(ValueError):
@@ -93,8 +97,57 @@ def parse_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int]]:
     return data, _lines(node)
 
 
+def _too_deep(where: str, line: int) -> YamlProblem:
+    return YamlProblem(f"{where}:{line}: nested more than {MAX_DEPTH} levels deep; flatten the structure")
+
+
+def _check_flow_depth(text: str, where: str) -> None:
+    """Refuse flow brackets nested deeper than MAX_DEPTH, before a parser reads ahead into them.
+
+    Brackets inside quoted strings and comments do not count; a quote only opens a string where YAML
+    allows one to start (after a space, a bracket, a comma or a colon), so `don't` opens nothing. It
+    may overcount brackets in plain text, which only matters past MAX_DEPTH unclosed ones.
+    """
+    depth = 0
+    line = 1
+    skip_to = 0
+    for m in _FLOW_SPECIAL.finditer(text):
+        i, c = m.start(), m.group()
+        if i < skip_to:
+            continue
+        if c == "\n":
+            line += 1
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep(where, line)
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        elif i == 0 or text[i - 1] in " \t\n[{,:":  # a quote or comment starts here
+            end = _skip_quoted(text, i) if c != "#" else text.find("\n", i)
+            skip_to = len(text) if end < 0 else end
+            line += text.count("\n", i, skip_to)
+
+
+def _skip_quoted(text: str, start: int) -> int:
+    """Index just past the string that opens at `start` ('..' with '' escapes, ".." with \\ escapes)."""
+    quote = text[start]
+    i = start + 1
+    while True:
+        j = text.find(quote, i)
+        if j < 0:
+            return len(text)
+        if quote == "'" and text.startswith("''", j):
+            i = j + 2
+        elif quote == '"' and (j - start - 1 - len(text[start + 1:j].rstrip("\\"))) % 2:
+            i = j + 1
+        else:
+            return j + 1
+
+
 def _check_events(text: str, where: str) -> None:
     """Nesting depth and alias count from the event stream, stopping at the first excess."""
+    _check_flow_depth(text, where)
     loader = _Loader(text)
     depth = aliases = 0
     try:
@@ -103,8 +156,7 @@ def _check_events(text: str, where: str) -> None:
             if isinstance(ev, _OPEN):
                 depth += 1
                 if depth > MAX_DEPTH:
-                    raise YamlProblem(f"{where}:{ev.start_mark.line + 1}: nested more than {MAX_DEPTH} levels "
-                                      "deep; flatten the structure")
+                    raise _too_deep(where, ev.start_mark.line + 1)
             elif isinstance(ev, _CLOSE):
                 depth -= 1
             elif isinstance(ev, yaml.AliasEvent):

@@ -39,7 +39,7 @@ def pins(path: Path) -> dict[str, str]:
 def uv() -> str:
     found = shutil.which("uv", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     if not found:
-        pytest.skip("uv is not installed (requirements/dev.txt pins it: `make install`)")
+        pytest.skip("uv is not installed (requirements/dev.lock pins it: `make install`)")
     return found
 
 
