@@ -328,9 +328,24 @@ class LaunchTrainerMixin:
             ids = inputs["input_ids"]
             real = inputs["attention_mask"].sum() if "attention_mask" in inputs else torch.tensor(ids.numel())
             pair = torch.stack([real.to(ids.device), torch.tensor(ids.numel(), device=ids.device)]).float()
-            pair = self.accelerator.gather_for_metrics(pair[None]).sum(0)
-            self._metrics["train"]["real_token_fraction"].append((pair[0] / pair[1]).item())
+            self.__dict__.setdefault("_token_pairs", []).append(pair)  # stays on the device until a log
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _flush_token_pairs(self) -> None:
+        """Each batch's real-token fraction since the last log, summed over ranks: one gather and
+        one device-to-host copy per logging interval, not a GPU sync per batch."""
+        pending = self.__dict__.get("_token_pairs")
+        if not pending:
+            return
+        import torch
+
+        pairs = self.accelerator.gather(torch.stack(pending)[None]).sum(0)
+        pending.clear()
+        self._metrics["train"]["real_token_fraction"].extend((pairs[:, 0] / pairs[:, 1]).tolist())
+
+    def log(self, logs, *args, **kwargs):
+        self._flush_token_pairs()
+        return super().log(logs, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
         t = time.monotonic()
@@ -368,6 +383,8 @@ class LaunchTrainerMixin:
         """What the Trainer and TRL accumulate between two logs, on this rank: a checkpoint saved
         between logging steps (a SIGTERM, a budget stop) carries it so the next logged loss averages
         the same steps, in the same float32 order, as an uninterrupted run."""
+        if hasattr(self, "_metrics"):
+            self._flush_token_pairs()
         metrics = getattr(self, "_metrics", {}).get("train", {})
         return {"step": self.state.global_step, "tr_loss": float(self._tr_loss.item()),
                 "last_logged": self._globalstep_last_logged,
