@@ -333,12 +333,25 @@ def logs(run_id, follow, progress, tail):
     run = registry.get(run_id)
     if follow:
         return _follow(run, progress=progress, tail=tail)
-    return backend_for(run).logs(run, False, sys.stdout, tail=tail)
+    return _stream_log(run, False, tail)
+
+
+def _stream_log(run, follow: bool, tail) -> int:
+    """The raw log to a terminal; into a pipe or a file without terminal codes (launcher/logtext.py)."""
+    if sys.stdout.isatty():
+        return backend_for(run).logs(run, follow, sys.stdout, tail=tail)
+    from .logtext import CleanWriter
+
+    out = CleanWriter(sys.stdout)
+    try:
+        return backend_for(run).logs(run, follow, out, tail=tail)
+    finally:
+        out.close_pending()
 
 
 def _follow(run, progress: bool, tail=None):
     if not progress:
-        backend_for(run).logs(run, True, sys.stdout, tail=tail)
+        _stream_log(run, True, tail)
     else:
         _progress(run)
     run = _refresh(run)
