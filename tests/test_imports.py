@@ -65,3 +65,25 @@ def test_bench_scripts_importing_each_other_by_name_are_covered(tmp_path):
     })
     found = _script().module_cycles(root)
     assert found == [(["gpu_a", "gpu_b"], ["gpu_a:1 -> gpu_b", "gpu_b:2 -> gpu_a (in a function)"])]
+
+
+def test_the_launcher_enters_the_payload_only_through_its_declared_doors():
+    """Every launcher -> payload import (module level or in a function) goes through a door listed in
+    launcher/doors.py with its reason; a listed door nobody uses is stale; the payload never imports
+    the launcher."""
+    from launcher.doors import PAYLOAD_DOORS
+
+    script = _script()
+    used: dict[str, set[str]] = {}
+    back = []
+    for a, b, _, line in script.edges(script.modules()):
+        if a.startswith("launcher") and b.startswith("payload"):
+            used.setdefault(b, set()).add(f"{a}:{line}")
+        if a.startswith("payload") and b.startswith("launcher"):
+            back.append(f"{a}:{line} -> {b}")
+    undeclared = {door: sorted(users) for door, users in used.items() if door not in PAYLOAD_DOORS}
+    assert not undeclared, f"launcher imports payload modules that are not declared doors: {undeclared}; add " \
+                           "each to launcher/doors.py with the reason, or go through an existing door"
+    assert not set(PAYLOAD_DOORS) - set(used), f"declared doors nobody uses: {set(PAYLOAD_DOORS) - set(used)}"
+    assert all(len(reason) > 20 for reason in PAYLOAD_DOORS.values())
+    assert not back, f"the payload imports the launcher: {back}"
