@@ -35,6 +35,7 @@ from payload.checksums import file_digest
 
 from .backends import BackendError
 from .logtext import CleanWriter, clean_file
+from .units import human_size
 
 INCOMING = ".incoming"
 MAX_MANIFEST_BYTES = 64 << 20
@@ -395,11 +396,3 @@ def _read_small_json(path: Path) -> dict:
         return value if isinstance(value, dict) else {}
     except (OSError, ValueError):
         return {}
-
-
-def human_size(n: int) -> str:
-    """Bytes as kB/MB/GB (decimal), one decimal."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
-        if n >= scale / 10:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1e3:.1f} kB"

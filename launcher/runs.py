@@ -534,7 +534,8 @@ def _fetch(be, run, target: Path, merged: bool):
     """Fetch and verify (launcher.artifacts); one ✓ line and its notes, or refuse to tear down."""
     from rich.markup import escape
 
-    from .artifacts import fetch, human_size
+    from .artifacts import fetch
+    from .units import human_size
     from .backends import BackendError
     from .ui import console
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+from .units import duration, hours, money  # noqa: F401  (also used by callers through ui)
+
 
 @functools.lru_cache(maxsize=1)
 def console():
@@ -47,25 +49,6 @@ def hints(*commands: str) -> None:
     c = console()
     for cmd in commands:
         c.print(f"  [dim]→[/] [bold]{esc(cmd)}[/]")
-
-
-def money(x) -> str:
-    if x is None:
-        return "-"
-    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
-
-
-def duration(seconds) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
-def hours(h) -> str:
-    return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
 
 
 def print_plan(p, plan) -> None:
