@@ -118,12 +118,17 @@ def estimate_data(p: Profile) -> DataEstimate:
     records, nbytes = 0, 0.0
     paths = [_local_path(s.path) if s.path else None for s in p.data.sources]
     if all(paths):
+        test = 0
         for s, path in zip(p.data.sources, paths):
+            n = _count_records(path)
+            kept = min(n, s.max_records) if s.max_records else n  # the data step's max_records cap
             share = train_share(s)
-            records += int(_count_records(path) * share)
-            nbytes += path.stat().st_size * share
+            records += int(kept * share)
+            nbytes += path.stat().st_size * (kept / max(n, 1)) * share
+            test += int(kept * _share(s, "test"))
         tpr = (nbytes / max(records, 1)) / BYTES_PER_TOKEN
-        return DataEstimate(records, tpr, f"counted in local files, ~{BYTES_PER_TOKEN:g} bytes/token")
+        return DataEstimate(records, tpr, f"counted in local files, ~{BYTES_PER_TOKEN:g} bytes/token (estimate)",
+                            test)
     e = p.estimate
     if e.train_records:
         tpr = e.mean_tokens_per_record or p.train.max_seq_length / 2
@@ -134,8 +139,12 @@ def estimate_data(p: Profile) -> DataEstimate:
 
 def train_share(source) -> float:
     """The share of a data source's records that goes to the train split."""
+    return _share(source, "train")
+
+
+def _share(source, name: str) -> float:
     split = source.split
-    return (1.0 if split == "train" else 0.0) if isinstance(split, str) else split.get("train", 0.0)
+    return (1.0 if split == name else 0.0) if isinstance(split, str) else split.get(name, 0.0)
 
 
 def _local_path(rel: str) -> Optional[Path]:

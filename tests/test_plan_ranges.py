@@ -1,0 +1,125 @@
+"""Issue 24: a plan you can bet on. Ranges with sources against the runbooks' own figures, tokens
+counted from the data, spot told honestly, `--compare`, and calibration from a real finished run.
+
+Runbook figures (../shared/seeds): 000 2-4 h training, 3-5 h total, ~$22; 001 ~7 h for 600 steps;
+002 500 steps ~$5-8 on an RTX 4090; 003 SFT ~4 h, DPO ~2 h, GRPO ~3 h on a T4; 004 18-24 h for 3
+epochs on 16 A100."""
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from launcher.cli import cli
+from launcher.plan import estimate_data, plan_profile, train_tokens
+from launcher.profile import load_profile, profile_names
+from launcher.speed_model import estimate
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return {n: plan_profile(load_profile(n), compare_layouts=False) for n in profile_names()}
+
+
+def contains(rng: dict, value: float) -> bool:
+    return rng["low"] <= value <= rng["high"]
+
+
+def test_every_profile_has_low_mid_high_hours_and_dollars_and_a_throughput_source(plans):
+    for name, pl in plans.items():
+        d = pl.to_dict()
+        for what in ("hours", "usd"):
+            r = d["ranges"][what]
+            assert r["low"] <= r["mid"] <= r["high"], (name, what, r)
+        t = d["throughput"]
+        assert t["low"] <= t["mid"] <= t["high"] and t["source"] and t["kind"], (name, t)
+    assert plans["sonia-h100"].throughput["source"].startswith("runbook 000")
+
+
+def test_ranges_contain_what_the_runbooks_state(plans):
+    s = plans["sonia-h100"]
+    assert contains(s.ranges["hours"], 3) and contains(s.ranges["hours"], 5)  # 000: total 3-5 h
+    assert contains(s.ranges["usd"], 22)  # 000: ~$22 (at $5.38/h; the catalog says $6.58/h)
+    lo = plans["lovecraft-a100-spot"]
+    train = next(ph["hours"] for ph in lo.phases if ph["name"] == "training")
+    assert 6 < train < 8 and contains(lo.ranges["hours"], 7)  # 001: ~7 h for 600 steps
+    ocr = plans["well-log-ocr-spot"]
+    assert contains(ocr.ranges["usd"], 5) and contains(ocr.ranges["usd"], 8)  # 002: ~$5-8 for 500 steps
+    assert "eval by generation" in [ph["name"] for ph in ocr.phases]  # CER/WER generation is billed
+    stages = {st["kind"]: st["hours_range"] for st in plans["spatial-vl-t4"].stages}
+    assert contains(stages["sft"], 4) and contains(stages["dpo"], 2) and contains(stages["grpo"], 3)  # 003
+    q = plans["qwen3-32b-4x4-a100"]
+    assert contains(q.ranges["hours"], 21) and q.ranges["hours"]["high"] > 24  # 004: 18-24 h
+    assert q.train_tokens == 200_000 * 1100 * 3  # the estimate cites runbook 004's rates
+
+
+def test_small_and_vision_language_models_do_not_speed_up_as_one_over_size():
+    big, small = estimate("H100-SXM", "lora", 32.0), estimate("H100-SXM", "lora", 2.0)
+    assert 1.1 < small.mid / big.mid < 3  # not 16x
+    t4 = estimate("T4", "lora", 2.0)
+    assert t4.mid == pytest.approx(142) and t4.source.startswith("runbook 003")  # its own measurement
+    assert "carried to RTX4090, qlora" in estimate("RTX4090", "qlora", 2.0).source
+    assert estimate("H100-SXM", "lora", 8.0).high / estimate("H100-SXM", "lora", 8.0).low > t4.high / t4.low
+
+
+def test_spot_without_a_discount_says_on_demand_is_cheaper_each_with_its_own_hours(plans):
+    lo = plans["lovecraft-a100-spot"]
+    alt = lo.alternative
+    assert alt["use_spot"] is False and alt["price_per_hour"] == lo.price_per_hour  # RunPod: spot = on-demand
+    assert alt["total_hours"] < lo.total_hours  # on-demand: no recoveries
+    assert "no spot discount" in lo.spot_note and "on-demand is cheaper" in lo.spot_note
+    t4 = plans["spatial-vl-t4"]  # Azure has a spot discount: no note
+    assert t4.spot_note is None and t4.alternative["total_usd"] > t4.total_usd
+
+
+def test_over_budget_plan_is_said_in_red():
+    """qwen3-32b-4x4-a100 on runbook 004's data size plans over its $600 cap: a `✗` line (red)."""
+    r = CliRunner().invoke(cli, ["plan", "qwen3-32b-4x4-a100"], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert re.search(r"✗ planned ~\$1,[0-9,.]+ \(range \$[0-9,.]+-\$[0-9,.]+\) is over the budget cap \$600.00", out)
+
+
+
+def _profile_with_data(tmp_path, path, max_records=None):
+    """local-demo with one chat source at `path`, trained for epochs (not max_steps)."""
+    import yaml
+
+    d = yaml.safe_load(open("clusters/local-demo.yaml"))
+    src = dict(d["data"]["sources"][0], path=str(path))
+    if max_records:
+        src["max_records"] = max_records
+    d["data"]["sources"] = [src]
+    d["name"] = "p"
+    d["train"]["max_steps"] = None
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(d))
+    return load_profile(str(tmp_path / "p.yaml"))
+
+
+def test_doubling_a_local_data_file_doubles_the_planned_tokens(tmp_path):
+    text = open("payload/samples/demo_chat.jsonl").read()
+    data = tmp_path / "chat.jsonl"
+    data.write_text(text)
+    p = _profile_with_data(tmp_path, data)
+    one = estimate_data(p)
+    data.write_text(text + text)
+    two = estimate_data(p)
+    assert "counted in local files" in one.source and "estimate" in one.source
+    assert two.records == pytest.approx(2 * one.records, abs=1)
+    assert train_tokens(p, two) == pytest.approx(2 * train_tokens(p, one), rel=0.01)
+    capped = estimate_data(_profile_with_data(tmp_path, data, max_records=10))
+    assert capped.records == int(10 * 0.9)  # the data step's max_records, then the train share
+
+
+def test_compare_lists_options_that_fit_ranked_by_total_dollars_at_80_columns():
+    r = CliRunner().invoke(cli, ["plan", "sonia-h100", "--compare"], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80
+    j = CliRunner().invoke(cli, ["plan", "sonia-h100", "--compare", "--json"])
+    rows = json.loads(j.output)["rows"]
+    assert len(rows) >= 3 and [x["total_usd"] for x in rows] == sorted(x["total_usd"] for x in rows)
+    assert sum(x["chosen"] for x in rows) == 1 and all(x["memory"] in ("fits", "tight") for x in rows)
+    assert {x["spot"] for x in rows} == {True, False} and len({x["cloud"] for x in rows}) >= 2
+    for x in rows:  # every $ figure whole at 80 columns
+        assert f"~${x['total_usd']:,.2f}" in r.output
