@@ -123,3 +123,36 @@ def test_compare_lists_options_that_fit_ranked_by_total_dollars_at_80_columns():
     assert {x["spot"] for x in rows} == {True, False} and len({x["cloud"] for x in rows}) >= 2
     for x in rows:  # every $ figure whole at 80 columns
         assert f"~${x['total_usd']:,.2f}" in r.output
+
+
+def test_a_finished_local_demo_run_calibrates_plan_local_demo():
+    """A real local-demo run (12 steps): its summary records tokens/s/GPU and phase durations, and
+    `launch plan local-demo` then uses them: "calibrated from 1 run"."""
+    import time
+
+    from launcher import registry
+    from launcher.calibration import measured_runs
+
+    before = CliRunner().invoke(cli, ["plan", "local-demo", "--json"])
+    assert json.loads(before.output)["throughput"]["kind"] == "cpu"
+    r = CliRunner().invoke(cli, ["up", "local-demo", "--set", "train.max_steps=12", "--set",
+                                 "train.eval_steps=6", "--set", "train.checkpoints.save_steps=6", "--set",
+                                 "outputs.merge=false", "--set", "outputs.export_mlx=false"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    run_id = r.output.split("started ")[1].split()[0]
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        state = json.loads(CliRunner().invoke(cli, ["status", run_id, "--json"]).output)["state"]
+        if state not in ("starting", "running"):
+            break
+        time.sleep(1)
+    assert state == "completed", registry.get(run_id)
+    [m] = measured_runs()
+    assert m.run_id == run_id and m.tokens_per_s_per_gpu > 0 and m.accelerator is None
+    assert {"data", "training"} <= set(m.phase_seconds)  # every payload stage timed, folded into the summary
+    after = CliRunner().invoke(cli, ["plan", "local-demo", "--json"])
+    t = json.loads(after.output)["throughput"]
+    assert t["kind"] == "runs" and t["source"].startswith("calibrated from 1 run")
+    assert t["mid"] == pytest.approx(m.tokens_per_s_per_gpu)
+    shown = CliRunner().invoke(cli, ["plan", "local-demo"], terminal_width=80)
+    assert "calibrated from 1 run" in " ".join(shown.output.split())
