@@ -137,7 +137,9 @@ def print_plan(p, plan) -> None:
         t.add_row("Secrets", "none needed")
     console().print(t)
     if plan.budget_note:
-        console().print(f"[red]✗ {esc(plan.budget_note)}[/]", soft_wrap=True)
+        console().print(f"[red]✗ {esc(plan.budget_note)}[/]")
+    if plan.spot_note:
+        console().print(f"[yellow]![/] {esc(plan.spot_note)}")
     for line in plan_warnings(plan):
         console().print(f"[yellow]![/] {line}", soft_wrap=True)
     hints(f"launch up {p.name}")
@@ -167,8 +169,6 @@ def plan_warnings(plan) -> list[str]:
                    "to train; lower train.per_device_batch_size or max_seq_length, or use a bigger GPU")
     elif plan.memory.get("status") == "tight":
         out.append(f"GPU memory: {plan.memory['detail']} is tight (estimate +-20%): may run out of memory")
-    if plan.spot_note:
-        out.append(plan.spot_note)
     disk = plan.disk
     if disk and disk["size_gb"] < disk["needed_gb"]:
         out.append(f"cluster.disk_size {disk['size_gb']} GB is below the ~{disk['needed_gb']} GB the run "
