@@ -156,3 +156,21 @@ def test_a_finished_local_demo_run_calibrates_plan_local_demo():
     assert t["mid"] == pytest.approx(m.tokens_per_s_per_gpu)
     shown = CliRunner().invoke(cli, ["plan", "local-demo"], terminal_width=80)
     assert "calibrated from 1 run" in " ".join(shown.output.split())
+
+
+def test_up_asks_before_starting_a_run_planned_over_its_cap(monkeypatch):
+    import click
+
+    from launcher.catalog import PlanError
+    from launcher.plan_ranges import confirm_over_budget
+
+    p = load_profile("qwen3-32b-4x4-a100")
+    asked = []
+    monkeypatch.setattr(click, "confirm", lambda q, **kw: asked.append(q) or False)
+    with pytest.raises(PlanError, match="not started: the plan is over the budget cap"):
+        confirm_over_budget(p, "skypilot", interactive=True)
+    monkeypatch.setattr(click, "confirm", lambda q, **kw: asked.append(q) or True)
+    confirm_over_budget(p, "skypilot", interactive=True)  # confirmed: goes on
+    assert asked == ["Start it anyway?"] * 2
+    confirm_over_budget(load_profile("sonia-h100"), "skypilot", interactive=True)  # within its cap: no question
+    assert len(asked) == 2
