@@ -118,6 +118,12 @@ def estimate_data(p: Profile) -> DataEstimate:
     records, nbytes = 0, 0.0
     paths = [_local_path(s.path) if s.path else None for s in p.data.sources]
     if all(paths):
+        from .data_count import estimate_from_files
+
+        counted = estimate_from_files(p, REPO_ROOT)
+        if counted is not None and counted.records:
+            return DataEstimate(counted.records, counted.tokens / counted.records, counted.how,
+                                counted.test_records)
         test = 0
         for s, path in zip(p.data.sources, paths):
             n = _count_records(path)

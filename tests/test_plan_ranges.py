@@ -97,19 +97,50 @@ def _profile_with_data(tmp_path, path, max_records=None):
     return load_profile(str(tmp_path / "p.yaml"))
 
 
+def _chat(start: int, n: int) -> str:
+    return "".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i:06d} plus one?"},
+                                            {"role": "assistant", "content": f"It is {i + 1:06d}, one more."}]})
+                   + "\n" for i in range(start, start + n))
+
+
 def test_doubling_a_local_data_file_doubles_the_planned_tokens(tmp_path):
-    text = open("payload/samples/demo_chat.jsonl").read()
+    """Counted by the payload's own data pipeline: split, max_records and de-duplication included."""
     data = tmp_path / "chat.jsonl"
-    data.write_text(text)
+    data.write_text(_chat(0, 200))
     p = _profile_with_data(tmp_path, data)
     one = estimate_data(p)
-    data.write_text(text + text)
+    data.write_text(_chat(0, 400))  # twice the records
     two = estimate_data(p)
-    assert "counted in local files" in one.source and "estimate" in one.source
-    assert two.records == pytest.approx(2 * one.records, abs=1)
-    assert train_tokens(p, two) == pytest.approx(2 * train_tokens(p, one), rel=0.01)
-    capped = estimate_data(_profile_with_data(tmp_path, data, max_records=10))
-    assert capped.records == int(10 * 0.9)  # the data step's max_records, then the train share
+    assert one.source.startswith("counted like the data step") and "characters/token (estimate" in one.source
+    assert two.records == pytest.approx(2 * one.records, rel=0.05)
+    assert train_tokens(p, two) == pytest.approx(2 * train_tokens(p, one), rel=0.05)
+    data.write_text(_chat(0, 200) * 2)  # the same records twice: the data step drops the copies
+    assert estimate_data(p).records == one.records
+    capped = estimate_data(_profile_with_data(tmp_path, data, max_records=100))
+    assert capped.records < one.records  # the data step's max_records, then the train share
+
+
+def test_text_is_counted_with_the_models_tokenizer_when_it_is_cached(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "What": 1, "is": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    snap = tmp_path / "hub" / "models--acme--tiny-chat" / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    tok.save(str(snap / "tokenizer.json"))
+    (tmp_path / "hub" / "models--acme--tiny-chat" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny-chat" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    data = tmp_path / "chat.jsonl"
+    data.write_text(_chat(0, 100))
+    p = _profile_with_data(tmp_path, data)
+    p = p.model_copy(update={"model": p.model.model_copy(update={"name_or_path": "acme/tiny-chat"})})
+    est = estimate_data(p)
+    assert "acme/tiny-chat's tokenizer" in est.source
+    # split on words and punctuation: "What is 000001 plus one ?" 6, "It is 000002 , one more ." 7, the
+    # system prompt the data step injects ("You are Demo , a concise ... sentences .") 15, 3 messages x 5
+    assert est.tokens_per_record == pytest.approx(6 + 7 + 15 + 3 * 5)
 
 
 def test_compare_lists_options_that_fit_ranked_by_total_dollars_at_80_columns():
