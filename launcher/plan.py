@@ -8,8 +8,11 @@ Phase figures and where they come from (assumptions are called so; measured ones
   plus preflight); +5 min when DeepSpeed is used (PyPI ships it as an sdist that builds on every fresh
   machine: FIELD-NOTES)
 - model download: model size at 108 MB/s (runbook 000: 65 GB in ~10 min over RunPod's network)
-- data: 1 min for hub downloads + records at 62,400/s (README, measured: data stage)
-- training: tokens / (effective tokens/s/GPU x GPUs), network between nodes included (throughput.py)
+- data: 1 min for hub downloads + records at 62,400/s (README, measured: data stage); local records and
+  tokens counted by the payload's own pipeline (data_count.py)
+- training: tokens / (effective tokens/s/GPU x GPUs): a low-mid-high range from speed_model.py (the user's
+  own runs first, calibration.py), network between nodes included (throughput.py); plan_ranges.py
+  adds the range, eval by generation, spot notes and the budget check
 - checkpoint saves: size / nodes at 200 MB/s per node (FIELD-NOTES: RunPod volumes 200-400 MB/s)
 - merge: 15 min per 65 GB of model (runbook 000); MLX export ~1 min; full weights written at 200 MB/s
 - upload (push_to_hub): 54 MB/s (runbook 000: 65 GB in ~20 min)

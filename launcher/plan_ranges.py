@@ -1,5 +1,5 @@
 """What `launch plan` adds around its middle figure: the low-high range of hours and dollars, the eval
-by generation phase, spot told honestly, and the budget check `launch up` asks about.
+by generation phase, spot told honestly, and the over-budget line (`launch up` asks: budget_gate.py).
 
 - Range: training (and the stages, and the spot recoveries that scale with training) take the
   throughput range of launcher/speed_model.py; every other phase keeps its figure. low = the fast end.
@@ -77,25 +77,3 @@ def over_budget(plan) -> Optional[str]:
     return (f"planned ~${plan.total_usd:,.2f}{rng} is over the budget cap ${plan.budget_usd:,.2f}: the run stops "
             f"at the cap with a resumable checkpoint; raise budget.max_usd or shorten the run")
 
-
-def confirm_over_budget(p, backend: str, interactive: bool) -> None:
-    """Before `launch up` starts a cloud run planned over its budget cap: say so in red and ask (a
-    script, with no terminal to ask on, gets the red line: the budget stop still ends the run at the cap)."""
-    if backend != "skypilot" or p.cluster.is_local:
-        return
-    import click
-
-    from .catalog import PlanError
-    from .plan import plan_profile
-    from .ui import err_console, esc
-
-    try:
-        note = plan_profile(p, compare_layouts=False).budget_note
-    except Exception:  # noqa: BLE001 - planning is advice here; `up` reports its own errors
-        return
-    if not note:
-        return
-    err_console().print(f"[red]✗ {esc(note)}[/]")
-    if interactive and not click.confirm("Start it anyway?", default=False, err=True):
-        raise PlanError("not started: the plan is over the budget cap (raise budget.max_usd with "
-                                   "--set budget.max_usd=N, or shorten the run)")

@@ -193,7 +193,7 @@ def test_up_asks_before_starting_a_run_planned_over_its_cap(monkeypatch):
     import click
 
     from launcher.catalog import PlanError
-    from launcher.plan_ranges import confirm_over_budget
+    from launcher.budget_gate import confirm_over_budget
 
     p = load_profile("qwen3-32b-4x4-a100")
     asked = []
