@@ -388,12 +388,25 @@ def _steps(p: Profile, data: DataEstimate, tokens: float, speed, cloud: str) -> 
     if p.cluster.is_local:
         return [Phase("training", tokens / (speed.tokens_per_s_per_gpu * gpus) / 3600 if tokens else 0.0, "CPU"),
                 Phase("setup", LOCAL_OVERHEAD_H, "local")]
-    steps = phases(p, cloud, data, tokens, speed)
+    steps = _measured(p, phases(p, cloud, data, tokens, speed))
     rows = _stage_rows(p, speed, 0.0)
     if rows:
         steps = [Phase("training", round(sum(r["hours"] for r in rows), 4), "sum of the stages")
                  if ph.name == "training" else ph for ph in steps]
     return steps
+
+
+MEASURED_PHASES = {"data": "data", "eval": "eval by generation", "merge": "merge", "export": "MLX export"}
+
+
+def _measured(p: Profile, steps: list[Phase]) -> list[Phase]:
+    """Phases the user's finished runs of the same GPU, method and model measured (calibration.py)."""
+    from .calibration import measured_phases
+
+    seen = measured_phases(p.cluster.accelerator_name, p.train.method, p.model.name_or_path)
+    by_name = {MEASURED_PHASES[k]: v for k, v in seen.items() if k in MEASURED_PHASES}
+    return [Phase(ph.name, round(by_name[ph.name] / 3600, 4), "measured in your runs (median)")
+            if ph.name in by_name else ph for ph in steps]
 
 
 def _stage_rows(p: Profile, speed, price: float) -> list[dict]:

@@ -205,3 +205,24 @@ def test_up_asks_before_starting_a_run_planned_over_its_cap(monkeypatch):
     assert asked == ["Start it anyway?"] * 2
     confirm_over_budget(load_profile("sonia-h100"), "skypilot", interactive=True)  # within its cap: no question
     assert len(asked) == 2
+
+
+def test_a_fetched_cloud_run_calibrates_throughput_and_phases(tmp_path):
+    """A finished sonia-h100 run whose artifacts were fetched: its measured tokens/s/GPU and merge time
+    replace the model's figures for the same GPU, method and model."""
+    from launcher import registry
+
+    p = load_profile("sonia-h100")
+    art = tmp_path / "artifacts" / "sonia-h100-1"
+    art.mkdir(parents=True)
+    (art / "training_summary.json").write_text(json.dumps({
+        "state": "completed", "method": "lora", "model": p.model.name_or_path, "tokens_per_s": 2000.0,
+        "tokens_per_s_per_gpu": 1000.0, "gpus": 2, "phase_seconds": {"merge": 600.0, "training": 9000.0}}))
+    registry.save(registry.Run(id="sonia-h100-1", profile="sonia-h100", backend="skypilot", state="completed",
+                               artifacts=str(art)))
+    pl = plan_profile(p, compare_layouts=False)
+    assert pl.throughput["source"].startswith("calibrated from 1 run") and pl.throughput["mid"] == 1000.0
+    merge = next(ph for ph in pl.phases if ph["name"] == "merge")
+    assert merge["hours"] == pytest.approx(600 / 3600, abs=1e-4) and merge["source"].startswith("measured")
+    other = load_profile("lovecraft-a100-spot")  # another GPU/method/model: not calibrated by it
+    assert plan_profile(other, compare_layouts=False).throughput["kind"] == "runbook"
