@@ -4,11 +4,12 @@ snapshot that can hold the run in GPU memory, ranked by total dollars for this j
 Each catalog row (cloud, instance type, GPU, count) is one option on one node, priced at its cheapest
 region, on-demand and (where the catalog has a spot price) spot. The job stays the same: the
 effective batch (per-device batch x accumulation x GPUs) is kept by changing gradient accumulation,
-so a max_steps run trains the same tokens on every option. Hours and dollars are the plan's own
+so a max_steps run trains the same tokens on every option. A multi-node profile also gets its GPU
+count spread over each multi-node-capable instance (the network between nodes counted). Hours and dollars are the plan's own
 (launcher/plan.py phases, launcher/speed_model.py throughput range), memory is payload/memory.py's
 estimate (as the payload's preflight computes it). No optimizer call per row: the rows are read from
 the snapshot's CSVs, which is what SkyPilot's optimizer reads too. The profile's own choice (the
-optimizer's) is marked; multi-node profiles keep their own row with their node count.
+optimizer's) is marked.
 """
 
 from __future__ import annotations
@@ -70,17 +71,17 @@ def compare(p: Profile, own: Optional[Plan] = None) -> dict:
     """{rows: fitting options ranked by total $, cheapest first; dropped: how many do not fit}."""
     rows, dropped = [], 0
     for o in offers():
-        q = on(p, o.accelerator, o.count)
-        mem = memory_verdict(q)
-        if mem.get("status") == "does not fit":
-            dropped += 1
-            continue
-        for spot, price in ((False, o.price), (True, o.spot_price)):
-            if price is None:
+        for nodes in _node_counts(p, o):
+            mem = memory_verdict(on(p, o.accelerator, o.count, nodes))
+            if mem.get("status") == "does not fit":
+                dropped += 1
                 continue
-            qs = on(p, o.accelerator, o.count, use_spot=spot)
-            choice = Choice(o.cloud, o.instance_type, o.region, f"{o.accelerator}:{o.count}", 1, spot, price)
-            rows.append(_row(make_plan(qs, choice), o, spot, mem, own))
+            for spot, price in ((False, o.price), (True, o.spot_price)):
+                if price is None:
+                    continue
+                qs = on(p, o.accelerator, o.count, nodes, use_spot=spot)
+                choice = Choice(o.cloud, o.instance_type, o.region, f"{o.accelerator}:{o.count}", nodes, spot, price)
+                rows.append(_row(make_plan(qs, choice), o, spot, mem, own))
     if own is not None and not any(r["chosen"] for r in rows):
         rows.append({**_plan_row(own), "chosen": True})
     rows.sort(key=lambda r: r["total_usd"])
@@ -89,9 +90,19 @@ def compare(p: Profile, own: Optional[Plan] = None) -> dict:
     return {"profile": p.name, "rows": rows, "does_not_fit": dropped}
 
 
+def _node_counts(p: Profile, o: Offer) -> list[int]:
+    """One node, and for a multi-node profile the same GPU count over this instance (not on RunPod:
+    SkyPilot 0.14 cannot network RunPod pods)."""
+    gpus = total_gpus(p)
+    out = [1]
+    if p.cluster.num_nodes > 1 and o.cloud != "RunPod" and gpus % o.count == 0 and 1 < gpus // o.count <= 16:
+        out.append(gpus // o.count)
+    return out
+
+
 def _row(plan: Plan, o: Offer, spot: bool, mem: dict, own: Optional[Plan]) -> dict:
-    chosen = bool(own and own.num_nodes == 1 and own.cloud == o.cloud and own.instance_type == o.instance_type
-                  and own.use_spot == spot)
+    chosen = bool(own and own.num_nodes == plan.num_nodes and own.cloud == o.cloud
+                  and own.instance_type == o.instance_type and own.use_spot == spot)
     row = _plan_row(plan)
     row.update(memory=mem.get("status"), chosen=chosen)
     if spot and o.spot_price is not None and o.spot_price >= o.price:
