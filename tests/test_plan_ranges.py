@@ -226,3 +226,15 @@ def test_a_fetched_cloud_run_calibrates_throughput_and_phases(tmp_path):
     assert merge["hours"] == pytest.approx(600 / 3600, abs=1e-4) and merge["source"].startswith("measured")
     other = load_profile("lovecraft-a100-spot")  # another GPU/method/model: not calibrated by it
     assert plan_profile(other, compare_layouts=False).throughput["kind"] == "runbook"
+
+
+def test_compare_ranks_a_multi_node_profile_beside_the_runbooks_own_layout():
+    from launcher.plan_compare import compare
+
+    p = load_profile("qwen3-32b-4x4-a100")
+    rows = compare(p, plan_profile(p, compare_layouts=False))["rows"]
+    own = next(r for r in rows if r["chosen"])
+    assert (own["instance_type"], own["nodes"], own["spot"]) == ("Standard_ND96amsr_A100_v4", 2, False)
+    runbook = next(r for r in rows if r["instance_type"] == "Standard_NC96ads_A100_v4" and r["nodes"] == 4
+                   and not r["spot"])
+    assert runbook["total_usd"] > 5 * own["total_usd"]  # 80 Gb/s Ethernet: ZeRO-3 waits on the network
