@@ -76,6 +76,10 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     if dry_run:
         return _dry_run(p if per_run or backend != "skypilot" else load_profile(profile), run, backend, source,
                         per_run)
+    if not resuming:  # issue 24: a run planned over its own budget cap is started only when confirmed
+        from .budget_gate import confirm_over_budget
+
+        confirm_over_budget(p, backend, interactive())
     run.budget_usd = p.budget.max_usd  # a `--resume --set budget.max_usd=...` is the run's budget from now
     if run.billed_s is None:  # new, or recorded before billing was accrued: what it billed so far
         run.billed_s, run.billed_usd = run.billed()

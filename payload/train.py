@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from payload import checkpoints as ck
-from payload import layout, lease, modeling, observe, tracking, trainset, verify
+from payload import layout, lease, modeling, observe, timings, tracking, trainset, verify
 from payload.config import dump_run_config
 from payload.eval_config import best_metric
 from payload.errors import (
@@ -527,7 +527,6 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
     records = observe.read_metrics(run.run_dir / layout.METRICS)
     losses = [r["loss"] for r in records if r.get("loss") is not None]
     evals = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
-    rates = [r["tokens_per_s"] for r in records if r.get("tokens_per_s")]
     real = [r["real_token_fraction"] for r in records if r.get("real_token_fraction") is not None]
     st, cfg = run.trainer.state, run.cfg
     return {
@@ -543,7 +542,7 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
         "first_loss": losses[0] if losses else None, "resumed_from": run.resume.name if run.resume else None,
         "duration_s": round(time.monotonic() - run.t0, 3), "total_seconds": round(run.tracker.seconds(), 3),
         "cost_usd": round(run.tracker.usd(), 6), "sessions": run.tracker.sessions,
-        "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
+        **timings.rates(records),
         "real_token_fraction": round(sum(real) / len(real), 4) if real else None,
         "adapter_dir": layout.ADAPTER_DIR if run.state == "completed" else None,
         **run.counts, "finished_at": observe.now_iso(),
