@@ -16,6 +16,8 @@ PAYLOAD_DOORS: dict[str, str] = {
     "payload.layout": "the one place that names every path in a run directory and every artifact",
     "payload.errors": "the exit codes and end states (completed, budget_exhausted, ...): one vocabulary for "
                       "backends, registry and the rendered recovery rules",
+    "payload.data.pipeline": "the data step itself, run here into a temp dir, so `plan` counts records and "
+                             "tokens exactly as the machine will (max_records, filters, dedup, split)",
     "payload.memory": "the GPU-memory estimator, so `plan` and `validate` say 'fits' with the machine's numbers",
     "payload.checksums": "streamed sha256 and the regular-file walk, to verify fetched artifacts as the "
                          "machine hashed them",
