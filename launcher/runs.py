@@ -288,6 +288,12 @@ def _refresh(run):
     return run
 
 
+def current_row(run) -> dict:
+    """A run's status row, refreshed from its backend first while it is active (`_run`: the run)."""
+    run = _refresh(run) if run.active else run
+    return {**_row(run), "_run": run}
+
+
 def billing_now(run, st) -> bool:
     """Whether a machine bills for the run now: the backend's word when it has one (a recovering managed
     job does not bill), else while the run is active; unknown/unreachable keeps what was last known."""

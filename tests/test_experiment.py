@@ -149,3 +149,64 @@ def test_status_shows_provenance_and_override_history(in_runs_home):
     assert prov["data_sha256"]["demo-chat"] == file_digest(repo / "payload/samples/demo_chat.jsonl")[1]
     assert prov["dirty"] is False or Path(prov["diff"]).is_file()
     assert [e["event"] for e in d["history"]] == ["start", "resume"]
+
+
+def test_compare_lists_exactly_the_differing_keys_metrics_costs_and_writes_the_plot(in_runs_home, tmp_path):
+    a, b, seen, _ = in_runs_home
+    plot = tmp_path / "cmp.png"
+    d = json.loads(launch("compare", a, b, "--plot", str(plot), "--json").output)
+    # A: max_steps 12 -> 16 on resume and lr 1e-3; B: max_steps 16 and local-demo's lr 2e-3
+    assert d["differing"] == {"train.learning_rate": {a: 1e-3, b: 2e-3}}
+    by_id = {r["id"]: r for r in d["runs"]}
+    for rid in (a, b):
+        r = by_id[rid]
+        assert r["steps"] == 16 and r["state"] == "completed" and r["cost_usd"] > 0 and r["hours"] > 0
+        assert isinstance(r["final_eval_loss"], float) and r["best_eval_loss"] <= r["final_eval_loss"]
+        assert r["tokens_per_s"] > 0 and len(r["commit"]) == 40
+    assert d["plot"] == str(plot) and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    assert Image.open(plot).size == (700, 400)
+
+
+def test_compare_at_80_columns_never_cuts_an_id_or_a_dollar_amount(in_runs_home, tmp_path, monkeypatch):
+    import re
+
+    from launcher import ui
+
+    a, b, _, _ = in_runs_home
+    monkeypatch.setenv("COLUMNS", "80")
+    ui.console.cache_clear()
+    try:
+        r = launch("compare", a, b, "--dest", str(tmp_path), width=80)
+    finally:
+        ui.console.cache_clear()
+    assert r.exit_code == 0, r.output
+    assert max(len(x) for x in r.output.splitlines()) <= 80, r.output
+    d = json.loads(launch("compare", a, b, "--dest", str(tmp_path), "--json").output)
+    for rid in (a, b):
+        assert re.search(rf"(^|\s){re.escape(rid)}(\s|$)", r.output, re.M), r.output
+    from launcher.ui import money
+
+    for cost in (x["cost_usd"] for x in d["runs"]):
+        assert re.search(rf"(^|\s){re.escape(money(cost))}(\s|$)", r.output, re.M), r.output
+    lines = {x.split()[0]: x.split()[1:] for x in r.output.splitlines() if x.strip()}
+    assert lines["train.learning_rate"] == ["0.001", "0.002"]
+    assert "train.max_steps" not in lines and "profile" in lines
+    assert (tmp_path / "compare" / f"{a}_vs_{b}.png").is_file()
+
+
+def test_compare_reads_fetched_artifacts_once_the_machine_is_gone(in_runs_home, tmp_path):
+    a, b, _, _ = in_runs_home
+    dest = tmp_path / "artifacts"
+    for rid in (a, b):
+        r = launch("down", rid, "--fetch-artifacts", "--dest", str(dest))
+        assert r.exit_code == 0, r.output
+    d = json.loads(launch("compare", a, b, "--json").output)
+    assert {r["source"] for r in d["runs"]} == {str(dest / a), str(dest / b)}
+    assert all(r["steps"] == 16 for r in d["runs"])
+
+
+def test_compare_needs_two_runs():
+    r = CliRunner().invoke(cli, ["compare", "x"])
+    assert r.exit_code == 2 and "at least two different runs" in r.output
