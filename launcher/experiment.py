@@ -5,9 +5,9 @@ produced it.
   resume goes on top and into the run's history (when, which keys, old -> new). Cadence and money
   may change; a change of the math of the run in flight is refused in one line unless allowed with
   `--allow-change KEY` (the rules: payload/runconfig.py, which the payload applies again itself).
-- Provenance, recorded at start: the project's git commit, whether the tree was dirty (the diff
-  stored beside the run in the state dir), sha256 of the profile file and of the payload lock, the
-  launch version, the data sources' sha256.
+- Provenance, recorded at start: the project's git commit, whether the tree was dirty (the diff of
+  tracked files stored beside the run in the state dir, untracked files named), sha256 of the
+  profile file and of the payload lock, the launch version, the data sources' sha256.
 """
 
 from __future__ import annotations
@@ -126,7 +126,9 @@ def provenance(p, profile_arg: str, run_id: str) -> dict:
     from .uploads import repo_relative
 
     commit = (_git("rev-parse", "HEAD") or "").strip() or None
-    dirty = bool((_git("status", "--porcelain", "--untracked-files=no") or "").strip()) if commit else None
+    changed = (_git("status", "--porcelain") or "").splitlines() if commit else []
+    dirty = bool(changed) if commit else None
+    untracked = [line[3:] for line in changed if line.startswith("?? ")]
     diff_path = None
     if dirty:
         diff = _git("diff", "HEAD") or ""
@@ -137,7 +139,7 @@ def provenance(p, profile_arg: str, run_id: str) -> dict:
         rel = repo_relative(s.path) if s.path else None
         data[s.name] = (_sha256(REPO_ROOT / rel) if rel else None) if s.path else \
             f"hf:{s.hf_dataset}" + (f"@{s.revision}" if getattr(s, "revision", None) else "")
-    return {"commit": commit, "dirty": dirty, "diff": diff_path,
+    return {"commit": commit, "dirty": dirty, "diff": diff_path, "untracked": untracked[:50],
             "profile_sha256": _sha256(resolve_profile_path(profile_arg)),
             "payload_lock_sha256": _sha256(REPO_ROOT / PAYLOAD_LOCK), "launch_version": __version__,
             "data_sha256": data}

@@ -54,6 +54,9 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     from .profile import load_profile
     from .ui import console, esc, hints, money
 
+    if allow and not resume:
+        raise click.BadParameter("--allow-change goes with --resume (a new run takes any config)",
+                                 param_hint="--allow-change")
     # Config and local data files first, all in one report: nothing starts, nothing bills before.
     extra_env = _env_option(env_items)
     from . import experiment
@@ -77,7 +80,8 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     if backend == "local":
         _require_training_extras()
     run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse)
-    entry = experiment.check_resume(run, p, profile, new_sets, allow) if resuming else experiment.start_entry((*sets, *rehearsal))
+    entry = experiment.check_resume(run, p, profile, new_sets, allow) if resuming else \
+        experiment.start_entry((*sets, *rehearsal))
     source = "registry"
     if not resuming:
         run.price_per_hour, source = _price(p, backend)
@@ -318,8 +322,7 @@ def _row(run) -> dict:
            "train_cost_usd": st.cost_usd if st else None,
            "started_at": run.started_at, "ended_at": run.ended_at, "artifacts": run.artifacts,
            "overrides": (run.handle or {}).get("overrides") or [], "envs": (run.handle or {}).get("envs") or {},
-           "history": (run.handle or {}).get("history") or [], "provenance": (run.handle or {}).get("provenance"),
-           "config": (run.handle or {}).get("config")}
+           "history": (run.handle or {}).get("history") or [], "provenance": (run.handle or {}).get("provenance")}
     if st:
         row.update(step=st.step, max_steps=st.max_steps, loss=st.loss, eval_loss=st.eval_loss,
                    eta_s=st.eta_s, projected_cost_usd=st.projected_cost_usd)

@@ -135,3 +135,8 @@ def test_an_allowed_math_change_reaches_the_payload_and_is_recorded(machine):
     assert env["LAUNCH_ALLOW_CHANGE"] == "train.learning_rate"  # the payload's own check lets it through
     (entry,) = registry.get(machine.run_id).handle["history"]
     assert entry["changes"] == {"train.learning_rate": [1e-3, 5e-4]} and entry["allowed"] == ["train.learning_rate"]
+
+
+def test_allow_change_goes_with_resume():
+    r = CliRunner().invoke(cli, ["up", "local-demo", "--allow-change", "train.learning_rate"])
+    assert r.exit_code == 2 and "--allow-change goes with --resume" in r.output
