@@ -85,6 +85,7 @@ def run_row(run, dest: Path) -> dict:
         "id": run.id, "profile": run.profile, "state": run.state, "source": source,
         "commit": (handle.get("provenance") or {}).get("commit"),
         "dirty": (handle.get("provenance") or {}).get("dirty"),
+        "data_sha256": (handle.get("provenance") or {}).get("data_sha256") or {},
         "steps": _number(summary.get("steps")) or (max(steps) if steps else billed.get("step")),
         "final_eval_loss": _number(summary.get("final_eval_loss")) or (evals[-1] if evals else None),
         "best_eval_loss": _number(summary.get("best_eval_loss")) or (min(evals) if evals else None),
@@ -136,6 +137,9 @@ def table_rows(rows: list[dict], diff: dict) -> list[dict]:
     out = [line("profile", lambda r: r["profile"]), line("state", lambda r: r["state"])]
     out += [{"": k, **{rid: _fmt(v) for rid, v in values.items()}} for k, values in diff.items()]
     out.append(line("code", lambda r: (r["commit"] or "-")[:12] + (" dirty" if r["dirty"] else "")))
+    for name in sorted(set().union(*(r["data_sha256"] for r in rows))):  # same path, other content
+        if len({str(r["data_sha256"].get(name)) for r in rows}) > 1:
+            out.append(line(f"data {name}", lambda r, n=name: (r["data_sha256"].get(n) or "-")[:12]))
     out.append(line("steps", lambda r: _fmt(r["steps"])))
     out.append(line("final eval loss", lambda r: _fmt(r["final_eval_loss"])))
     out.append(line("best eval loss", lambda r: _fmt(r["best_eval_loss"])))

@@ -211,3 +211,15 @@ def test_compare_reads_fetched_artifacts_once_the_machine_is_gone(in_runs_home, 
 def test_compare_needs_two_runs():
     r = CliRunner().invoke(cli, ["compare", "x"])
     assert r.exit_code == 2 and "at least two different runs" in r.output
+
+
+def test_compare_shows_a_data_file_whose_content_differs():
+    from launcher.compare import differing, table_rows
+
+    rows = [{"id": rid, "profile": "local-demo", "state": "completed", "commit": "c" * 40, "dirty": False,
+             "data_sha256": {"demo-chat": digest}, "steps": 1, "final_eval_loss": None, "best_eval_loss": None,
+             "metric": None, "tokens_per_s": None, "hours": 0.0, "cost_usd": 0.0, "config": {"train.seed": 1}}
+            for rid, digest in (("r1", "a" * 64), ("r2", "b" * 64))]
+    assert differing(rows) == {}
+    table = {t[""]: t for t in table_rows(rows, {})}
+    assert table["data demo-chat"]["r1"] == "a" * 12 and table["data demo-chat"]["r2"] == "b" * 12
