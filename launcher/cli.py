@@ -38,7 +38,7 @@ class LaunchGroup(click.Group):
 
     SECTIONS = (("Plan", ("profiles", "validate", "plan", "render", "init")),
                 ("Run", ("up", "logs", "status", "ssh", "exec", "down")),
-                ("Results", ("checkpoints", "eval", "chat", "cost", "volumes")))
+                ("Results", ("checkpoints", "eval", "compare", "chat", "cost", "volumes")))
 
     def format_commands(self, ctx, formatter):
         """Commands in the order a run happens (plan, run, results; the rest under Other), each with
@@ -236,6 +236,10 @@ from .results import chat, checkpoints, eval_  # noqa: E402  (checkpoints/eval/c
 
 for _cmd in (checkpoints, eval_, chat):
     cli.add_command(_cmd)
+
+from .compare import compare  # noqa: E402  (runs side by side; light imports)
+
+cli.add_command(compare)
 
 
 def main():

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from payload import checkpoints as ck
-from payload import layout, lease, modeling, observe, timings, tracking, trainset, verify
+from payload import layout, lease, modeling, observe, runconfig, timings, tracking, trainset, verify
 from payload.config import dump_run_config
 from payload.eval_config import best_metric
 from payload.errors import (
@@ -149,7 +149,7 @@ def setup(run: Run, build=None) -> None:
     observe.quiet_libraries()
     if run.main:
         (rd / layout.LOGS_DIR).mkdir(parents=True, exist_ok=True)
-        (rd / layout.RESOLVED_CONFIG).write_text(dump_run_config(cfg), encoding="utf-8")
+        runconfig.write_resolved(rd, dump_run_config(cfg))  # on a resume: refuses a change of the math
     observe.write_status(rd, state="loading", step=0, max_steps=cfg.train.max_steps, exit_code=None, reason=None,
                          ended_at=None)
     run.stop.install()
