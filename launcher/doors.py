@@ -13,6 +13,8 @@ PAYLOAD_DOORS: dict[str, str] = {
     "payload.stage_config": "each stage's derived run config (SFT -> DPO -> GRPO), to plan and render stages "
                             "as the machine will run them",
     "payload.eval_config": "whether a run reports to W&B (which secrets the rendered task asks for)",
+    "payload.runconfig": "which config keys may change when a run resumes (cadence and money) and which may not "
+                         "(the math): one rule, applied by `launch up --resume` and again by the payload",
     "payload.layout": "the one place that names every path in a run directory and every artifact",
     "payload.errors": "the exit codes and end states (completed, budget_exhausted, ...): one vocabulary for "
                       "backends, registry and the rendered recovery rules",
