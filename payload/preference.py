@@ -113,7 +113,7 @@ def trainer_class(kind: str):
     if kind not in _CLASSES:
         import trl
 
-        from payload.train import LaunchTrainerMixin
+        from payload.trainer import LaunchTrainerMixin
 
         base = trl.DPOTrainer if kind == "dpo" else trl.GRPOTrainer
         _CLASSES[kind] = type(f"Launch{base.__name__}", (LaunchTrainerMixin, base), {})
