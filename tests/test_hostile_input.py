@@ -164,6 +164,8 @@ def test_mount_points_are_plain_absolute_paths(mount):
 
 
 EVIL = 'x\nfile_mounts: {/root: /etc}\n"q\' : {[&a *b]} # c\n  run: rm -rf / \\ \t%'
+# RunPod takes any volume name up to 30 characters (SkyPilot checks only the length): keys and markup fit.
+EVIL_VOLUME = 'v\nrun: rm -rf /\n"q\': {[&a *b]}'
 
 
 def test_rendering_hostile_values_adds_no_keys(tmp_path):
@@ -180,14 +182,14 @@ def test_rendering_hostile_values_adds_no_keys(tmp_path):
     d["model"]["name_or_path"] = EVIL
     d["outputs"]["smoke_prompt"] = EVIL
     d["cluster"]["image_id"] = f"docker:{EVIL}"
-    d["cluster"]["volume"]["name"] = f"vol{EVIL}"
+    d["cluster"]["volume"]["name"] = EVIL_VOLUME
     p = Profile.model_validate(d)
     task_text, config_text = render_text(p, 5.38)
 
     task = yaml.safe_load(task_text)
     assert sorted(task) == ["envs", "name", "num_nodes", "resources", "run", "secrets", "setup", "volumes", "workdir"]
     assert sorted(task["resources"]) == ["accelerators", "disk_size", "image_id", "infra", "use_spot"]
-    assert task["resources"]["image_id"] == f"docker:{EVIL}" and task["volumes"] == {"/workspace": f"vol{EVIL}"}
+    assert task["resources"]["image_id"] == f"docker:{EVIL}" and task["volumes"] == {"/workspace": EVIL_VOLUME}
     import sky
 
     parsed = sky.Task.from_yaml_config(task)  # SkyPilot's schema validation and parse
