@@ -43,7 +43,7 @@ def test_profiles_reproduce_the_runbooks():
     assert s.outputs.merge
 
     lc = load_profile("lovecraft-a100-spot")
-    assert (lc.cluster.accelerators, lc.cluster.use_spot, lc.train.method) == ("A100-80GB:1", True, "qlora")
+    assert (lc.cluster.accelerators, lc.cluster.use_spot, lc.train.method) == ("A100-80GB-SXM:1", True, "qlora")
     assert (lc.train.quantization.bits, lc.train.quantization.quant_type) == (4, "nf4")
     assert (lc.train.lora.r, lc.train.lora.alpha, lc.train.lora.target_modules) == (64, 256, "all-linear")
     assert (lc.train.max_seq_length, lc.train.packing, lc.train.max_steps) == (2048, True, 600)
