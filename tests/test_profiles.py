@@ -257,7 +257,7 @@ def test_plan_lovecraft_matches_the_runbook_duration():
     from launcher.plan import plan_profile
 
     plan = plan_profile(load_profile("lovecraft-a100-spot"))
-    spot = catalog_row("runpod_vms.csv", "1x_A100-80GB_SECURE")["SpotPrice"]
+    spot = catalog_row("runpod_vms.csv", "1x_A100-80GB-SXM_SECURE")["SpotPrice"]
     assert plan.use_spot and plan.price_per_hour == pytest.approx(float(spot))
     assert 6 < plan.train_hours < 8.5  # runbook: ~7 h for 600 steps
 
