@@ -36,7 +36,7 @@ class LaunchGroup(click.Group):
                 err_console().print(literal("[red]✗[/] ", line), highlight=False, soft_wrap=True)
             ctx.exit(1)
 
-    SECTIONS = (("Plan", ("profiles", "validate", "plan", "render", "init")),
+    SECTIONS = (("Plan", ("profiles", "validate", "data", "plan", "render", "init")),
                 ("Run", ("up", "logs", "status", "ssh", "exec", "down")),
                 ("Results", ("checkpoints", "eval", "chat", "cost", "volumes")))
 
@@ -231,6 +231,10 @@ from .results import chat, checkpoints, eval_  # noqa: E402  (checkpoints/eval/c
 
 for _cmd in (checkpoints, eval_, chat):
     cli.add_command(_cmd)
+
+from .preview import data  # noqa: E402  (`launch data preview`; light imports only)
+
+cli.add_command(data)
 
 
 def main():
