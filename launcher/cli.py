@@ -124,6 +124,11 @@ def validate(profile):
                             f"{p.cluster.num_nodes} node(s), {p.train.method}, {p.model.name_or_path})"))
     for line in data_files:
         console().print(literal("  data: ", line), soft_wrap=True)
+    from payload.eval_config import exported_checkpoint
+
+    outputs = ["adapter" if p.train.method != "full" else "weights"] + ["merged model"] * p.outputs.merge + \
+        ["MLX adapter"] * p.outputs.export_mlx
+    console().print(literal("  exports: ", f"{', '.join(outputs)} from {exported_checkpoint(p)}"), soft_wrap=True)
     if mem["status"] not in ("n/a",):
         mark = "[yellow]![/]" if mem["status"] in ("tight", "unknown") else "[green]✓[/]"
         console().print(literal(f"{mark} ", f"GPU memory {mem['status']}: {mem['detail']} (estimate, +-20%)"))
