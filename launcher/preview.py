@@ -70,6 +70,10 @@ def _show(cfg, records: list[dict], tokenizer, template) -> None:
     from payload.data import preview as pv
 
     out, t = console(), cfg.train
+    if tokenizer is not None:
+        import datasets
+
+        datasets.disable_progress_bars()  # token_view builds the trainer's rows with `datasets`
     if not records:
         out.print(literal("[yellow]![/] ", "no training examples: every record went to val/test or was dropped "
                           "(see data.sources[].split)"))

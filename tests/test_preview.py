@@ -150,3 +150,22 @@ def test_image_parts_are_placeholders_in_the_role_view():
     assert role_view(rec, True) == [{"role": "user", "text": "[image: /d/a.png]Read it.", "trained": False},
                                     {"role": "assistant", "text": "HELLO", "trained": True}]
     assert all(t["trained"] for t in role_view(rec, False))
+
+
+def test_preview_of_vision_language_records_shows_the_image_placeholder(tmp_path):
+    """local-demo's tiny model switched to Qwen3-VL: its tokenizer is built here, so the token view
+    runs without any cache; each image is one <|image_pad|> between the vision markers."""
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), "red").save(tmp_path / "room1.jpg")
+    rec = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many chairs?"}]},
+                        {"role": "assistant", "content": "Three."}], "images": ["room1.jpg"]}
+    (tmp_path / "vl.jsonl").write_text(json.dumps(rec) + "\n")
+    out = CliRunner().invoke(cli, [
+        "data", "preview", "local-demo", "-n", "1", "--set", "model.kind=image_text_to_text",
+        "--set", "model.tiny.arch=qwen3_vl", "--set",
+        f"data.sources=[{{name: vl, path: {tmp_path / 'vl.jsonl'}, format: messages, image_root: {tmp_path}}}]"],
+        terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert "1 image(s)" in out.output and "Casting" not in out.output
+    assert "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>How many chairs?<|im_end|>" in out.output
