@@ -56,6 +56,10 @@ def preview(ctx, profile, sets, n):
         except PayloadError as e:
             err_console().print(literal("[red]✗[/] ", f"{p.name}: {e}"), soft_wrap=True)
             ctx.exit(1)
+    skipped = pv.hub_sources(cfg)
+    if skipped and len(skipped) < len(cfg.data.sources):
+        console().print(literal("[yellow]![/] ", f"not shown: {', '.join(skipped)}, Hugging Face dataset(s) the "
+                                "preview does not download; the run reads them on the machine"), soft_wrap=True)
     if tokenizer is None:
         console().print(literal("[yellow]![/] ", f"shown by role: the token view (chat template text, token counts) "
                                 f"needs the tokenizer of {cfg.model.name_or_path} in the Hugging Face cache, read "

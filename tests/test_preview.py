@@ -169,3 +169,10 @@ def test_preview_of_vision_language_records_shows_the_image_placeholder(tmp_path
     assert out.exit_code == 0, out.output
     assert "1 image(s)" in out.output and "Casting" not in out.output
     assert "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>How many chairs?<|im_end|>" in out.output
+
+
+def test_preview_of_hub_only_data_is_one_line_without_a_download(hub_cache):
+    out = CliRunner().invoke(cli, ["data", "preview", "sonia-h100"])
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert out.output.startswith("✗ sonia-h100: every data source is a Hugging Face dataset, which the preview "
+                                 "does not download; preview a local sample: --set"), out.output

@@ -259,6 +259,7 @@ def test_plan_lovecraft_matches_the_runbook_duration():
     plan = plan_profile(load_profile("lovecraft-a100-spot"))
     spot = catalog_row("runpod_vms.csv", "1x_A100-80GB-SXM_SECURE")["SpotPrice"]
     assert plan.use_spot and plan.price_per_hour == pytest.approx(float(spot))
+    assert plan.instance_type == "1x_A100-80GB-SXM_SECURE"  # runbook 001: A100 SXM, not RunPod's PCIe A100-80GB
     assert 6 < plan.train_hours < 8.5  # runbook: ~7 h for 600 steps
 
 

@@ -27,14 +27,24 @@ PREVIEW_MAX_RECORDS = 2000  # per source: the first N train examples come from t
 
 
 def first_examples(cfg, n: int, work_dir: Path, base_dir: Path, tokenizer=None) -> list[dict]:
-    """Run the data stage on `cfg.data` (each source read up to PREVIEW_MAX_RECORDS) into `work_dir`
-    and return the first `n` train records as train.jsonl holds them. Raises PayloadError (one line)."""
+    """Run the data stage on `cfg.data`'s local sources (each read up to PREVIEW_MAX_RECORDS; hub
+    datasets are not downloaded: `hub_sources` names them) into `work_dir` and return the first `n`
+    train records as train.jsonl holds them. Raises PayloadError (one line)."""
     data = cfg.data.model_copy(deep=True)
+    data.sources = [s for s in data.sources if not s.hf_dataset]
+    if not data.sources:
+        raise PayloadError("every data source is a Hugging Face dataset, which the preview does not download; "
+                           "preview a local sample: --set 'data.sources=[{name: s, path: FILE, format: ...}]'")
     for s in data.sources:
         s.max_records = min(s.max_records or PREVIEW_MAX_RECORDS, PREVIEW_MAX_RECORDS)
     out = Path(work_dir) / layout.DATA_DIR
     prepare(data, out, tokenizer=tokenizer, base_dir=base_dir, log=lambda _line: None)
     return trainset.read_jsonl(out / "train.jsonl")[:n]
+
+
+def hub_sources(cfg) -> list[str]:
+    """`name (dataset id)` of the sources the preview leaves out: Hugging Face datasets."""
+    return [f"{s.name} ({s.hf_dataset})" for s in cfg.data.sources if s.hf_dataset]
 
 
 def role_view(record: dict, assistant_only_loss: bool) -> list[dict]:
