@@ -60,6 +60,9 @@ def preview(ctx, profile, sets, n):
     if skipped and len(skipped) < len(cfg.data.sources):
         console().print(literal("[yellow]![/] ", f"not shown: {', '.join(skipped)}, Hugging Face dataset(s) the "
                                 "preview does not download; the run reads them on the machine"), soft_wrap=True)
+    if tokenizer is None and cfg.data.max_tokens:
+        console().print(literal("[yellow]![/] ", f"data.max_tokens {cfg.data.max_tokens} not applied here: the "
+                                "length filter needs the tokenizer"), soft_wrap=True)
     if tokenizer is None:
         console().print(literal("[yellow]![/] ", f"shown by role: the token view (chat template text, token counts) "
                                 f"needs the tokenizer of {cfg.model.name_or_path} in the Hugging Face cache, read "

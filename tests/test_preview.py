@@ -39,15 +39,25 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
     return cache
 
 
-def cache_tokenizer(cache: Path, repo_id: str):
-    """The tiny tokenizer (payload/tiny.py: ChatML with generation markers) where the hub's cache
-    layout puts `repo_id`'s files, so `snapshot_download(local_files_only=True)` finds it."""
+def qwen25_tokenizer():
+    """The tiny tokenizer (payload/tiny.py, Qwen's special tokens) with Qwen2.5's own chat template
+    (TRL ships a copy): no {% generation %} markers, so SFTTrainer swaps in its training template."""
+    import trl
+
     from payload.tiny import build_tiny_tokenizer
 
+    tok = build_tiny_tokenizer()
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+    return tok
+
+
+def cache_tokenizer(cache: Path, repo_id: str, tok) -> None:
+    """Save `tok` where the hub's cache layout puts `repo_id`'s files (found offline by
+    `snapshot_download(local_files_only=True)`, as a downloaded model's would be)."""
     repo, commit = cache / ("models--" + repo_id.replace("/", "--")), "0" * 40
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)
-    return build_tiny_tokenizer(repo / "snapshots" / commit)
+    tok.save_pretrained(repo / "snapshots" / commit)
 
 
 def preview(path: Path, *extra) -> str:
@@ -88,7 +98,7 @@ def test_preview_without_a_tokenizer_shows_roles_not_an_error(alpaca, hub_cache)
 
 
 def test_preview_with_the_cached_tokenizer_shows_the_chat_template(alpaca, hub_cache):
-    cache_tokenizer(hub_cache, "Qwen/Qwen2.5-32B")
+    cache_tokenizer(hub_cache, "Qwen/Qwen2.5-32B", qwen25_tokenizer())
     out = preview(alpaca, "-n", "1")
     assert ("<|im_start|>system\nWrite in the style of H.P. Lovecraft.<|im_end|>\n<|im_start|>user\n"
             "Describe a foggy harbour.<|im_end|>\n<|im_start|>assistant\nThe fog crept in from the sea.<|im_end|>") in out
@@ -104,15 +114,18 @@ def test_token_view_masks_what_sft_trainer_masks(tmp_path, alpaca):
     from payload import trainset
     from payload.config import TinyModel
     from payload.data import preview as pv
-    from payload.tiny import build_tiny_model, build_tiny_tokenizer
+    from payload.tiny import build_tiny_model
 
     p = load_profile("lovecraft-a100-spot", overrides=(f"data.sources.0.path={alpaca}",))
     cfg = resolved_run_config(p)
     records = pv.first_examples(cfg, 3, tmp_path, Path.cwd())
     assert [r["messages"][0]["content"] for r in records] == [r["instruction"] for r in RECORDS][:len(records)]
-    tok = build_tiny_tokenizer()
+    tok = qwen25_tokenizer()
+    assert pv.training_template(tok, True) is not None  # TRL's qwen2_5 training template, as SFTTrainer takes
     view = pv.token_view(records[0], tok, 2048, True, pv.training_template(tok, True))
-    assert "".join(t for t, trained in view["spans"] if trained) == RECORDS[0]["output"] + "<|im_end|>"
+    assert "".join(t for t, trained in view["spans"] if trained).strip() == RECORDS[0]["output"] + "<|im_end|>"
+    assert "".join(t for t, trained in view["spans"] if not trained).startswith(
+        f"<|im_start|>system\n{RECORDS[0]['instruction']}<|im_end|>\n<|im_start|>user\n{RECORDS[0]['input']}<|im_end|>")
 
     args = SFTConfig(output_dir=str(tmp_path / "out"), max_length=2048, assistant_only_loss=True, report_to="none",
                      use_cpu=True, dataset_num_proc=None)
