@@ -15,6 +15,7 @@ from typing import Optional
 
 from payload.config import ConfigError, line_for, load_yaml_with_lines
 
+from .datahints import missing_file_hint
 from .profile import REPO_ROOT, Profile, ProfileError, apply_override, load_profile, resolve_profile_path
 from .units import human_size
 from .uploads import repo_relative
@@ -67,7 +68,7 @@ def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
     if on_this_machine is None:
         infra = (data.get("cluster") or {}).get("infra") if isinstance(data.get("cluster"), dict) else None
         on_this_machine = infra == "local" or infra == ["local"]
-    problems, present = [], []
+    problems, present, hints = [], [], []
     for prefix, i, src in ((pre, i, src) for pre, sources in _source_lists(data) for i, src in enumerate(sources)):
         rel = src.get("path") if isinstance(src, dict) else None
         if not isinstance(rel, str) or not rel:
@@ -76,11 +77,12 @@ def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
         loc = (*prefix, "data", "sources", i, "path")
         if problem:
             problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+            hints.append(missing_file_hint(src) if problem.startswith(f"{rel} not found") else "")
         else:
             present.append(f"{rel} ({human_size(size)})")
     if problems and present:
         problems[-1] += f" (present: {', '.join(present)})"
-    return problems, present
+    return [p + h for p, h in zip(problems, hints)], present
 
 
 def _source_lists(data: dict) -> list[tuple[tuple, list]]:

@@ -36,7 +36,7 @@ class LaunchGroup(click.Group):
                 err_console().print(literal("[red]✗[/] ", line), highlight=False, soft_wrap=True)
             ctx.exit(1)
 
-    SECTIONS = (("Plan", ("profiles", "validate", "plan", "render", "init")),
+    SECTIONS = (("Plan", ("profiles", "validate", "data", "plan", "render", "init")),
                 ("Run", ("up", "logs", "status", "ssh", "exec", "down")),
                 ("Results", ("checkpoints", "eval", "compare", "chat", "cost", "volumes")))
 
@@ -124,6 +124,11 @@ def validate(profile):
                             f"{p.cluster.num_nodes} node(s), {p.train.method}, {p.model.name_or_path})"))
     for line in data_files:
         console().print(literal("  data: ", line), soft_wrap=True)
+    from payload.eval_config import exported_checkpoint
+
+    outputs = ["adapter" if p.train.method != "full" else "weights"] + ["merged model"] * p.outputs.merge + \
+        ["MLX adapter"] * p.outputs.export_mlx
+    console().print(literal("  exports: ", f"{', '.join(outputs)} from {exported_checkpoint(p)}"), soft_wrap=True)
     if mem["status"] not in ("n/a",):
         mark = "[yellow]![/]" if mem["status"] in ("tight", "unknown") else "[green]✓[/]"
         console().print(literal(f"{mark} ", f"GPU memory {mem['status']}: {mem['detail']} (estimate, +-20%)"))
@@ -236,6 +241,10 @@ from .results import chat, checkpoints, eval_  # noqa: E402  (checkpoints/eval/c
 
 for _cmd in (checkpoints, eval_, chat):
     cli.add_command(_cmd)
+
+from .preview import data  # noqa: E402  (`launch data preview`; light imports only)
+
+cli.add_command(data)
 
 from .compare import compare  # noqa: E402  (runs side by side; light imports)
 

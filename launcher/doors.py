@@ -12,7 +12,8 @@ PAYLOAD_DOORS: dict[str, str] = {
     "payload.yamlio": "the bounded YAML reader (size, depth, aliases) for profiles and --set values",
     "payload.stage_config": "each stage's derived run config (SFT -> DPO -> GRPO), to plan and render stages "
                             "as the machine will run them",
-    "payload.eval_config": "whether a run reports to W&B (which secrets the rendered task asks for)",
+    "payload.eval_config": "whether a run reports to W&B (which secrets the rendered task asks for) and which "
+                           "checkpoint it exports (`launch validate` says it)",
     "payload.runconfig": "which config keys may change when a run resumes (cadence and money) and which may not "
                          "(the math): one rule, applied by `launch up --resume` and again by the payload",
     "payload.layout": "the one place that names every path in a run directory and every artifact",
@@ -20,6 +21,8 @@ PAYLOAD_DOORS: dict[str, str] = {
                       "backends, registry and the rendered recovery rules",
     "payload.data.pipeline": "the data step itself, run here into a temp dir, so `plan` counts records and "
                              "tokens exactly as the machine will (max_records, filters, dedup, split)",
+    "payload.data.preview": "`launch data preview`: the first training examples from the data step itself and "
+                            "TRL's tokenization, so what is shown is what is trained",
     "payload.memory": "the GPU-memory estimator, so `plan` and `validate` say 'fits' with the machine's numbers",
     "payload.checksums": "streamed sha256 and the regular-file walk, to verify fetched artifacts as the "
                          "machine hashed them",

@@ -94,3 +94,13 @@ def best_metric(cfg) -> tuple[str, bool]:
     """(marker/Trainer key, greater is better) that ranks a run's checkpoints."""
     ev = getattr(cfg, "evaluation", None)
     return (ev.best_key, ev.greater_is_better) if ev is not None else ("eval_loss", False)
+
+
+def exported_checkpoint(cfg) -> str:
+    """Which checkpoint becomes the run's adapter (and its merge/MLX export) or full weights, as
+    payload.train.save picks it; `launch validate` says it, so the choice is never silent."""
+    if cfg.train.method == "full":
+        return "the last complete checkpoint (full fine-tuning)"
+    key, greater = best_metric(cfg)
+    return (f"the best checkpoint by {key.removeprefix('eval_').replace('loss', 'eval loss')} "
+            f"({'higher' if greater else 'lower'} wins; the newest when none was evaluated)")

@@ -196,9 +196,48 @@ def main(cfg) -> dict:
         log.warning("base model config not found locally: num_layers inferred from the adapter")
     summary = peft_to_mlx(adapter_dir, cfg.run_dir / layout.MLX_DIR, num_layers=num_layers,
                           base_model=cfg.model.name_or_path)
-    if cfg.train.method == "qlora":
-        log.info("QLoRA adapter: apply it to a 4-bit MLX base (`mlx_lm.convert -q --q-bits 4`), as in runbook 001")
-    return {"stage": "export", "format": "mlx", **summary}
+    base = write_mlx_base_step(cfg, cfg.run_dir / layout.MLX_DIR)
+    log.info("MLX base: run %s on a Mac (mlx-lm) to make %s, the 4-bit base this adapter loads onto "
+             "(runbook 001 step 8)", MLX_BASE_SCRIPT, base)
+    return {"stage": "export", "format": "mlx", "mlx_base": base, **summary}
+
+
+MLX_BASE_SCRIPT = "convert_base.sh"
+MLX_METADATA = "metadata.json"
+
+
+def mlx_base_dir(cfg) -> str:
+    """Where runbook 001 keeps the MLX base: ./models/<name>-4bit-MLX (4-bit for QLoRA, as trained)."""
+    bits = cfg.train.quantization.bits if cfg.train.quantization else None
+    return f"./models/{cfg.model.name_or_path.rstrip('/').rsplit('/', 1)[-1]}-{f'{bits}bit' if bits else 'bf16'}-MLX"
+
+
+def write_mlx_base_step(cfg, out_dir) -> str:
+    """Runbook 001 steps 7-8 beside the MLX adapter: `metadata.json` (base model path, rank, alpha,
+    training examples) and `convert_base.sh`, the `mlx_lm.convert` line that makes that base on a Mac
+    (mlx runs on Apple silicon; `-q` matters: without it the 32B base is ~61 GB of bf16, not ~18 GB)."""
+    out_dir, base = Path(out_dir), mlx_base_dir(cfg)
+    q = cfg.train.quantization
+    flags = f" -q --q-bits {q.bits}" if q else ""
+    revision = f" --revision {cfg.model.revision}" if cfg.model.revision else ""
+    (out_dir / MLX_BASE_SCRIPT).write_text(
+        "#!/bin/sh\n# Makes the MLX base model this adapter was trained on (runbook 001 step 8); run it on the Mac\n"
+        "# where you chat with the adapter, from the directory metadata.json's base_model is relative to.\n"
+        "# Needs mlx-lm (pip install mlx-lm) and the base model's files (HF_TOKEN for gated ones).\nset -e\n"
+        f"mlx_lm.convert --hf-path {cfg.model.name_or_path}{revision}{flags} --mlx-path {base}\n"
+        f"mlx_lm.generate --model {base} --adapter-path \"$(dirname \"$0\")\" --prompt hello --max-tokens 20\n")
+    lora = cfg.train.lora
+    meta = {"base_model": base, "hf_base_model": cfg.model.name_or_path, "lora_rank": lora.r,
+            "lora_alpha": lora.alpha, "training_examples": _train_records(cfg), "run_id": cfg.runtime.run_id}
+    (out_dir / MLX_METADATA).write_text(json.dumps(meta, indent=2) + "\n")
+    return base
+
+
+def _train_records(cfg) -> Optional[int]:
+    try:
+        return json.loads((cfg.run_dir / layout.DATA_STATS).read_text())["totals"]["train"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def base_num_layers(cfg) -> Optional[int]:

@@ -75,6 +75,9 @@ class SourceConfig(Strict):
     """Rename raw columns before parsing, e.g. `{text_in: instruction}`."""
     instruction: str = "Transcribe all text in this image."
     """format image_text: the user's text beside the image."""
+    instruction_as: Literal["user", "system"] = "user"
+    """format alpaca: `user` puts instruction + input in the user turn; `system` makes the instruction
+    the system turn and the input the user turn (runbook 001, LLaMA-Factory `template: qwen`)."""
     image_root: Optional[str] = None
     """Directory that relative image paths in vision-language records resolve against."""
     strip_think: bool = False

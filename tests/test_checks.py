@@ -31,11 +31,13 @@ def profile_copy(tmp_path, name="lovecraft-a100-spot", **data_sources):
 def test_a_missing_data_file_is_named_with_file_line_and_fix():
     r = invoke("validate", "lovecraft-a100-spot")
     assert r.exit_code == 1
-    line = r.output.strip()
-    assert "\n" not in line, r.output
+    line, *example = r.output.strip().splitlines()
+    # one line, then a 3-line example of what the file holds (launcher/datahints.py)
+    assert len(example) == 3 and all(e.startswith('      {"instruction": ') for e in example), r.output
     m = re.fullmatch(r"✗ clusters/lovecraft-a100-spot.yaml:(\d+): data.sources.0.path: "
                      r"data/lovecraft/train_sft.jsonl not found \(looked for (.+)\); put the file there or fix "
-                     r"the path", line)
+                     r"the path; it holds your data, format alpaca: JSONL with `instruction`, `output` and "
+                     r"optional `input`, e.g.:", line)
     assert m, line
     assert "path: data/lovecraft/train_sft.jsonl" in (REPO / "clusters/lovecraft-a100-spot.yaml").read_text() \
         .splitlines()[int(m.group(1)) - 1]
@@ -64,7 +66,7 @@ def test_config_and_data_problems_come_in_one_report(tmp_path):
     path.write_text(text)
     r = invoke("validate", str(path))
     assert r.exit_code == 1
-    lines = r.output.strip().splitlines()
+    lines = [ln for ln in r.output.strip().splitlines() if not ln.startswith("      {")]  # not the examples
     assert lines[0] == "✗ 4 problems in the profile:"
     assert "train.max_stepz: unknown key; did you mean `max_steps`?" in lines[1]
     assert "data.sources.1.path: data/none.jsonl not found" in lines[2]

@@ -158,7 +158,9 @@ def test_mount_points_are_plain_absolute_paths(mount):
 
     with pytest.raises(ProfileError) as e:
         load_profile("sonia-h100", overrides=(f"cluster.volume.mount={mount}",))
-    assert e.value.problems == [f"clusters/sonia-h100.yaml:22: cluster.volume.mount: {mount!r} is not a usable mount "
+    text = (Path(__file__).resolve().parents[1] / "clusters" / "sonia-h100.yaml").read_text().splitlines()
+    line = next(i for i, ln in enumerate(text, 1) if ln == "  volume:")  # an override is placed at its parent
+    assert e.value.problems == [f"clusters/sonia-h100.yaml:{line}: cluster.volume.mount: {mount!r} is not a usable mount "
                                 "point: give an absolute path without `.`/`..` components (not `/` itself), e.g. "
                                 "/workspace"]
 

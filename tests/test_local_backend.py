@@ -150,7 +150,8 @@ def test_multi_node_task_runs_as_two_local_nodes(tmp_path):
             "--set", "train.deepspeed=null", "--set", "train.max_seq_length=128",
             "--set", "train.max_steps=4", "--set", "train.epochs=1", "--set", "train.effective_batch_size=null",
             "--set", "train.gradient_accumulation_steps=1", "--set", "train.eval_steps=2",
-            "--set", "train.checkpoints.save_steps=2", "--set", "train.gradient_checkpointing=false"]
+            "--set", "train.checkpoints.save_steps=2", "--set", "train.gradient_checkpointing=false",
+            "--set", "train.report_to=[]"]  # TensorBoard (runbook 004) is in the GPU lock, not the dev one
     r = launch("up", "qwen3-32b-4x4-a100", "--backend", "local", "--nodes", "2", *sets)
     rid = started_id(r)
     d = wait_done(rid, timeout=300)

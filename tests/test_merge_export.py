@@ -255,6 +255,31 @@ def test_mlx_export_keys_shapes_and_transposes(demo_adapter):
         torch.testing.assert_close(mlx_delta, peft_delta, atol=1e-5, rtol=1e-5)
 
 
+def test_mlx_export_writes_runbook_001_metadata_and_base_step(demo_adapter, tmp_path):
+    """Runbook 001 steps 7-8: metadata.json (base model path, rank, alpha, examples) and the exact
+    `mlx_lm.convert` line for the base, 4-bit when the adapter was trained on a 4-bit (QLoRA) base."""
+    cfg, _ = demo_adapter
+    summary = export.main(cfg)
+    out = cfg.run_dir / layout.MLX_DIR
+    meta = json.loads((out / export.MLX_METADATA).read_text())
+    assert meta["base_model"] == summary["mlx_base"] == "./models/tiny-qwen3-bf16-MLX"
+    assert (meta["lora_rank"], meta["lora_alpha"]) == (cfg.train.lora.r, cfg.train.lora.alpha)
+    script = (out / export.MLX_BASE_SCRIPT).read_text()
+    assert "mlx_lm.convert --hf-path tiny-qwen3 --mlx-path ./models/tiny-qwen3-bf16-MLX\n" in script
+    assert " -q " not in script
+
+    from launcher.profile import load_profile
+    from launcher.render import resolved_run_config
+
+    lc = resolved_run_config(load_profile("lovecraft-a100-spot"))
+    lc.runtime.volume = str(tmp_path)
+    assert export.write_mlx_base_step(lc, tmp_path) == "./models/Qwen2.5-32B-4bit-MLX"
+    assert ("mlx_lm.convert --hf-path Qwen/Qwen2.5-32B -q --q-bits 4 --mlx-path ./models/Qwen2.5-32B-4bit-MLX"
+            in (tmp_path / export.MLX_BASE_SCRIPT).read_text())
+    meta = json.loads((tmp_path / export.MLX_METADATA).read_text())
+    assert (meta["lora_rank"], meta["lora_alpha"], meta["training_examples"]) == (64, 256, None)
+
+
 def test_mlx_export_scale_num_layers_and_refusals(demo_adapter, tmp_path):
     cfg, _ = demo_adapter
     src = cfg.run_dir / layout.ADAPTER_DIR

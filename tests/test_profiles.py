@@ -43,7 +43,7 @@ def test_profiles_reproduce_the_runbooks():
     assert s.outputs.merge
 
     lc = load_profile("lovecraft-a100-spot")
-    assert (lc.cluster.accelerators, lc.cluster.use_spot, lc.train.method) == ("A100-80GB:1", True, "qlora")
+    assert (lc.cluster.accelerators, lc.cluster.use_spot, lc.train.method) == ("A100-80GB-SXM:1", True, "qlora")
     assert (lc.train.quantization.bits, lc.train.quantization.quant_type) == (4, "nf4")
     assert (lc.train.lora.r, lc.train.lora.alpha, lc.train.lora.target_modules) == (64, 256, "all-linear")
     assert (lc.train.max_seq_length, lc.train.packing, lc.train.max_steps) == (2048, True, 600)
@@ -257,8 +257,9 @@ def test_plan_lovecraft_matches_the_runbook_duration():
     from launcher.plan import plan_profile
 
     plan = plan_profile(load_profile("lovecraft-a100-spot"))
-    spot = catalog_row("runpod_vms.csv", "1x_A100-80GB_SECURE")["SpotPrice"]
+    spot = catalog_row("runpod_vms.csv", "1x_A100-80GB-SXM_SECURE")["SpotPrice"]
     assert plan.use_spot and plan.price_per_hour == pytest.approx(float(spot))
+    assert plan.instance_type == "1x_A100-80GB-SXM_SECURE"  # runbook 001: A100 SXM, not RunPod's PCIe A100-80GB
     assert 6 < plan.train_hours < 8.5  # runbook: ~7 h for 600 steps
 
 

@@ -172,7 +172,7 @@ def test_lovecraft_spot_is_a_managed_job_with_recovery_on_the_volume(fake, monke
     (task,), kwargs = fake.one("jobs.launch")[1:]
     assert kwargs == {"name": "lovecraft-a100-spot-1"}
     (res,) = task.resources
-    assert res.use_spot and res.accelerators == {"A100-80GB": 1}
+    assert res.use_spot and res.accelerators == {"A100-80GB-SXM": 1}  # runbook 001: the SXM card
     # Only transient exits (75) and signals (143) are retried; a budget stop or config error never.
     assert res.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 0,
                                 "recover_on_exit_codes": [75, 143]}
@@ -358,7 +358,7 @@ def test_price_from_runpod_api_then_catalog_then_profile(monkeypatch):
 
     assert sp.hourly_price(sonia) == (6.58, f"catalog {SNAPSHOT_DATE}")  # extract: 2x_H100-SXM $6.58/h
     monkeypatch.delenv("RUNPOD_API_KEY")
-    assert sp.hourly_price(load_profile("lovecraft-a100-spot")) == (1.39, f"catalog {SNAPSHOT_DATE}")
+    assert sp.hourly_price(load_profile("lovecraft-a100-spot")) == (1.59, f"catalog {SNAPSHOT_DATE}")  # 1x_A100-80GB-SXM
 
     # No instance in the snapshot for 3 GPUs: the profile's own price is the last resort.
     body = yaml.safe_load((REPO_ROOT / "clusters/sonia-h100.yaml").read_text())

@@ -147,7 +147,7 @@ class _Run:
             try:
                 if isinstance(raw, RecordError):
                     raise raw
-                msgs = canonicalize(raw, fmt, images, c.instruction)
+                msgs = canonicalize(raw, fmt, images, c.instruction, c.instruction_as)
                 extra = rejected_tail(msgs) if fmt == "preference" else b""
                 msgs = apply_transforms(msgs, strip, prompt)
                 body, digest = encode_messages(msgs)

@@ -5,7 +5,9 @@ record (`messages[2].role ...`); the pipeline prefixes it with `file:line`. Thre
 understood:
 
 - chat `messages` (runbook 000; ShareGPT `conversations` with `from`/`value` is accepted too),
-- alpaca `instruction` / `input` / `output` (runbook 001; an optional `system` column is kept),
+- alpaca `instruction` / `input` / `output` (runbook 001; an optional `system` column is kept);
+  `instruction_as: user` puts instruction and input together in the user turn, `instruction_as:
+  system` makes the instruction the system turn and the input the user turn (runbook 001's layout),
 - `prompt` / `question` / `response` (runbook 004 CSV; `prompt` becomes the system turn),
 - `image` / `text` (format `image_text`, OCR sets such as runbook 002's well-log headers: the user
   turn is the image and the source's `instruction`, the assistant turn the text).
@@ -63,7 +65,8 @@ def detect_format(obj: dict) -> str:
     )
 
 
-def canonicalize(obj: Any, fmt: str, images: ImageContext, instruction: str = "") -> list[dict]:
+def canonicalize(obj: Any, fmt: str, images: ImageContext, instruction: str = "",
+                 instruction_as: str = "user") -> list[dict]:
     """Validate one raw record and return its messages `[{role, content}, ...]` (not yet transformed)."""
     if not isinstance(obj, dict):
         raise RecordError("wrong type", f"record is {tname(obj)}, expected an object")
@@ -72,7 +75,7 @@ def canonicalize(obj: Any, fmt: str, images: ImageContext, instruction: str = ""
     if fmt == "messages":
         msgs = from_messages(obj, images)
     elif fmt == "alpaca":
-        msgs = from_alpaca(obj)
+        msgs = from_alpaca(obj, instruction_as)
     elif fmt == "image_text":
         msgs = from_image_text(obj, images, instruction)
     elif fmt in ("preference", "prompt_answer"):
@@ -105,12 +108,19 @@ def _need(fmt: str) -> str:
             "prompt_answer": "'prompt' (or 'question') and 'answer'"}[fmt]
 
 
-def from_alpaca(obj: dict) -> list[dict]:
+def from_alpaca(obj: dict, instruction_as: str = "user") -> list[dict]:
+    """`instruction_as: user`: user = instruction + blank line + input. `system` (runbook 001, LLaMA-
+    Factory `template: qwen` as the runbook describes it): system = instruction (after a `system`
+    column when there is one), user = input; an empty input leaves an empty user turn (dropped)."""
     instruction = _text(obj, "instruction", "alpaca", True)
     output = _text(obj, "output", "alpaca", True)
     extra = _text(obj, "input", "alpaca", False)
     system = _text(obj, "system", "alpaca", False)
-    user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
+    if instruction_as == "system":
+        system = f"{system}\n\n{instruction}" if system.strip() else instruction
+        user = extra
+    else:
+        user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
     return [
         {"role": "system", "content": system},
         {"role": "user", "content": user},

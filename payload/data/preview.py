@@ -1,0 +1,144 @@
+"""What the trainer sees, before any GPU: the first training examples as records, roles and tokens.
+
+`launch data preview` (launcher/preview.py) calls these; nothing here re-implements a step:
+
+- the records are the data stage's own output: `prepare` (sources -> transforms -> dedup -> split)
+  writes train.jsonl, read back with `trainset.read_jsonl` and turned into the rows SFTTrainer gets
+  by `trainset.build_dataset`;
+- the token view tokenizes those rows with TRL's functions in SFTTrainer's order: the training chat
+  template (`get_training_chat_template`) when the tokenizer's has no `{% generation %}` markers,
+  `data_utils._tokenize` with `return_assistant_tokens_mask`, then truncation at max_seq_length.
+
+For vision-language rows the token view runs the tokenizer's template, where each image is one
+`<|image_pad|>` placeholder; the processor widens it to the image's patch count when training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from payload import layout, trainset
+from payload.errors import PayloadError
+
+from .pipeline import prepare
+
+PREVIEW_MAX_RECORDS = 2000  # per source: the first N train examples come from the first records read
+
+
+def first_examples(cfg, n: int, work_dir: Path, base_dir: Path, tokenizer=None) -> list[dict]:
+    """Run the data stage on `cfg.data`'s local sources (each read up to PREVIEW_MAX_RECORDS; hub
+    datasets are not downloaded: `hub_sources` names them) into `work_dir` and return the first `n`
+    train records as train.jsonl holds them. Raises PayloadError (one line)."""
+    data = cfg.data.model_copy(deep=True)
+    data.sources = [s for s in data.sources if not s.hf_dataset]
+    if not data.sources:
+        raise PayloadError("every data source is a Hugging Face dataset, which the preview does not download; "
+                           "preview a local sample: --set 'data.sources=[{name: s, path: FILE, format: ...}]'")
+    for s in data.sources:
+        s.max_records = min(s.max_records or PREVIEW_MAX_RECORDS, PREVIEW_MAX_RECORDS)
+    out = Path(work_dir) / layout.DATA_DIR
+    prepare(data, out, tokenizer=tokenizer, base_dir=base_dir, log=lambda _line: None)
+    return trainset.read_jsonl(out / "train.jsonl")[:n]
+
+
+def hub_sources(cfg) -> list[str]:
+    """`name (dataset id)` of the sources the preview leaves out: Hugging Face datasets."""
+    return [f"{s.name} ({s.hf_dataset})" for s in cfg.data.sources if s.hf_dataset]
+
+
+def role_view(record: dict, assistant_only_loss: bool) -> list[dict]:
+    """The record's turns: `{role, text, trained}`; images as `[image: path]`. Only assistant turns
+    train with `assistant_only_loss` (TRL masks the rest); without it every token trains."""
+    turns = []
+    for m in record["messages"]:
+        c = m.get("content", "")
+        if not isinstance(c, str):
+            c = "".join(f"[image: {p.get('image')}]" if p.get("type") == "image" else p.get("text") or "" for p in c)
+        turns.append({"role": m["role"], "text": c,
+                      "trained": m["role"] == "assistant" or not assistant_only_loss})
+    return turns
+
+
+def load_cached_tokenizer(cfg):
+    """(tokenizer, None) loaded the way training loads it, from a local model directory or the
+    Hugging Face cache's snapshot (never the network); or (None, why) when it is not there."""
+    from payload import modeling
+
+    m = cfg.model
+    path = modeling.base_model_path(cfg) if m.tiny is not None else _local_snapshot(m.name_or_path, m.revision)
+    if path is None:
+        return None, f"not in {_hub_cache()}"  # checked first: transformers alone takes 5-10 s to import
+    try:
+        processing = modeling.load_processing_class(path, m.kind, m.trust_remote_code)
+    except (OSError, ValueError, ImportError, KeyError, TypeError, AttributeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        return None, f"{path}: {first}"
+    return getattr(processing, "tokenizer", processing), None
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def _local_snapshot(name: str, revision: Optional[str]) -> Optional[str]:
+    """A local model directory, or the cached snapshot of a hub id that holds its tokenizer config."""
+    if Path(name).is_dir():
+        return name
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(name, revision=revision, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached, or not a repo id: no token view, said by the caller
+        return None
+    return path if (Path(path) / "tokenizer_config.json").is_file() else None
+
+
+def training_template(tokenizer, assistant_only_loss: bool) -> Optional[str]:
+    """The chat template SFTTrainer swaps in (None: the tokenizer's own)."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if not tokenizer.chat_template:
+        raise PayloadError("the tokenizer has no chat template, and chat records need one to train; "
+                           "use the model's instruct variant or give the tokenizer a template")
+    if assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
+        return get_training_chat_template(tokenizer)
+    return None
+
+
+def token_view(record: dict, tokenizer, max_length: int, assistant_only_loss: bool,
+               chat_template: Optional[str] = None) -> dict:
+    """Tokenize one record as SFTTrainer does: `spans` [(text, trained)], `tokens`, `trained`,
+    `truncated` (tokens cut at max_length), `images`."""
+    from trl.data_utils import _tokenize
+
+    row = trainset.build_dataset([record], vl=_has_image(record), name="preview")[0]
+    messages = [{"role": m["role"], "content": _plain(m["content"])} for m in row["messages"]]
+    out = _tokenize(tokenizer, messages, return_assistant_tokens_mask=assistant_only_loss,
+                    chat_template=chat_template)
+    ids = list(out["input_ids"])
+    mask = list(out.get("assistant_masks") or [1] * len(ids))
+    truncated = max(0, len(ids) - max_length)
+    ids, mask = ids[:max_length], mask[:max_length]
+    spans: list[tuple[str, bool]] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or bool(mask[i]) != bool(mask[start]):
+            spans.append((tokenizer.decode(ids[start:i], skip_special_tokens=False), bool(mask[start])))
+            start = i
+    return {"spans": spans, "tokens": len(ids), "trained": sum(1 for x in mask if x),
+            "truncated": truncated, "images": len(row.get("images") or [])}
+
+
+def _has_image(record: dict) -> bool:
+    return any(isinstance(m.get("content"), list) and any(p.get("type") == "image" for p in m["content"])
+               for m in record["messages"])
+
+
+def _plain(content):
+    """A row's content for the tokenizer's template: text parts joined where there is no image."""
+    if isinstance(content, list) and not any(p.get("type") == "image" for p in content):
+        return "".join(p.get("text") or "" for p in content)
+    return content
