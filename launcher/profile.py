@@ -100,7 +100,9 @@ class ClusterConfig(Strict):
     disk_size: int = Field(default=256, ge=10)
     """Container/boot disk in GB (models live on the volume, not here)."""
     image_id: Optional[str] = None
-    """e.g. `docker:runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04`."""
+    """e.g. `docker:runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04`: the GPU stack is
+    the payload's own venv from its lock (payload/gpu_env.sh), so the image matters for its driver
+    libraries, its nvcc and its Python; pick one with the lock's torch/CUDA/Python versions."""
     region: Optional[str] = None
     volume: Optional[VolumeConfig] = None
     bucket: Optional[BucketConfig] = None

@@ -65,8 +65,9 @@ def view(runbook: str) -> View:
 FACTS = [
     # 000 Sonia: "Pod Specification", "Model", "Training Configuration", "Required Environment Variables"
     ("000", "GPU 2x H100 SXM 80GB, on-demand", ["H100-SXM:2", False], lambda v: [v.gpus, v.task["resources"]["use_spot"]]),
-    ("000", "container image runpod/pytorch:2.4.0-py3.11-cuda12.4.1", "docker:runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04",
-     lambda v: v.task["resources"]["image_id"]),
+    ("000", "container image runpod/pytorch, Python 3.11, CUDA devel (deliberately 2.8/12.8: see DIFFERS)",
+     ("docker:runpod/pytorch:", "py3.11", "devel"),
+     lambda v: tuple(x for x in ("docker:runpod/pytorch:", "py3.11", "devel") if x in v.task["resources"]["image_id"])),
     ("000", "volume at /workspace, 420 GB", ("/workspace", 420), lambda v: (v.p.cluster.volume.mount, v.p.cluster.volume.size_gb)),
     ("000", "model VocaborSilentii/Qwen3-VL-32B-Instruct (AutoModelForImageTextToText)",
      ("VocaborSilentii/Qwen3-VL-32B-Instruct", "image_text_to_text"), lambda v: (v.cfg.model.name_or_path, v.cfg.model.kind)),
@@ -155,7 +156,7 @@ def test_runbook_fact(runbook, fact, expected, read):
 
 # Deliberate differences: each must be named in the profile's "Differs from runbook NNN" block.
 DIFFERS = {
-    "000": ["hub push", "ZeRO-3", "best checkpoint by eval loss"],
+    "000": ["hub push", "ZeRO-3", "best checkpoint by eval loss", "container image torch 2.8 / CUDA 12.8"],
     "001": ["spot", "best checkpoint by val loss", "MLX", "LLaMA-Factory"],
     "002": ["CER", "unsloth", "which code produced a run"],
     "003": ["spot T4", "RLHF-V", "SFT and GRPO sets", "best checkpoint by eval loss"],
