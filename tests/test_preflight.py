@@ -216,3 +216,16 @@ def test_disk_too_small_fails_and_counts_the_merged_copy(tmp_path):
     no_merge = cfg.model_copy(update={"outputs": cfg.outputs.model_copy(update={"merge": False})})
     needs2 = {str(p): n for p, n, _ in preflight.disk_needs(no_merge, tiny)}
     assert needs[str(cfg.run_dir)] - needs2[str(cfg.run_dir)] == pytest.approx(2 * tiny.params)
+
+
+def test_a_gpu_node_whose_torch_cannot_use_the_gpus_fails_preflight():
+    """SkyPilot says the node has GPUs, torch sees none (driver too old for its CUDA): fail before the
+    model download, naming the versions; a node without GPUs (local backend, CPU task) is not asked."""
+    import torch
+
+    assert preflight.check_cuda({}) is None and preflight.check_cuda({"SKYPILOT_NUM_GPUS_PER_NODE": "0"}) is None
+    check = preflight.check_cuda({"SKYPILOT_SETUP_NUM_GPUS_PER_NODE": "2"})
+    assert not torch.cuda.is_available()  # this machine: a CPU build
+    assert check.status == "fail" and check.detail.startswith(f"this node has 2 GPU(s) but torch {torch.__version__} "
+                                                              "(CUDA none (a CPU build)) cannot use them")
+    assert "nvidia-smi" in check.detail

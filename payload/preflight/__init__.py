@@ -33,6 +33,7 @@ from payload.memory import (  # noqa: F401  (re-exported: preflight's public fac
 )
 from payload.preflight.base import Check, log
 from payload.preflight.local import (  # noqa: F401  (re-exported)
+    check_cuda,
     check_data,
     check_disk,
     check_gpu_memory,
@@ -60,6 +61,7 @@ def run_checks(cfg, env=None) -> tuple[list[Check], dict]:
         dims = None
         checks.append(Check("model_shape", "warn", f"could not read the model shape: {e}"))
     checks += [check_disk(cfg, dims, env), check_token(cfg, env), check_versions(cfg)]
+    checks += [c for c in (check_cuda(env),) if c is not None]
     checks += check_remote(cfg, env)  # Hub datasets/model exist, W&B key valid (network; see below)
     if getattr(cfg, "stages", None):  # every stage must fit (DPO: pairs + reference, GRPO: generations)
         from payload.stage_config import stage_run_config

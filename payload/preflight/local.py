@@ -203,6 +203,25 @@ def gpu_info(env) -> tuple[Optional[float], int, str]:
     return None, count or 1, "no GPU"
 
 
+def check_cuda(env) -> Optional[Check]:
+    """On a node SkyPilot gave GPUs to: can the lock's torch use them? A driver older than the CUDA
+    that torch was built for (12.8 for the GPU lock) leaves `cuda.is_available()` False, and the run
+    would otherwise find out at its first CUDA call, after setup and the model download."""
+    per_node = env.get("SKYPILOT_NUM_GPUS_PER_NODE") or env.get("SKYPILOT_SETUP_NUM_GPUS_PER_NODE")
+    if not per_node or int(per_node) == 0:
+        return None  # a CPU task, the local backend, a test
+    try:
+        import torch
+    except ImportError:
+        return None  # check_versions names the missing stack
+    built = torch.version.cuda or "none (a CPU build)"
+    if torch.cuda.is_available():
+        return Check("cuda", "ok", f"torch {torch.__version__} (CUDA {built}) sees {torch.cuda.device_count()} GPU(s)")
+    return Check("cuda", "fail", f"this node has {per_node} GPU(s) but torch {torch.__version__} (CUDA {built}) cannot "
+                 "use them: the host's NVIDIA driver is missing or older than that CUDA needs (`nvidia-smi` shows "
+                 "its version); pick an image or host whose driver supports it")
+
+
 def check_versions(cfg) -> Check:
     """The installed training stack against the payload's minimums (payload/versions.py)."""
     from payload import versions
