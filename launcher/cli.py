@@ -219,7 +219,8 @@ def profiles(as_json):
 
 # ------------------------------------------------------------------------------------ runs
 
-from .runs import cost, down, logs, status, up  # noqa: E402  (click commands; light imports only)
+from .runs import cost, down, logs, status  # noqa: E402  (click commands; light imports only)
+from .start import up  # noqa: E402
 
 for _cmd in (up, logs, status, down, cost):
     cli.add_command(_cmd)

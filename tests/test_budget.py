@@ -8,7 +8,7 @@ import types
 import pytest
 from click.testing import CliRunner
 
-from launcher import registry, runs
+from launcher import registry, runs, start
 from launcher.backends import RemoteStatus
 from launcher.cli import cli
 from launcher.registry import Run
@@ -51,6 +51,7 @@ def clock(monkeypatch):
                                       gmtime=__import__("time").gmtime)
     monkeypatch.setattr(registry, "time", fake_time)
     monkeypatch.setattr(runs, "time", fake_time)
+    monkeypatch.setattr(start, "time", fake_time)
     return c
 
 

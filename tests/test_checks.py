@@ -103,7 +103,7 @@ def test_up_without_the_data_names_the_file_first_and_starts_nothing(monkeypatch
         raise AssertionError("nothing may start before the data check")
 
     monkeypatch.setattr(backends, "get_backend", refuse)
-    monkeypatch.setattr("launcher.runs._price", refuse)
+    monkeypatch.setattr("launcher.start.price_for", refuse)
     committed = render.task_path("lovecraft-a100-spot").read_text()
     r = invoke("up", "lovecraft-a100-spot")
     assert r.exit_code == 1

@@ -215,7 +215,7 @@ def mode(path: Path) -> int:
 
 
 def test_state_dir_and_files_are_private(tmp_path, monkeypatch):
-    from launcher import runs
+    from launcher import start
     from launcher.profile import load_profile
     from launcher.state import state_dir
 
@@ -228,7 +228,7 @@ def test_state_dir_and_files_are_private(tmp_path, monkeypatch):
     p = load_profile("local-demo")
     run = registry.Run(id=registry.new_run_id(p.name), profile=p.name, backend="local")
     registry.save(run)
-    task, config = runs._render_for_run(p, run, "local", "catalog")
+    task, config = start.render_for_run(p, run, "local", "catalog")
     assert state_dir() == home and mode(home) == 0o700
     assert mode(home / "runs.db") == 0o600
     assert [mode(f) for f in (task, config)] == [0o600, 0o600]
@@ -286,11 +286,11 @@ def test_run_ids_are_unique_under_concurrent_launches(tmp_path, monkeypatch):
 
 
 def test_set_with_list_index_works_and_leaves_no_temp_dirs(tmp_path, monkeypatch):
-    from launcher.runs import _load_with_overrides
+    from launcher.start import load_with_overrides
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a temp copy would go
     other = "payload/samples/demo_alpaca.jsonl"  # `up` checks the data files: an existing one
-    p = _load_with_overrides("local-demo", (f"data.sources.0.path={other}", "data.sources.1.split=val"))
+    p = load_with_overrides("local-demo", (f"data.sources.0.path={other}", "data.sources.1.split=val"))
     assert p.data.sources[0].path == other and p.data.sources[1].split == "val"
     assert p.data.sources[1].path == "payload/samples/demo_alpaca.jsonl"
     r = invoke("up", "local-demo", "--set", "data.sources.7.path=x.jsonl")
