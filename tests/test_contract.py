@@ -32,11 +32,11 @@ from launcher.render import render_text
 try:  # tests/ is a plain directory on sys.path (or, later, a package)
     from artifact_fixtures import HOME_LAYOUT, JOB, MERGED, NOT_ARTIFACTS, FakeS3, make_run_dir
     from sshd import SSHServer, ensure_sshd
-    from test_skypilot_backend import FakeSky
+    from sky_edge import FakeSky
 except ImportError:
     from tests.artifact_fixtures import HOME_LAYOUT, JOB, MERGED, NOT_ARTIFACTS, FakeS3, make_run_dir
     from tests.sshd import SSHServer, ensure_sshd
-    from tests.test_skypilot_backend import FakeSky
+    from tests.sky_edge import FakeSky
 
 VENV_BIN = str(Path(sys.executable).parent)
 NODE_PATH = f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin"

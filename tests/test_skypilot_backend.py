@@ -1,7 +1,8 @@
 """The SkyPilot backend against the real `sky` package: tasks are SkyPilot's own parse of the rendered
 sky/*.yaml, the price comes from SkyPilot's optimizer on the shipped catalog, and only the calls
 that would reach an API server or a cloud (sky.launch, sky.jobs.*, sky.get, volumes...) are
-replaced by a recorder. File transfer runs real ssh + rsync against a loopback OpenSSH server."""
+replaced, by tests/sky_edge.py, whose answers go through SkyPilot's own encoders and decoders.
+File transfer runs real ssh + rsync against a loopback OpenSSH server."""
 
 import json
 import os
@@ -31,63 +32,17 @@ from launcher import registry, render  # noqa: E402
 from launcher.backends import BackendError, LaunchSpec  # noqa: E402
 from launcher.backends import skypilot as sp  # noqa: E402
 from launcher.backends import skypilot_control as control  # noqa: E402
+from launcher.backends.skypilot_sdk import MANAGED_JOB_FIELDS  # noqa: E402
 from launcher.profile import REPO_ROOT, Profile, load_profile  # noqa: E402
 from launcher.registry import Run  # noqa: E402
 
 HF, WANDB = "hf_test_secret_value_1234", "wandb_test_secret_value_5678"
 
 
-class FakeSky:
-    """Records every SDK call that would reach the API server; answers from `results`."""
-
-    def __init__(self, monkeypatch):
-        self.calls: list[tuple[str, tuple, dict]] = []
-        self.results = {"enabled_clouds": ["RunPod", "Azure", "Kubernetes"], "volumes.ls": [],
-                        "volumes.apply": None, "launch": (7, None), "jobs.launch": ([3], None),
-                        "down": None, "jobs.cancel": None, "status": [], "job_status": {},
-                        "jobs.queue": ([], 0, {}, 0), "cancel": None}
-        self.client_config = {}  # the SkyPilot config each request would carry to the API server
-        for name, owner in [("enabled_clouds", sky.client.sdk), ("launch", sky), ("down", sky),
-                            ("status", sky), ("job_status", sky), ("tail_logs", sky), ("cancel", sky),
-                            ("launch", sky.jobs), ("cancel", sky.jobs), ("queue", sky.jobs),
-                            ("tail_logs", sky.jobs), ("ls", sky.volumes), ("apply", sky.volumes),
-                            ("api_stop", sky)]:
-            full = name if owner in (sky, sky.client.sdk) else f"{owner.__name__.split('.')[-1]}.{name}"
-            monkeypatch.setattr(owner, name, self._recorder(full))
-        monkeypatch.setattr(sky, "get", self._resolve("get"))
-        monkeypatch.setattr(sky, "stream_and_get", self._resolve("stream_and_get"))
-
-    def _recorder(self, full):
-        def call(*args, **kwargs):
-            self.calls.append((full, args, kwargs))
-            # What the real call puts in its request body (payloads.RequestBody) for the server.
-            self.client_config[full] = sky.skypilot_config.to_dict()
-            if full == "api_stop":
-                return None
-            if full.endswith("tail_logs"):
-                kwargs["output_stream"].write(f"log of {full}\n")
-                return 0
-            return f"req:{full}"
-        return call
-
-    def _resolve(self, how):
-        def resolve(request_id, **kwargs):
-            self.calls.append((how, (request_id,), kwargs))
-            value = self.results[request_id.removeprefix("req:")]
-            if callable(value):  # a sequence of answers, one per call
-                value = value()
-            if isinstance(value, BaseException):
-                raise value
-            return value
-        return resolve
-
-    def names(self):
-        return [c[0] for c in self.calls]
-
-    def one(self, name):
-        found = [c for c in self.calls if c[0] == name]
-        assert len(found) == 1, (name, self.names())
-        return found[0]
+try:  # tests/ is a plain directory on sys.path (or, later, a package)
+    from sky_edge import FakeSky
+except ImportError:
+    from tests.sky_edge import FakeSky
 
 
 @pytest.fixture
@@ -144,7 +99,7 @@ def test_sonia_cluster_volume_first_autostop_down_and_secrets_by_name_only(fake,
     # The workdir is the staged upload allowlist (tests/test_contract.py), gone once the request ended.
     assert Path(task.workdir).name == run.id and Path(task.workdir).parent.name == "workdirs"
     assert not Path(task.workdir).exists()
-    assert ("stream_and_get", ("req:launch",), {"output_stream": None}) in fake.calls
+    assert fake.waited("launch") == [("stream_and_get", {"output_stream": None})]
 
     assert run.cluster == "sonia-h100-20260102-030405" and run.job_id == "7" and run.state == "starting"
     assert run.handle["kind"] == "cluster"
@@ -246,7 +201,9 @@ def test_no_credentials_says_what_to_run_and_launches_nothing(fake):
     assert "\n" not in msg
     assert "sky check runpod" in msg and "RUNPOD_API_KEY" in msg and "~/.runpod/config.toml" in msg
     assert "--backend local|ssh" in msg
-    assert fake.names() == ["enabled_clouds", "get"]
+    # The server's list is a cache: SkyPilot's own check ran once before "no credentials" was said.
+    assert fake.names() == ["enabled_clouds", "get", "check", "get", "enabled_clouds", "get"]
+    assert fake.one("check")[1:] == ((("runpod",),), {"verbose": False})
 
 
 def test_without_an_api_server_the_real_sdk_error_becomes_one_line(monkeypatch):
@@ -406,7 +363,7 @@ def test_managed_job_states(fake):
     fake.results["jobs.queue"] = ([rec], 1, {}, 1)
     st = sp.SkyPilotBackend().status(managed_run())
     assert st.state == "starting" and "preempted" in st.reason and "recovery 2" in st.reason
-    assert fake.one("jobs.queue")[2] == {"refresh": False, "job_ids": [3], "version": 2}
+    assert fake.one("jobs.queue_v2")[2] == {"refresh": False, "job_ids": [3], "fields": list(MANAGED_JOB_FIELDS)}
 
     rec.update(status=ManagedJobStatus.FAILED_NO_RESOURCE, failure_reason="no A100 anywhere")
     st = sp.SkyPilotBackend().status(managed_run())
@@ -489,7 +446,7 @@ def test_down_of_a_managed_job_waits_until_the_controller_ended_it(fake, fast_gr
     sp.SkyPilotBackend().down(managed_run())
     assert fake.one("jobs.cancel")[2] == {"job_ids": [3], "graceful": True,
                                           "graceful_timeout": control.DOWN_GRACE_S}
-    assert fake.names().count("jobs.queue") == 2
+    assert fake.names().count("jobs.queue_v2") == 2
 
     fake.results["jobs.queue"] = ([{**rec, "status": ManagedJobStatus.CANCELLING}], 1, {}, 1)
     with pytest.raises(BackendError, match=r"managed job 3 is still being cancelled after 1 s and may "

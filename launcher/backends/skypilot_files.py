@@ -30,11 +30,11 @@ def ssh_argv(host: str) -> list[str]:
     return ["ssh", *(["-F", str(config)] if config.is_file() else []), *SSH_OPTS]
 
 
-def cluster_ssh(host: str, command: str, check: bool = True) -> Optional[str]:
-    """Run a command on a cluster's head node; None (check=False) when it cannot be reached."""
+def cluster_ssh(host: str, command: str, check: bool = True, stdin: Optional[str] = None) -> Optional[str]:
+    """Run a command on a cluster's head node; None (check=False) when it cannot be reached or fails."""
     try:
         done = subprocess.run([*ssh_argv(host), host, command], capture_output=True, text=True,
-                              timeout=SSH_TIMEOUT_S)
+                              timeout=SSH_TIMEOUT_S, input=stdin)
     except subprocess.TimeoutExpired:
         if check:
             raise BackendError(f"ssh {host} timed out after {SSH_TIMEOUT_S} s") from None
@@ -150,6 +150,10 @@ class S3Volume:
 
     def read(self, key: str) -> str:
         return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+
+    def write(self, key: str, text: str) -> None:
+        """One small object (the volume's pods see it as a file at the same path)."""
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=text.encode())
 
     def list(self, prefix: str, roots: tuple[str, ...]) -> dict[str, int]:
         """{key relative to `prefix`: bytes} under each root (keys outside `prefix/` are reported as
