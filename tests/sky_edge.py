@@ -187,3 +187,36 @@ class FakeSky:
         found = [c for c in self.calls if c[0] == name]
         assert len(found) == 1, (name, self.names())
         return found[0]
+
+
+def runpod_edge(monkeypatch, fake, mount):
+    """RunPod's REST API (the volume's id) and the volume's S3 API (a directory, `mount`)."""
+    import boto3
+    import requests
+
+    try:
+        from artifact_fixtures import FakeS3
+    except ImportError:
+        from tests.artifact_fixtures import FakeS3
+    monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
+    monkeypatch.setenv("RUNPOD_S3_ACCESS_KEY", "user_abc")
+    monkeypatch.setenv("RUNPOD_S3_SECRET_KEY", "rps_def")
+    fake.results["volumes.ls"] = [{"name": "lovecraft-workspace", "zone": "US-CA-2", "region": "US",
+                                   "name_on_cloud": "lovecraft-workspace-1a2b3c"}]
+
+    class Listing:
+        status_code, text = 200, "[...]"
+
+        def json(self):
+            return [{"id": "vol123", "name": "lovecraft-workspace-1a2b3c", "dataCenterId": "US-CA-2"}]
+
+    monkeypatch.setattr(requests, "request", lambda method, url, **kw: Listing())
+    clients = []
+
+    def client(service, endpoint_url, region_name, aws_access_key_id, aws_secret_access_key):
+        assert service == "s3" and aws_access_key_id == "user_abc"
+        clients.append(FakeS3(mount, endpoint_url, region_name))
+        return clients[-1]
+
+    monkeypatch.setattr(boto3, "client", client)
+    return clients

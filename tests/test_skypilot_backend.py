@@ -81,7 +81,7 @@ def test_sonia_cluster_volume_first_autostop_down_and_secrets_by_name_only(fake,
     assert (volume.name, volume.type, volume.size) == ("sonia-workspace", "runpod-network-volume", "420")
     # A datacenter of the snapshot with 2x H100-SXM, one with RunPod's S3 API first.
     assert (volume.cloud, volume.region, volume.zone) == ("runpod", "US", "US-CA-2")
-    assert fake.one("volumes.ls")[2] == {"names": ["sonia-workspace"]}
+    assert fake.one("volumes.ls")[1:] == ((), {})  # every volume: one made for this name has a suffix
 
     (task,), kwargs = fake.one("launch")[1:]
     assert kwargs == {"cluster_name": "sonia-h100-20260102-030405", "idle_minutes_to_autostop": 10,
@@ -683,3 +683,84 @@ def test_launch_up_with_a_live_price_keeps_the_committed_tasks_fresh(fake, monke
     (task,), _ = fake.one("launch")[1:]
     assert task.envs["LAUNCH_PRICE_PER_HOUR"] == "5.9800"  # 2.99 x 2 GPUs, live
     assert registry.get().price_per_hour == pytest.approx(5.98)
+
+
+# ------------------------------------------- what SkyPilot 0.14.1 really answers (issue 27)
+
+
+def test_the_default_queue_fields_drop_what_billing_reads():
+    """The server keeps only the fields a request names: queue(version=2) asks for the default list,
+    where a job's cluster and its failure reason are not."""
+    try:
+        from sky_edge import queue_answer
+    except ImportError:
+        from tests.sky_edge import queue_answer
+
+    rec = {"job_id": 3, "job_name": "m1", "status": ManagedJobStatus.RECOVERING,
+           "cluster_name_on_cloud": "m1-3-abcd1234", "failure_reason": "spot preempted"}
+    (got,) = queue_answer([rec], {"refresh": False, "job_ids": [3]})[0]
+    assert (got.cluster_name_on_cloud, got.failure_reason) == (None, None)
+    (got,) = queue_answer([rec], {"refresh": False, "job_ids": [3], "fields": list(MANAGED_JOB_FIELDS)})[0]
+    assert (got.cluster_name_on_cloud, got.failure_reason) == ("m1-3-abcd1234", "spot preempted")
+
+
+def test_a_recovering_managed_job_bills_and_a_failed_one_says_why(fake):
+    rec = {"job_id": 3, "job_name": "m1", "status": ManagedJobStatus.RECOVERING, "recovery_count": 1,
+           "cluster_name_on_cloud": "m1-3-abcd1234", "failure_reason": None}
+    fake.results["jobs.queue"] = [rec]
+    st = sp.SkyPilotBackend().status(managed_run())
+    assert st.billing is True and st.state == "starting" and "recovery 2" in st.reason  # the new pod bills
+    rec.update(status=ManagedJobStatus.FAILED_SETUP, cluster_name_on_cloud=None,
+               failure_reason="setup failed: No module named 'trl'")
+    st = sp.SkyPilotBackend().status(managed_run())
+    assert (st.state, st.reason, st.billing) == ("failed", "FAILED_SETUP: setup failed: No module named 'trl'", False)
+
+
+def test_a_cluster_without_a_job_yet_is_starting_not_unreachable(fake):
+    fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
+    fake.results["job_status"] = {None: None}  # what the server answers for job_ids=None and no job
+    run = cluster_run()
+    run.handle["job_id"] = None  # detached while launching: no job id known
+    st = sp.SkyPilotBackend().status(run)
+    assert st.state == "starting" and "not reachable" not in (st.reason or "") and st.billing is True
+    sp.SkyPilotBackend().down(run)  # nothing to cancel, the cluster goes
+    assert "cancel" not in fake.names() and fake.one("down")[1] == ("r1",)
+
+
+def test_a_fresh_api_servers_empty_cloud_cache_is_refreshed_not_reported(fake):
+    fake.results["enabled_clouds"] = answers([], ["RunPod"])  # empty until the credential check ran
+    sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-10"))
+    assert fake.one("check")[1:] == ((("runpod",),), {"verbose": False}) and "launch" in fake.names()
+
+
+def runpod_rest(monkeypatch, volumes):
+    """RunPod's REST API at the HTTP edge of SkyPilot's RunPod adaptor: GET /networkvolumes."""
+    import requests
+
+    class Listing:
+        status_code, text = 200, "[...]"
+
+        def json(self):
+            return volumes
+
+    monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
+    monkeypatch.setattr(requests, "request", lambda method, url, **kw: Listing())
+
+
+def test_a_volume_skypilot_created_elsewhere_is_adopted_not_duplicated(fake, monkeypatch):
+    made = "sonia-workspace-2ea4c1d0-9f3e1a"  # <name>-<user hash>-<uuid6>: another machine's SkyPilot
+    runpod_rest(monkeypatch, [{"id": "v1", "name": "other-3bd2a1c0-aaaaaa", "dataCenterId": "US-CA-2", "size": 10},
+                              {"id": "v2", "name": made, "dataCenterId": "EU-RO-1", "size": 420}])
+    run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-11"))
+    (volume,), _ = fake.one("volumes.apply")[1:]
+    assert (volume.name, volume.zone, volume.use_existing) == (made, "EU-RO-1", True)
+    (task,), _ = fake.one("launch")[1:]
+    assert task.volumes == {"/workspace": made}
+    assert run.handle["volume"]["name"] == made and run.handle["volume"]["adopted"] is True
+
+    # Next launch: SkyPilot knows it under that name, so it is reused as it is.
+    fake.calls.clear()
+    fake.results["volumes.ls"] = [{"name": made, "region": "RO", "zone": "EU-RO-1", "name_on_cloud": made}]
+    run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-12"))
+    assert "volumes.apply" not in fake.names() and fake.one("launch")[1][0].volumes == {"/workspace": made}
+    assert run.handle["volume"]["name"] == made

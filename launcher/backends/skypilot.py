@@ -60,7 +60,7 @@ def cluster_name(run_id: str) -> str:
 # ---------------------------------------------------------------------------------- task
 
 
-def build_task(spec: LaunchSpec):
+def build_task(spec: LaunchSpec, volume_name: Optional[str] = None):
     """SkyPilot's parse of the rendered task, with launch's envs and the secret values.
 
     Secrets go in as `secrets_overrides` (what `sky launch --secret NAME` does), not through
@@ -81,6 +81,9 @@ def build_task(spec: LaunchSpec):
         config_rel = (config.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
         files = workdir_files(spec.profile, Path(spec.config_yaml), config_rel)
         config["workdir"] = str(stage_workdir(spec.run.id, files))
+    if volume_name and config.get("volumes"):  # an adopted volume is mounted under its cloud name
+        config["volumes"] = {m: (volume_name if n == spec.profile.cluster.volume.name else n)
+                             for m, n in config["volumes"].items()}
     envs = {**spec.envs, "LAUNCH_RUN_ID": spec.run.id}
     return sky.Task.from_yaml_config(config, env_overrides=list(envs.items()),
                                      secrets_overrides=list(given.items()))
@@ -124,7 +127,7 @@ class SkyPilotBackend(Backend):
         except Exception as e:  # noqa: BLE001 - SDK errors become one line
             raise map_sky_error(e, p) from None
         try:
-            task = build_task(spec)
+            task = build_task(spec, volume["name"] if volume else None)
         except (ValueError, OSError) as e:  # schema errors of a hand-edited or stale render
             raise BackendError(f"{spec.task_yaml}: {first_line(e)}; re-render with `launch render "
                                f"{p.name}`") from None
@@ -176,9 +179,9 @@ class SkyPilotBackend(Backend):
             config, how = volume_config(p)
             volume = sky.volumes.Volume.from_yaml_config(config)
             sky.stream_and_get(sky.volumes.apply(volume), output_stream=self.out)
-            region, zone = volume.region, volume.zone
+            name, region, zone = config["name"], volume.region, volume.zone
         else:
-            region, zone = record_field(record, "region"), record_field(record, "zone")
+            name, region, zone = (record_field(record, k) for k in ("name", "region", "zone"))
             if p.cluster.region and region and p.cluster.region != region:
                 raise BackendError(f"volume {v.name} is in {region}/{zone} but cluster.region is "
                                    f"{p.cluster.region}: drop cluster.region or use another volume name")
@@ -188,7 +191,7 @@ class SkyPilotBackend(Backend):
 
                 err_console().print(f"[yellow]![/] {note}", soft_wrap=True)
         key_prefix = str(PurePosixPath(layout.run_dir(v.mount, "x")).parent.relative_to(v.mount))
-        return {"name": v.name, "type": v.type, "region": region, "zone": zone, "mount": v.mount,
+        return {"name": name, "type": v.type, "region": region, "zone": zone, "mount": v.mount,
                 "key_prefix": key_prefix, "created": how == "created", "adopted": how == "adopted"}
 
     def _launch_cluster(self, sky, task, name: str, p) -> tuple[Optional[int], Optional[str]]:

@@ -65,10 +65,20 @@ def first_line(e: BaseException) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
+def skypilot_volume_names(name: str) -> "re.Pattern":
+    """The names SkyPilot gives the cloud volume it creates for volume `name`:
+    `<name>-<user hash, 8 hex>-<uuid4, 6 hex>` (sky/volumes/server/core.py volume_apply:
+    make_cluster_name_on_cloud(name) + '-' + uuid4()[:6]; `.`/`_` become `-`, lower case)."""
+    base = re.sub(r"[._]", "-", name).lower()
+    return re.compile(rf"^{re.escape(base)}-[0-9a-f]{{8}}-[0-9a-f]{{6}}$")
+
+
 def volume_record(sky, name: str):
-    """SkyPilot's record of the volume `name`, or None."""
-    records = sky.get(sky.volumes.ls(names=[name]))
-    return next((r for r in records or [] if record_field(r, "name") == name), None)
+    """SkyPilot's record of the volume `name`, else of one adopted earlier under its cloud name
+    (runpod_volumes.volume_config), or None."""
+    records, alias = sky.get(sky.volumes.ls()) or [], skypilot_volume_names(name)
+    exact = [r for r in records if record_field(r, "name") == name]
+    return (exact or [r for r in records if alias.match(record_field(r, "name", ""))] or [None])[0]
 
 
 def enum_name(value) -> str:
