@@ -92,7 +92,10 @@ class FakeSky:
     """Records every SDK call that would reach the API server; answers from `results` through
     SkyPilot's real encoders and decoders (module docstring)."""
 
+    latest: "FakeSky | None" = None  # the last one made (a test reaching the one a helper made)
+
     def __init__(self, monkeypatch):
+        FakeSky.latest = self
         self.calls: list[tuple[str, tuple, dict]] = []
         self.results = {"enabled_clouds": ["RunPod", "Azure", "Kubernetes"], "volumes.ls": [],
                         "volumes.apply": None, "launch": (7, None), "jobs.launch": ([3], None),
@@ -189,7 +192,7 @@ class FakeSky:
         return found[0]
 
 
-def runpod_edge(monkeypatch, fake, mount):
+def runpod_edge(monkeypatch, fake, mount, volume="lovecraft-workspace", zone="US-CA-2"):
     """RunPod's REST API (the volume's id) and the volume's S3 API (a directory, `mount`)."""
     import boto3
     import requests
@@ -201,14 +204,14 @@ def runpod_edge(monkeypatch, fake, mount):
     monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
     monkeypatch.setenv("RUNPOD_S3_ACCESS_KEY", "user_abc")
     monkeypatch.setenv("RUNPOD_S3_SECRET_KEY", "rps_def")
-    fake.results["volumes.ls"] = [{"name": "lovecraft-workspace", "zone": "US-CA-2", "region": "US",
-                                   "name_on_cloud": "lovecraft-workspace-1a2b3c"}]
+    fake.results["volumes.ls"] = [{"name": volume, "zone": zone, "region": "US",
+                                   "name_on_cloud": f"{volume}-abcd1234-1a2b3c"}]
 
     class Listing:
         status_code, text = 200, "[...]"
 
         def json(self):
-            return [{"id": "vol123", "name": "lovecraft-workspace-1a2b3c", "dataCenterId": "US-CA-2"}]
+            return [{"id": "vol123", "name": f"{volume}-abcd1234-1a2b3c", "dataCenterId": zone}]
 
     monkeypatch.setattr(requests, "request", lambda method, url, **kw: Listing())
     clients = []

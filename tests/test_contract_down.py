@@ -30,10 +30,12 @@ from launcher.profile import load_profile
 
 try:
     from sky_edge import FakeSky, runpod_edge
-    from test_contract import BACKENDS, NODE_PATH, _cloud_profile, _cluster_ssh_config, _spec
+    from test_contract import BACKENDS, NODE_PATH, _cloud_profile, _cluster_ssh_config, _spec, start, template
 except ImportError:
     from tests.sky_edge import FakeSky, runpod_edge
-    from tests.test_contract import BACKENDS, NODE_PATH, _cloud_profile, _cluster_ssh_config, _spec
+    from tests.test_contract import BACKENDS, NODE_PATH, _cloud_profile, _cluster_ssh_config, _spec, start, template
+
+__all__ = ["template"]
 
 SAVE_S = 1.0  # the final save: longer than the scaled SIGTERM -> SIGKILL below
 
@@ -170,3 +172,43 @@ def test_contract_down_gets_the_final_checkpoint_before_any_signal(kind, honour,
     if fake is not None:
         assert ("jobs.cancel" if kind == "skypilot-managed" else "down") in fake.names()
 
+
+
+ENDED = "2026-11-25T10:00:00Z"
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_contract_a_finished_run_settles_from_its_status_json(kind, tmp_path, template, sshd, monkeypatch):
+    """Whatever SkyPilot no longer knows (the cluster autostopped and went away; the jobs controller
+    autostopped with `down: true`, so queue and cancel raise ClusterNotUpError), the run ends as its
+    own status.json says, bills until then and no longer, and `launch down` succeeds."""
+    run, _ = start(kind, tmp_path, template, sshd, monkeypatch)
+    end = control.epoch(ENDED)
+    rd = tmp_path / "volume" / "runs" / run.id if kind.startswith("skypilot") else \
+        __import__("pathlib").Path(run.handle["run_dir"])
+    (rd / "status.json").write_text(json.dumps({"state": "completed", "exit_code": 0, "step": 8, "max_steps": 8,
+                                                "ended_at": ENDED, "updated_at": ENDED}))
+    if kind == "skypilot-managed":
+        fake = FakeSky.latest
+        fake.controller_gone()
+    elif kind == "skypilot-cluster":
+        fake = FakeSky.latest
+        runpod_edge(monkeypatch, fake, tmp_path / "volume", volume="sonia-workspace")
+        fake.results["status"] = []  # autostopped after the job, and torn down (down: true)
+    run.started_at, run.price_per_hour, run.state = end - 3600, 2.0, "running"
+    registry.save(run)
+    registry.accrue(run.id, True, now=end - 1800)  # billed up to half an hour before the end so far
+
+    r = CliRunner().invoke(cli, ["status", run.id, "--json"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output)
+    assert row["state"] == "completed", row
+    if kind.startswith("skypilot"):  # settled from status.json: billed until it ended (+ a cluster's idle autostop)
+        billed = 3600 + (600 if kind == "skypilot-cluster" else 0)
+        assert row["ended_at"] == end + billed - 3600 and row["billed_s"] == billed
+        assert row["cost_usd"] == pytest.approx(2.0 * billed / 3600)
+        assert "SkyPilot not reachable" not in (row["reason"] or "")
+    again = json.loads(CliRunner().invoke(cli, ["status", run.id, "--json"]).output)
+    assert again["cost_usd"] == row["cost_usd"]  # nothing accrues on paper any more
+    r = CliRunner().invoke(cli, ["down", run.id])
+    assert r.exit_code == 0 and f"{run.id} is down (completed)" in r.output, r.output

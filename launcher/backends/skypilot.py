@@ -140,7 +140,7 @@ class SkyPilotBackend(Backend):
             job_id, reason = self._launch_managed(sky, task, run.id, p)
         else:
             run.cluster = cluster_name(run.id)
-            handle["cluster"] = run.cluster
+            handle["cluster"], handle["autostop_minutes"] = run.cluster, p.cluster.autostop_minutes
             job_id, reason = self._launch_cluster(sky, task, run.cluster, p)
         if reason is None:  # the request has read the staged workdir (a detached one may still)
             remove_staged(run.id)
@@ -279,6 +279,10 @@ class SkyPilotBackend(Backend):
         reported = self._reported(run, up=state in ("running", "completed", "failed"))
         st = merge_status(state, reason, reported, run.state)
         st.billing = billing
+        if state is None and reported:  # its machine is gone: it billed until the run ended, + autostop idle
+            end = control.epoch(reported.get("ended_at"))
+            idle = 0 if h.get("kind") == "managed_job" else h.get("autostop_minutes", control.CLUSTER_IDLE_MIN)
+            st.ended_at = end + 60 * idle if end else None
         return st
 
     def _cluster_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str], bool]:

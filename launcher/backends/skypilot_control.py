@@ -27,6 +27,7 @@ SKY_KILL_AFTER_S = 30.0
 (sky/skylet/subprocess_daemon.py, armed in sky/skylet/log_lib.py): no trainer gets longer after
 SIGTERM, whatever DOWN_GRACE_S says. A final checkpoint is asked for before (final_save.py)."""
 POLL_S = 5.0
+CLUSTER_IDLE_MIN = 10  # a cluster run recorded before its autostop was: the profiles' default
 # Managed-job states in which no machine of the job exists (or none is known to exist yet).
 _NO_MACHINE = {"PENDING", "SUBMITTED", "DEPRECATED_SUBMITTED"}
 _MAYBE_MACHINE = {"STARTING", "RECOVERING"}  # provisioning; a machine bills once it is there
