@@ -111,8 +111,10 @@ class FakeSky:
                             ("apply", sky.volumes), ("api_stop", sky)]:
             full = name if owner in (sky, sky.client.sdk) else f"{owner.__name__.split('.')[-1]}.{name}"
             monkeypatch.setattr(owner, name, self._recorder(full))
-        monkeypatch.setattr(sky, "get", self._resolve("get"))
-        monkeypatch.setattr(sky, "stream_and_get", self._resolve("stream_and_get"))
+        monkeypatch.setattr(sky.client.sdk, "status", sky.status)  # SkyPilot's CLI calls them from there
+        for how in ("get", "stream_and_get"):
+            monkeypatch.setattr(sky, how, self._resolve(how))
+            monkeypatch.setattr(sky.client.sdk, how, getattr(sky, how))
 
     def controller_gone(self) -> None:
         """The jobs controller autostopped (`down: true`): what `is_controller_accessible` raises."""

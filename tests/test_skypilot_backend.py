@@ -764,3 +764,39 @@ def test_a_volume_skypilot_created_elsewhere_is_adopted_not_duplicated(fake, mon
     run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-12"))
     assert "volumes.apply" not in fake.names() and fake.one("launch")[1][0].volumes == {"/workspace": made}
     assert run.handle["volume"]["name"] == made
+
+
+def test_ssh_config_missing_here_is_written_from_the_cluster_handle(fake, tmp_path):
+    """With a remote API server nothing writes ~/.sky/generated/ssh/<cluster> on this machine: launch
+    has SkyPilot write it as `sky status CLUSTER` does (status with credentials -> the handle), then
+    `launch exec` reaches the cluster (here the loopback sshd) through it."""
+    import subprocess
+
+    from sky.backends.cloud_vm_ray_backend import CloudVmRayResourceHandle
+
+    try:
+        from sshd import SSHServer, ensure_sshd
+    except ImportError:
+        from tests.sshd import SSHServer, ensure_sshd
+    ensure_sshd()
+    server = SSHServer(tmp_path / "sshd").start()
+    try:
+        handle = CloudVmRayResourceHandle(
+            cluster_name="r1", cluster_name_on_cloud="r1-abcd1234", cluster_yaml=None, launched_nodes=1,
+            launched_resources=sky.Resources(infra="runpod", accelerators="H100-SXM:2"),
+            stable_internal_external_ips=[("10.0.0.1", "127.0.0.1")], stable_ssh_ports=[server.port])
+        fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP, "handle": handle, "credentials": {
+            "ssh_user": server.user, "ssh_private_key_content": Path(server.client_key).read_text()}}]
+        run_dir = tmp_path / "volume" / "runs" / "r1"
+        run_dir.mkdir(parents=True)
+        access = sp.SkyPilotBackend().access(cluster_run(str(run_dir)), "pwd; echo $LAUNCH_RUN_DIR", tty=False)
+        assert (Path.home() / ".sky/generated/ssh/r1").is_file()
+        assert fake.one("status")[2]["_include_credentials"] is True
+        key = Path.home() / ".sky/generated/ssh-keys/r1.key"  # the config names it `~/...`, which ssh
+        assert key.read_text() == Path(server.client_key).read_text()  # expands from passwd, not $HOME
+        done = subprocess.run([access.argv[0], "-i", str(key), *access.argv[1:]], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [str(run_dir), str(run_dir)]
+    finally:
+        server.stop()

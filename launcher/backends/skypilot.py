@@ -29,7 +29,7 @@ from ..registry import ACTIVE_STATES, STATES, Run
 from ..uploads import remove_staged, stage_workdir
 from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, remote_command, remote_path
 from . import skypilot_control as control
-from .skypilot_files import RunFiles, S3Volume, cluster_ssh, s3_ready, ssh_argv
+from .skypilot_files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
 from .skypilot_price import hourly_price
 from .skypilot_sdk import (
     controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
@@ -252,7 +252,8 @@ class SkyPilotBackend(Backend):
         return int(code or 0)
 
     def access(self, run: Run, command: Optional[str], tty: bool) -> Access:
-        """`ssh CLUSTER` through the SSH config SkyPilot writes at launch (~/.sky/generated/ssh/), into
+        """`ssh CLUSTER` through SkyPilot's SSH config (~/.sky/generated/ssh/, written here when missing:
+        skypilot_files.ensure_ssh_config), into
         the run's directory on the volume. A managed job's machine is SkyPilot's to manage (recreated
         on recovery, reached through its jobs controller), so there is nothing stable to ssh into."""
         h = run.handle
@@ -262,6 +263,9 @@ class SkyPilotBackend(Backend):
                                "(cluster.use_spot: false) to ssh in")
         if not run.cluster or not h.get("run_dir"):
             raise BackendError(f"run {run.id} has no cluster yet: nothing to connect to")
+        missing = ensure_ssh_config(run.cluster)
+        if missing:
+            raise BackendError(missing)
         return Access([*ssh_argv(run.cluster), "-t" if tty else "-T", run.cluster,
                        remote_command(h["run_dir"], command)])
 
