@@ -800,3 +800,20 @@ def test_ssh_config_missing_here_is_written_from_the_cluster_handle(fake, tmp_pa
         assert done.stdout.split() == [str(run_dir), str(run_dir)]
     finally:
         server.stop()
+
+
+def test_down_of_a_run_it_cannot_read_says_which_checkpoint_it_keeps(fake):
+    """No S3 keys here: the managed job's status.json cannot be read, so no final checkpoint can be asked
+    for; `launch down` says so instead of implying a SIGTERM save."""
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+
+    fake.results["jobs.queue"] = answers([{"job_id": 3, "job_name": "m1", "status": ManagedJobStatus.RUNNING}],
+                                         [{"job_id": 3, "job_name": "m1", "status": ManagedJobStatus.CANCELLED}])
+    registry.save(managed_run())
+    r = CliRunner().invoke(cli, ["down", "m1"])
+    assert r.exit_code == 0, r.output
+    assert "could not read the run's status.json (skypilot), so no final checkpoint was asked for" in \
+        " ".join(r.output.split())
+    assert "jobs.cancel" in fake.names()

@@ -52,7 +52,12 @@ def _kept(be, run) -> str:
 def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] = None) -> Optional[FinalSave]:
     """Ask a training run for a final checkpoint and wait for it (None: no trainer is training)."""
     timeout_s = FINAL_SAVE_TIMEOUT_S if timeout_s is None else timeout_s
-    if _status(be, run).get("state") != "training":
+    said = _status(be, run).get("state")
+    if said is None and run.state == "running":
+        return FinalSave(False, f"could not read the run's status.json ({be.name}), so no final checkpoint was asked "
+                                "for: the trainer stops on SIGTERM and the run keeps its last complete periodic "
+                                "checkpoint")
+    if said != "training":
         return None
     body = json.dumps({"by": "launch down", "at": time.time()})
     if not be.write_run_file(run, REQUEST, body):
