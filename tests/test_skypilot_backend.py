@@ -595,7 +595,9 @@ def test_fetch_detects_a_short_copy(fake, cluster_ssh, tmp_path, monkeypatch):
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("x" * 1000)
     fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
-    real_run = sp.subprocess.run
+    from launcher.backends import skypilot_files
+
+    real_run = skypilot_files.subprocess.run
 
     def truncating_run(cmd, **kw):  # the transfer "succeeds" but leaves half a file
         done = real_run(cmd, **kw)
@@ -604,7 +606,7 @@ def test_fetch_detects_a_short_copy(fake, cluster_ssh, tmp_path, monkeypatch):
             target.write_text(target.read_text()[:500])
         return done
 
-    monkeypatch.setattr(sp.subprocess, "run", truncating_run)
+    monkeypatch.setattr(skypilot_files.subprocess, "run", truncating_run)
     report = fetch(sp.SkyPilotBackend(), cluster_run(str(run_dir), state="completed"), tmp_path / "dest")
     assert "metrics.jsonl: 500 bytes arrived, 1000 on the machine (damaged in transfer: fetch again)" \
         in report.problems

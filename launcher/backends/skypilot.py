@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Optional, TextIO
 
@@ -36,6 +35,10 @@ from .skypilot_sdk import (
     nothing_launched, record_field, sdk, volume_record,
 )
 from .tasks import workdir_files
+
+# The backend's public face (the CLI, `launch volumes`, `launch plan` and tests import these from here).
+__all__ = ["SkyPilotBackend", "build_task", "cluster_name", "credentials_message", "hourly_price", "map_sky_error",
+           "merge_status", "record_field", "sdk"]
 
 _JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "starting", "RUNNING": "running",
                "SUCCEEDED": "completed", "CANCELLED": "stopped"}
