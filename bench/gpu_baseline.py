@@ -6,22 +6,10 @@ packing, the loss on full logits, gradient checkpointing on, no Liger."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-import gpu_child
-
-
-def tokenize(tokenizer, data_path: str, max_length: int) -> list[dict]:
-    rows = []
-    for line in Path(data_path).read_text(encoding="utf-8").splitlines():
-        msgs = json.loads(line)["messages"]
-        enc = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        ids = list(enc["input_ids"])[:max_length]
-        mask = list(enc["assistant_masks"])[:max_length]
-        rows.append({"input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, mask)]})
-    return rows
+import gpu_measure
 
 
 class PadCollator:
@@ -94,19 +82,19 @@ def run_baseline(spec: dict, result: dict) -> None:
     from datasets import Dataset
     from transformers import AutoTokenizer, Trainer
 
-    offload = gpu_child.full_offload(spec)
-    cfg = gpu_child.load_cfg(spec, offload=offload)
+    offload = gpu_measure.full_offload(spec)
+    cfg = gpu_measure.load_cfg(spec, offload=offload)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"packing": False, "gradient_checkpointing": True})})
-    result.update(gpu_child.estimate(cfg, fused_lm_head=False))
+    result.update(gpu_measure.estimate(cfg, fused_lm_head=False))
     result.update({"offload_optimizer": offload, "liger": False, "padding_free": False})
     tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
-    rows = tokenize(tok, spec["data_path"], cfg.train.max_seq_length)
+    rows = gpu_measure.tokenize(tok, spec["data_path"], cfg.train.max_seq_length)
     from payload import modeling
 
     args = training_args(cfg, spec, modeling.resolve_dtype(cfg.model))  # before the model: ZeRO-3 init
     model, _dtype = load_model(cfg, spec)
     collate = PadCollator(tok.pad_token_id, cfg.model.kind == "image_text_to_text")
-    meter = gpu_child.step_meter(spec["warmup"])
+    meter = gpu_measure.step_meter(spec["warmup"])
     trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_list(rows), data_collator=collate,
                       callbacks=[meter])
     t = time.perf_counter()
@@ -118,4 +106,4 @@ def run_baseline(spec: dict, result: dict) -> None:
     result.update({"attn_used": model.config._attn_implementation, "gradient_checkpointing": True,
                    "real_token_fraction": round(collate.real / collate.slots, 4) if collate.slots else None,
                    "trainable_params": trainable, "last_loss": losses[-1] if losses else None})
-    gpu_child.flops(result, cfg, [len(r["input_ids"]) for r in rows], trainable, result.get("device"))
+    gpu_measure.flops(result, cfg, [len(r["input_ids"]) for r in rows], trainable, result.get("device"))

@@ -34,6 +34,8 @@ from payload.checkpoints import checkpoint_row
 from payload.checksums import file_digest
 
 from .backends import BackendError
+from .logtext import CleanWriter, clean_file
+from .units import human_size
 
 INCOMING = ".incoming"
 MAX_MANIFEST_BYTES = 64 << 20
@@ -91,8 +93,9 @@ def fetch(backend, run, dest: Path, merged: bool = False) -> FetchReport:
             else:
                 _place(incoming / p.rel, dest, p.name)
                 report.files[p.name] = p.size
-        for p in live:  # logs: kept as found (they may change while copied)
+        for p in live:  # logs: not checksummed (they may change while copied); terminal codes removed
             if (incoming / p.rel).is_file():
+                clean_file(incoming / p.rel)
                 _place(incoming / p.rel, dest, p.name)
                 report.files[p.name] = (dest / p.name).stat().st_size
         if manifest is None:
@@ -357,7 +360,9 @@ def _save_run_log(backend, run, dest: Path, report) -> None:
     tmp = target.with_name(".run.log.part")
     try:
         with open(tmp, "w", encoding="utf-8", errors="replace") as out:
-            backend.logs(run, False, out)
+            clean = CleanWriter(out)
+            backend.logs(run, False, clean)
+            clean.close_pending()
     except Exception as e:  # noqa: BLE001 - the log is a convenience: say so, do not block teardown
         tmp.unlink(missing_ok=True)
         report.notes.append(f"the run's log could not be saved ({str(e).splitlines()[0][:200]})")
@@ -391,11 +396,3 @@ def _read_small_json(path: Path) -> dict:
         return value if isinstance(value, dict) else {}
     except (OSError, ValueError):
         return {}
-
-
-def human_size(n: int) -> str:
-    """Bytes as kB/MB/GB (decimal), one decimal."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
-        if n >= scale / 10:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1e3:.1f} kB"

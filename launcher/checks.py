@@ -16,6 +16,7 @@ from typing import Optional
 from payload.config import ConfigError, line_for, load_yaml_with_lines
 
 from .profile import REPO_ROOT, Profile, ProfileError, apply_override, load_profile, resolve_profile_path
+from .units import human_size
 from .uploads import repo_relative
 
 
@@ -24,14 +25,6 @@ def shown_path(path: Path):
         return path.resolve().relative_to(Path.cwd())
     except ValueError:
         return path
-
-
-def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
 
 
 def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optional[int]]:

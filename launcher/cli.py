@@ -38,7 +38,7 @@ class LaunchGroup(click.Group):
 
     SECTIONS = (("Plan", ("profiles", "validate", "plan", "render", "init")),
                 ("Run", ("up", "logs", "status", "ssh", "exec", "down")),
-                ("Results", ("checkpoints", "eval", "chat", "cost", "volumes")))
+                ("Results", ("checkpoints", "eval", "compare", "chat", "cost", "volumes")))
 
     def format_commands(self, ctx, formatter):
         """Commands in the order a run happens (plan, run, results; the rest under Other), each with
@@ -168,7 +168,8 @@ def render(profiles, all_, check):
 @click.argument("profile")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--rehearse", is_flag=True, help="Plan the quick validation run (`launch up --rehearse`).")
-def plan(profile, as_json, rehearse=False):
+@click.option("--compare", is_flag=True, help="Every catalog GPU/count/cloud that fits, ranked by total $.")
+def plan(profile, as_json, rehearse=False, compare=False):
     """Instance, $/hour, duration and total cost of a run - offline, no credentials needed.
 
     Example: launch plan sonia-h100
@@ -183,7 +184,11 @@ def plan(profile, as_json, rehearse=False):
 
         p, _, data_problems = check_profile(profile, overrides=overrides(p))
     result = plan_profile(p)
-    if as_json:
+    if compare:
+        from .plan_compare import compare as compare_options, print_compare
+
+        print_compare(compare_options(p, result), as_json)
+    elif as_json:
         import json
 
         click.echo(json.dumps({**result.to_dict(), "data_problems": data_problems}, indent=2))
@@ -231,6 +236,10 @@ from .results import chat, checkpoints, eval_  # noqa: E402  (checkpoints/eval/c
 
 for _cmd in (checkpoints, eval_, chat):
     cli.add_command(_cmd)
+
+from .compare import compare  # noqa: E402  (runs side by side; light imports)
+
+cli.add_command(compare)
 
 
 def main():

@@ -8,8 +8,11 @@ Phase figures and where they come from (assumptions are called so; measured ones
   plus preflight); +5 min when DeepSpeed is used (PyPI ships it as an sdist that builds on every fresh
   machine: FIELD-NOTES)
 - model download: model size at 108 MB/s (runbook 000: 65 GB in ~10 min over RunPod's network)
-- data: 1 min for hub downloads + records at 62,400/s (README, measured: data stage)
-- training: tokens / (effective tokens/s/GPU x GPUs), network between nodes included (throughput.py)
+- data: 1 min for hub downloads + records at 62,400/s (README, measured: data stage); local records and
+  tokens counted by the payload's own pipeline (data_count.py)
+- training: tokens / (effective tokens/s/GPU x GPUs): a low-mid-high range from speed_model.py (the user's
+  own runs first, calibration.py), network between nodes included (throughput.py); plan_ranges.py
+  adds the range, eval by generation, spot notes and the budget check
 - checkpoint saves: size / nodes at 200 MB/s per node (FIELD-NOTES: RunPod volumes 200-400 MB/s)
 - merge: 15 min per 65 GB of model (runbook 000); MLX export ~1 min; full weights written at 200 MB/s
 - upload (push_to_hub): 54 MB/s (runbook 000: 65 GB in ~20 min)
@@ -30,8 +33,11 @@ from payload.memory import dims_from_name, estimate_stage_memory_gb, lora_traina
 from .profile import REPO_ROOT, Profile, total_gpus
 from .render import profile_secrets
 from .storage import checkpoint_gb, disk_needed_gb, model_gb, storage_for
+from . import plan_ranges
+from .calibration import calibrated
+from .speed_model import Throughput, estimate
 from .throughput import (DPO_FACTOR, GPUS, GRPO_TRAIN_FACTOR, cross_node_bytes_per_microstep, decode_steps_per_s,
-                         effective_speed, link_for, model_size_b, tokens_per_second_per_gpu)
+                         effective_speed, link_for, model_size_b)
 
 BYTES_PER_TOKEN = 4.0  # ~4 bytes of UTF-8 JSON per token for English chat data (documented guess)
 PROVISION_MIN = {"RunPod": 4.0, "Azure": 8.0, "Kubernetes": 3.0}
@@ -40,6 +46,7 @@ DOWNLOAD_MB_S, UPLOAD_MB_S, WRITE_MB_S = 108.0, 54.0, 200.0
 MERGE_MIN_PER_GB = 15.0 / 65.0
 DATA_RECORDS_PER_S, DATA_FIXED_MIN = 62400.0, 1.0
 LOCAL_OVERHEAD_H = 0.01
+DEFAULT_PREEMPTION_HOURS = 6.0  # a spot profile without checkpoints.expected_preemption_hours (assumption)
 TIGHT_FRACTION = 0.9  # as the payload's preflight: above 90% of GPU memory "tight, may OOM"
 
 
@@ -48,6 +55,7 @@ class DataEstimate:
     records: int
     tokens_per_record: float
     source: str
+    test_records: Optional[int] = None
 
 
 @dataclass
@@ -94,6 +102,12 @@ class Plan:
     one SkyPilot's optimizer chose has `chosen: true`, the others are the fallbacks."""
     stages: list = field(default_factory=list)
     """Per stage of a profile with `stages:`: name, kind, records, hours, usd, memory."""
+    throughput: dict = field(default_factory=dict)
+    """tokens/s/GPU low/mid/high (compute-bound), its source and kind (launcher/speed_model.py)."""
+    ranges: dict = field(default_factory=dict)
+    """{hours: {low, mid, high}, usd: {low, mid, high}} (launcher/plan_ranges.py)."""
+    spot_note: Optional[str] = None
+    budget_note: Optional[str] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,12 +121,23 @@ def estimate_data(p: Profile) -> DataEstimate:
     records, nbytes = 0, 0.0
     paths = [_local_path(s.path) if s.path else None for s in p.data.sources]
     if all(paths):
+        from .data_count import estimate_from_files
+
+        counted = estimate_from_files(p, REPO_ROOT)
+        if counted is not None and counted.records:
+            return DataEstimate(counted.records, counted.tokens / counted.records, counted.how,
+                                counted.test_records)
+        test = 0
         for s, path in zip(p.data.sources, paths):
+            n = _count_records(path)
+            kept = min(n, s.max_records) if s.max_records else n  # the data step's max_records cap
             share = train_share(s)
-            records += int(_count_records(path) * share)
-            nbytes += path.stat().st_size * share
+            records += int(kept * share)
+            nbytes += path.stat().st_size * (kept / max(n, 1)) * share
+            test += int(kept * _share(s, "test"))
         tpr = (nbytes / max(records, 1)) / BYTES_PER_TOKEN
-        return DataEstimate(records, tpr, f"counted in local files, ~{BYTES_PER_TOKEN:g} bytes/token")
+        return DataEstimate(records, tpr, f"counted in local files, ~{BYTES_PER_TOKEN:g} bytes/token (estimate)",
+                            test)
     e = p.estimate
     if e.train_records:
         tpr = e.mean_tokens_per_record or p.train.max_seq_length / 2
@@ -123,8 +148,12 @@ def estimate_data(p: Profile) -> DataEstimate:
 
 def train_share(source) -> float:
     """The share of a data source's records that goes to the train split."""
+    return _share(source, "train")
+
+
+def _share(source, name: str) -> float:
     split = source.split
-    return (1.0 if split == "train" else 0.0) if isinstance(split, str) else split.get("train", 0.0)
+    return (1.0 if split == name else 0.0) if isinstance(split, str) else split.get(name, 0.0)
 
 
 def _local_path(rel: str) -> Optional[Path]:
@@ -156,10 +185,16 @@ def train_tokens(p: Profile, data: DataEstimate) -> float:
 # ------------------------------------------------------------------------------------ speed / memory
 
 
-def training_speed(p: Profile, data: DataEstimate, instance_type: Optional[str]):
-    """(Speed, source of the compute figure): compute-bound figure, capped by the link between nodes."""
+def throughput_of(p: Profile) -> Throughput:
+    """Compute-bound tokens/s/GPU range: the user's own runs first, else the speed model."""
     size = model_size_b(p.model.name_or_path, tiny=p.model.tiny is not None)
-    tps, src = tokens_per_second_per_gpu(p.cluster.accelerator_name, p.train.method, size)
+    accel, method = p.cluster.accelerator_name, p.train.method
+    return estimate(accel, method, size, calibrated(accel, method, p.model.name_or_path))
+
+
+def training_speed(p: Profile, data: DataEstimate, instance_type: Optional[str], tps: Optional[float] = None):
+    """Speed: the compute-bound figure (middle of the range unless `tps`), capped by the link between nodes."""
+    tps = throughput_of(p).mid if tps is None else tps
     dims = None if p.model.tiny is not None else dims_from_name(p.model.name_or_path)
     params = dims.params if dims else 0.0
     trainable = lora_trainable_params(p, dims) if dims and p.train.method != "full" else params
@@ -167,7 +202,7 @@ def training_speed(p: Profile, data: DataEstimate, instance_type: Optional[str])
     cross = cross_node_bytes_per_microstep(p.train.method, ds.zero_stage if ds else None, params, trainable,
                                            p.train.gradient_accumulation_steps)
     micro = p.train.per_device_batch_size * max(tokens_per_sequence(p, data), 1.0)
-    return effective_speed(tps, micro, p.cluster.num_nodes, link_for(instance_type), cross), src
+    return effective_speed(tps, micro, p.cluster.num_nodes, link_for(instance_type), cross)
 
 
 def memory_verdict(p: Profile, stage_cfg=None) -> dict:
@@ -270,13 +305,18 @@ def phases(p: Profile, cloud: str, data: DataEstimate, tokens: float, speed) -> 
     saves = steps // t.checkpoints.save_steps
     save_h = checkpoint_gb(p) * 1e3 / c.num_nodes / WRITE_MB_S / 3600
     out.append(Phase("checkpoint saves", saves * save_h, f"{saves} x {checkpoint_gb(p):.1f} GB at {WRITE_MB_S:g} MB/s/node"))
+    size = model_size_b(p.model.name_or_path, tiny=p.model.tiny is not None)
+    ev_h, ev_src = plan_ranges.eval_generation_hours(p, decode_steps_per_s(c.accelerator_name, size), steps,
+                                                     data.test_records)
+    out.append(Phase("eval by generation", ev_h, ev_src))
     out += _finish_phases(p, mgb)
-    if c.use_spot and t.checkpoints.expected_preemption_hours:
-        n = train_h / t.checkpoints.expected_preemption_hours
+    mtbf = t.checkpoints.expected_preemption_hours or (DEFAULT_PREEMPTION_HOURS if c.use_spot else None)
+    if c.use_spot and mtbf:
+        n = train_h / mtbf
         lost_h = (t.checkpoints.save_steps * seq_tokens / (speed.tokens_per_s_per_gpu * gpus)) / 2 / 3600
         each = out[0].hours + out[1].hours + mgb * 1e3 / WRITE_MB_S / 3600 + lost_h
-        out.append(Phase("spot recoveries", n * each, f"~{n:.1f} preemptions (one per "
-                         f"{t.checkpoints.expected_preemption_hours:g} h, profile)"))
+        out.append(Phase("spot recoveries", n * each, f"~{n:.1f} preemptions (one per {mtbf:g} h, "
+                         + ("profile)" if t.checkpoints.expected_preemption_hours else "assumed)")))
     elif not c.use_spot:
         out.append(Phase("idle before autostop", c.autostop_minutes / 60, "cluster.autostop_minutes"))
     return [Phase(ph.name, round(ph.hours, 4), ph.source) for ph in out if ph.hours > 0]
@@ -301,17 +341,9 @@ def _finish_phases(p: Profile, mgb: float) -> list[Phase]:
 def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog") -> Plan:
     data = estimate_data(p)
     tokens = train_tokens(p, data)
-    speed, tps_src = training_speed(p, data, choice.instance_type)
-    gpus = total_gpus(p)
-    if p.cluster.is_local:
-        steps = [Phase("training", tokens / (speed.tokens_per_s_per_gpu * gpus) / 3600 if tokens else 0.0, "CPU"),
-                 Phase("setup", LOCAL_OVERHEAD_H, "local")]
-    else:
-        steps = phases(p, choice.cloud, data, tokens, speed)
-    stage_rows = stage_plans(p, speed.tokens_per_s_per_gpu, choice.price_per_hour) if p.stages else []
-    if stage_rows:  # training = the stages' sum (each kind costs differently per record)
-        steps = [Phase("training", round(sum(r["hours"] for r in stage_rows), 4), "sum of the stages")
-                 if ph.name == "training" else ph for ph in steps]
+    thr = throughput_of(p)
+    speed = training_speed(p, data, choice.instance_type, thr.mid)
+    steps = _steps(p, data, tokens, speed, choice.cloud)
     train_h = sum(ph.hours for ph in steps if ph.name == "training")
     total_h = sum(ph.hours for ph in steps)
     price = choice.price_per_hour
@@ -319,22 +351,66 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
         profile=p.name, cloud=choice.cloud, instance_type=choice.instance_type, region=choice.region,
         accelerators=choice.accelerators, num_nodes=choice.num_nodes, use_spot=choice.use_spot,
         price_per_hour=price, price_source=price_source, train_tokens=round(tokens),
-        data_source=data.source, tokens_per_s_per_gpu=round(speed.tokens_per_s_per_gpu, 1), throughput_source=tps_src,
-        gpus=gpus, train_hours=round(train_h, 3), overhead_hours=round(total_h - train_h, 3),
+        data_source=data.source, tokens_per_s_per_gpu=round(speed.tokens_per_s_per_gpu, 1),
+        throughput_source=thr.source, gpus=total_gpus(p), train_hours=round(train_h, 3),
+        overhead_hours=round(total_h - train_h, 3),
         total_hours=round(total_h, 3), total_usd=round(total_h * price, 4), budget_usd=p.budget.max_usd,
         budget_hours=round(p.budget.max_usd / price, 2) if price else math.inf,
         phases=[asdict(ph) for ph in steps], speed=speed.to_dict(), memory=memory_verdict(p),
         storage=[s.to_dict() for s in storage_for(p)],
         disk={"size_gb": p.cluster.disk_size, "needed_gb": disk_needed_gb(p)} if not p.cluster.is_local else {},
-        secrets={s: ("set" if os.environ.get(s) else "not set") for s in profile_secrets(p)}, stages=stage_rows,
+        secrets={s: ("set" if os.environ.get(s) else "not set") for s in profile_secrets(p)},
+        stages=_stage_rows(p, speed, price), throughput=thr.to_dict(),
     )
+    low = training_speed(p, data, choice.instance_type, thr.high).tokens_per_s_per_gpu
+    high = training_speed(p, data, choice.instance_type, thr.low).tokens_per_s_per_gpu
+    mid = speed.tokens_per_s_per_gpu
+    plan.ranges = plan_ranges.ranged(steps, mid / low, mid / high, price)
+    for row in plan.stages:  # each stage's hours take the same throughput range
+        row["hours_range"] = {"low": round(row["hours"] * mid / low, 3), "mid": row["hours"],
+                              "high": round(row["hours"] * mid / high, 3)}
     if alternative is not None:
+        twin = p.model_copy(update={"cluster": p.cluster.model_copy(update={"use_spot": alternative.use_spot})})
+        alt_h = sum(ph.hours for ph in _steps(twin, data, tokens, speed, alternative.cloud))
         plan.alternative = {
             "use_spot": alternative.use_spot, "instance_type": alternative.instance_type,
             "cloud": alternative.cloud, "price_per_hour": alternative.price_per_hour,
-            "total_usd": round(total_h * alternative.price_per_hour, 4),
+            "total_hours": round(alt_h, 3), "total_usd": round(alt_h * alternative.price_per_hour, 4),
         }
+        plan.spot_note = plan_ranges.spot_note(plan.use_spot, price, plan.total_usd, plan.alternative)
+    plan.budget_note = plan_ranges.over_budget(plan)
     return plan
+
+
+def _steps(p: Profile, data: DataEstimate, tokens: float, speed, cloud: str) -> list[Phase]:
+    """The billed phases; with stages, training is the stages' sum (each kind costs differently)."""
+    gpus = total_gpus(p)
+    if p.cluster.is_local:
+        return [Phase("training", tokens / (speed.tokens_per_s_per_gpu * gpus) / 3600 if tokens else 0.0, "CPU"),
+                Phase("setup", LOCAL_OVERHEAD_H, "local")]
+    steps = _measured(p, phases(p, cloud, data, tokens, speed))
+    rows = _stage_rows(p, speed, 0.0)
+    if rows:
+        steps = [Phase("training", round(sum(r["hours"] for r in rows), 4), "sum of the stages")
+                 if ph.name == "training" else ph for ph in steps]
+    return steps
+
+
+MEASURED_PHASES = {"data": "data", "eval": "eval by generation", "merge": "merge", "export": "MLX export"}
+
+
+def _measured(p: Profile, steps: list[Phase]) -> list[Phase]:
+    """Phases the user's finished runs of the same GPU, method and model measured (calibration.py)."""
+    from .calibration import measured_phases
+
+    seen = measured_phases(p.cluster.accelerator_name, p.train.method, p.model.name_or_path)
+    by_name = {MEASURED_PHASES[k]: v for k, v in seen.items() if k in MEASURED_PHASES}
+    return [Phase(ph.name, round(by_name[ph.name] / 3600, 4), "measured in your runs (median)")
+            if ph.name in by_name else ph for ph in steps]
+
+
+def _stage_rows(p: Profile, speed, price: float) -> list[dict]:
+    return stage_plans(p, speed.tokens_per_s_per_gpu, price) if p.stages else []
 
 
 def plan_profile(p: Profile, compare_layouts: bool = True) -> Plan:

@@ -13,6 +13,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from launcher.cloud_names import bucket_name_problem, volume_name_problem
 from payload.config import (
     ConfigError,
     RunConfig,
@@ -45,24 +46,44 @@ def mount_point(value: str) -> str:
 class VolumeConfig(Strict):
     """A persistent network volume (created or reused with `sky volumes apply` before launch)."""
 
+    type: Literal["runpod-network-volume", "k8s-pvc"] = "runpod-network-volume"
+    """(Declared first: the name's rules depend on it.)"""
     name: str
     size_gb: int = Field(default=100, ge=10)
     """RunPod network volumes are at least 10 GB."""
     mount: str = "/workspace"
-    type: Literal["runpod-network-volume", "k8s-pvc"] = "runpod-network-volume"
 
     _mount = field_validator("mount")(mount_point)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str, info):
+        kind = info.data.get("type", "runpod-network-volume")
+        problem = volume_name_problem(name, kind)
+        if problem:
+            raise ValueError(f"`{name}` {problem} ({kind} rules); choose another name")
+        return name
 
 
 class BucketConfig(Strict):
     """An object-store bucket mounted on every node (multi-node checkpoints, shared storage)."""
 
-    name: str
     store: Literal["s3", "gcs", "azure", "r2"] = "s3"
+    """(Declared first: the name's rules depend on it.)"""
+    name: str
     mount: str = "/checkpoints"
     mode: Literal["MOUNT", "MOUNT_CACHED"] = "MOUNT_CACHED"
 
     _mount = field_validator("mount")(mount_point)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str, info):
+        store = info.data.get("store", "s3")
+        problem = bucket_name_problem(name, store)
+        if problem:
+            raise ValueError(f"`{name}` {problem} ({store} bucket rules); choose another name")
+        return name
 
 
 class ClusterConfig(Strict):

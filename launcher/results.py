@@ -122,7 +122,7 @@ def _fmt(v) -> str:
 
 
 def _size(n) -> str:
-    from .checks import human_size
+    from .units import human_size
 
     return human_size(int(n)) if isinstance(n, (int, float)) else "-"
 

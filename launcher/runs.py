@@ -35,12 +35,15 @@ TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
               help="Extra environment for the run's processes (on top of the profile's `envs:`); never a "
                    "secret: secrets stay in your environment and are passed by name.")
+@click.option("--allow-change", "allow", multiple=True, metavar="KEY",
+              help="With --resume: accept a change of KEY that changes the math of the run in flight (model, "
+                   "data, method, lora, learning rate, schedule, sequence length, batch shape, seed); recorded.")
 @click.option("--follow", is_flag=True, help="Follow the logs after starting.")
 @click.option("--dry-run", is_flag=True, help="Render and check, print what would be uploaded and started; start nothing.")
 @click.option("--rehearse", is_flag=True, help="Quick validation: the same profile and backend with max_steps 10 "
               "on at most 100 records per source; the run id says `rehearsal`.")
 def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, env_items, follow,
-       dry_run, rehearse=False):
+       dry_run, rehearse=False, allow=()):
     """Render the SkyPilot task, upload the payload, start the run (detached).
 
     Example: launch up local-demo --follow
@@ -51,8 +54,17 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     from .profile import load_profile
     from .ui import console, esc, hints, money
 
+    if allow and not resume:
+        raise click.BadParameter("--allow-change goes with --resume (a new run takes any config)",
+                                 param_hint="--allow-change")
     # Config and local data files first, all in one report: nothing starts, nothing bills before.
     extra_env = _env_option(env_items)
+    from . import experiment
+
+    prior = experiment.resume_target(load_profile(profile).name, resume) if resume and not force_new else None
+    new_sets = sets
+    if prior is not None:  # a resume keeps the run's config: its recorded --set and --env, this command's on top
+        sets, extra_env = experiment.carried(prior, sets, extra_env)
     p = load_checked(profile, backend)[0] if not sets else _load_with_overrides(profile, sets, backend)
     rehearsal = ()
     if rehearse:  # the rehearsal's cuts are overrides too, allowed on every backend (launcher/rehearse.py)
@@ -68,6 +80,8 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     if backend == "local":
         _require_training_extras()
     run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse)
+    entry = experiment.check_resume(run, p, profile, new_sets, allow) if resuming else \
+        experiment.start_entry((*sets, *rehearsal))
     source = "registry"
     if not resuming:
         run.price_per_hour, source = _price(p, backend)
@@ -76,6 +90,10 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     if dry_run:
         return _dry_run(p if per_run or backend != "skypilot" else load_profile(profile), run, backend, source,
                         per_run)
+    if not resuming:  # issue 24: a run planned over its own budget cap is started only when confirmed
+        from .budget_gate import confirm_over_budget
+
+        confirm_over_budget(p, backend, interactive())
     run.budget_usd = p.budget.max_usd  # a `--resume --set budget.max_usd=...` is the run's budget from now
     if run.billed_s is None:  # new, or recorded before billing was accrued: what it billed so far
         run.billed_s, run.billed_usd = run.billed()
@@ -86,7 +104,8 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
                "ssh": {"host": host, "accept_new_host_key": accept_new_host_key, "identity_file": identity_file}}
     be = get_backend(backend, **{k: v for k, v in options[backend].items() if v is not None})
     secrets = {k: os.environ[k] for k in SECRET_NAMES if os.environ.get(k)}
-    envs = {**extra_env, "LAUNCH_RUN_ID": run.id, "LAUNCH_PRICE_PER_HOUR": f"{run.price_per_hour:.4f}",
+    envs = {**extra_env, **experiment.allow_env(allow), "LAUNCH_RUN_ID": run.id,
+            "LAUNCH_PRICE_PER_HOUR": f"{run.price_per_hour:.4f}",
             "LAUNCH_BUDGET_USD": f"{p.budget.max_usd:g}"}
     spec = LaunchSpec(run=run, profile=p, task_yaml=task_yaml, config_yaml=config_yaml, envs=envs,
                       secrets=secrets, resume=resuming)
@@ -95,7 +114,8 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     started.state = "running"
     started.ended_at = None
     # What this start differs from its profile by (values only: secrets are never --env or --set).
-    started.handle = {**started.handle, "overrides": [*sets, *rehearsal], "envs": extra_env}
+    provenance = None if resuming else experiment.provenance(p, profile, run.id)
+    started.handle = experiment.recorded(started, p, (*sets, *rehearsal), extra_env, entry, provenance)
     registry.save(started)
     verb = "resumed" if spec.resume else "started"
     spent = f", {money(run.billed()[1])} spent so far" if spec.resume else ""
@@ -149,13 +169,9 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False):
                                f"`launch logs {active.id} --follow`, stop it with `launch down {active.id}`, "
                                f"or start another with --new")
     if resume and not force_new:
-        if resume == "latest":
-            candidates = [r for r in registry.all_runs() if r.profile == p.name]
-            if not candidates:
-                raise BackendError(f"nothing to resume: {p.name} has no earlier run (drop --resume)")
-            old = candidates[0]
-        else:
-            old = registry.get(resume)
+        from .experiment import resume_target
+
+        old = resume_target(p.name, resume)
         if old.state == "completed":
             raise BackendError(f"run {old.id} already completed; use --new for a fresh run")
         old.state, old.reason = "starting", None
@@ -281,6 +297,12 @@ def _refresh(run):
     return run
 
 
+def current_row(run) -> dict:
+    """A run's status row, refreshed from its backend first while it is active (`_run`: the run)."""
+    run = _refresh(run) if run.active else run
+    return {**_row(run), "_run": run}
+
+
 def billing_now(run, st) -> bool:
     """Whether a machine bills for the run now: the backend's word when it has one (a recovering managed
     job does not bill), else while the run is active; unknown/unreachable keeps what was last known."""
@@ -304,7 +326,8 @@ def _row(run) -> dict:
            "cost_usd": round(billed_usd, 6),
            "train_cost_usd": st.cost_usd if st else None,
            "started_at": run.started_at, "ended_at": run.ended_at, "artifacts": run.artifacts,
-           "overrides": (run.handle or {}).get("overrides") or [], "envs": (run.handle or {}).get("envs") or {}}
+           "overrides": (run.handle or {}).get("overrides") or [], "envs": (run.handle or {}).get("envs") or {},
+           "history": (run.handle or {}).get("history") or [], "provenance": (run.handle or {}).get("provenance")}
     if st:
         row.update(step=st.step, max_steps=st.max_steps, loss=st.loss, eval_loss=st.eval_loss,
                    eta_s=st.eta_s, projected_cost_usd=st.projected_cost_usd)
@@ -334,12 +357,25 @@ def logs(run_id, follow, progress, tail):
     run = registry.get(run_id)
     if follow:
         return _follow(run, progress=progress, tail=tail)
-    return backend_for(run).logs(run, False, sys.stdout, tail=tail)
+    return _stream_log(run, False, tail)
+
+
+def _stream_log(run, follow: bool, tail) -> int:
+    """The raw log to a terminal; into a pipe or a file without terminal codes (launcher/logtext.py)."""
+    if sys.stdout.isatty():
+        return backend_for(run).logs(run, follow, sys.stdout, tail=tail)
+    from .logtext import CleanWriter
+
+    out = CleanWriter(sys.stdout)
+    try:
+        return backend_for(run).logs(run, follow, out, tail=tail)
+    finally:
+        out.close_pending()
 
 
 def _follow(run, progress: bool, tail=None):
     if not progress:
-        backend_for(run).logs(run, True, sys.stdout, tail=tail)
+        _stream_log(run, True, tail)
     else:
         _progress(run)
     run = _refresh(run)
@@ -398,21 +434,9 @@ def status(run_id, all_, as_json):
         rows.append(row)
     print_status(rows, as_json, json_value=rows if all_ else rows[0])
     if not as_json and not all_:
-        _print_differences(rows[0])
+        from .experiment import print_differences
 
-
-def _print_differences(row: dict) -> None:
-    """Under the table: the payload's budget warning, then one line per way the run differs from its
-    profile (`--set` overrides, `--env` additions)."""
-    from .ui import console, literal
-
-    if row.get("budget_warning"):
-        console().print(literal("[yellow]![/] ", row["budget_warning"]), soft_wrap=True)
-    if row.get("overrides"):
-        console().print(literal("  ", "differs from profile: " + ", ".join(row["overrides"])), soft_wrap=True)
-    if row.get("envs"):
-        console().print(literal("  ", "extra environment: " + ", ".join(f"{k}={v}" for k, v in row["envs"].items())),
-                        soft_wrap=True)
+        print_differences(rows[0])
 
 
 def interactive() -> bool:
@@ -527,7 +551,8 @@ def _fetch(be, run, target: Path, merged: bool):
     """Fetch and verify (launcher.artifacts); one ✓ line and its notes, or refuse to tear down."""
     from rich.markup import escape
 
-    from .artifacts import fetch, human_size
+    from .artifacts import fetch
+    from .units import human_size
     from .backends import BackendError
     from .ui import console
 

@@ -1,21 +1,9 @@
-"""Training speed for `launch plan`: compute-bound tokens/s/GPU, and how the network between nodes caps it.
+"""Network between nodes, GPU datasheet figures and stage factors for `launch plan`.
 
-Every figure names its source; they are planning figures (+-30%), and the payload measures the real
-tokens/s (metrics.jsonl).
-
-Compute-bound figures (TABLE) are for a 32B-parameter reference model on ONE node and scale as
-32 / model size (compute per token is ~6 x params for full fine-tuning, ~4 x params for LoRA):
-- A100-80GB qlora 760: runbook 001 measured 1.4 steps/min for Qwen2.5-32B QLoRA on one A100 80GB,
-  16 packed sequences x 2048 tokens per step -> 1.4 x 32,768 / 60 = 765 tok/s.
-- H100-SXM lora 1100: runbook 000 reports 2-4 h for 2 epochs of ~10,600 chat records on 2 H100 SXM
-  (bf16 LoRA, Qwen3-VL-32B, gradient checkpointing); ~19M tokens / 3 h / 2 GPUs = 880 tok/s,
-  rounded up for flash-attention 2 being available in this stack (prebuilt wheel).
-- A100-80GB full 550: 6 x 32e9 = 1.9e11 FLOP/token at 312 TFLOP/s bf16 and ~35% MFU (the recompute of
-  gradient checkpointing not counted as useful work). Runbook 004's 1.5-2.5 samples/s per 4-GPU node
-  (sample length not stated) equals 550 tok/s/GPU for samples of ~0.9-1.5k tokens.
-- Ratios between GPUs: H100 SXM ~2x A100 in practice for fine-tuning at these sizes, H100 PCIe ~0.75x
-  H100 SXM, L40S ~0.7x A100; other GPUs scale from A100 by dense bf16 peak (GPUS below).
-- Method ratios: LoRA ~1.45x full (no weight gradients / optimizer for the base); QLoRA ~0.7x LoRA.
+The compute-bound tokens/s/GPU range (peak x MFU carried from measured anchors, the user's own runs
+first) is launcher/speed_model.py's; this module holds the GPUs' peaks and memory, the `make
+gpu-check` measurements (MEASURED, speed_model's first anchors) and how the network caps a
+multi-node run.
 
 Between nodes (communication_s): ZeRO-3 gathers every parameter for the forward and again for the
 backward pass and reduce-scatters the gradients, every micro-step: ~3 x the bf16 parameter bytes
@@ -31,22 +19,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-REFERENCE_B = 32.0
 BF16_BYTES = 2
-
-# tokens/s/GPU for a 32B model, one node
-TABLE = {
-    ("H100-SXM", "lora"): 1100, ("H100-SXM", "qlora"): 770, ("H100-SXM", "full"): 1100 / 1.45,
-    ("H100", "lora"): 825, ("H100", "qlora"): 580, ("H100", "full"): 570,
-    ("H200", "lora"): 1250, ("H200", "qlora"): 875, ("H200", "full"): 860,
-    ("A100-80GB", "lora"): 1090, ("A100-80GB", "qlora"): 760, ("A100-80GB", "full"): 550,
-    ("A100-80GB-SXM", "lora"): 1150, ("A100-80GB-SXM", "qlora"): 800, ("A100-80GB-SXM", "full"): 580,
-    ("L40S", "lora"): 760, ("L40S", "qlora"): 530, ("L40S", "full"): 385,
-    # runbook 003 (Qwen3-VL-2B on a Colab T4, fp16, LoRA r16, seq 2048, gradient checkpointing): SFT
-    # of 1,000 records in ~4 h = ~2.05M tokens / 14,400 s = 142 tok/s at 2B, i.e. 8.9 at the 32B
-    # reference. Far below the T4's fp16 peak: no flash-attention on Turing, eager image processing.
-    ("T4", "lora"): 8.9, ("T4", "qlora"): 8.9 * 0.7,
-}
 
 # Stage cost factors (launcher/plan.py, per record of each kind; runbook 003's table checks them):
 # DPO trains chosen + rejected (2 sequences) and runs the reference forward on both (~1/3 of a
@@ -66,7 +39,7 @@ def decode_steps_per_s(accelerator: Optional[str], size_b: Optional[float]) -> f
     return rate * (2.0 / size_b if size_b else 1.0)
 CPU_TINY_TOKENS_PER_S = 25000.0
 
-# Figures measured by `make gpu-check` (bench/gpu_check.py), preferred over TABLE. One entry per
+# Figures measured by `make gpu-check` (bench/gpu_check.py), speed_model's first anchors. One entry per
 # (accelerator, method): (payload tokens/s/GPU, size of the model measured in billions, citation
 # "bench/results/<gpu>-<date>.json#<mode>"). None measured yet (no GPU run committed); e.g.
 #   ("H100-SXM", "lora"): (3100.0, 8.19, "bench/results/nvidia-h100-80gb-hbm3-2026-12-01.json#lora-bf16-sdpa"),
@@ -117,30 +90,6 @@ def model_size_b(name: str, tiny: bool = False) -> Optional[float]:
         return None
     m = re.search(r"(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])", name.split("/")[-1])
     return float(m.group(1)) if m else None
-
-
-def tokens_per_second_per_gpu(accelerator: Optional[str], method: str, size_b: Optional[float]) -> tuple[float, str]:
-    """(compute-bound tokens/s/GPU on one node, how it was derived)."""
-    if not accelerator:
-        return CPU_TINY_TOKENS_PER_S, "measured: tiny model on 2 CPU cores"
-    if (accelerator, method) in MEASURED:
-        rate, measured_b, cite = MEASURED[(accelerator, method)]
-        if size_b:
-            return rate * measured_b / size_b, f"measured {cite} ({measured_b:g}B), scaled to {size_b:g}B"
-        return rate, f"measured {cite} ({measured_b:g}B)"
-    base = TABLE.get((accelerator, method))
-    if base is not None:
-        src = f"{accelerator} {method}, 32B reference"
-    elif accelerator in GPUS:
-        base = TABLE[("A100-80GB", method)] * GPUS[accelerator].bf16_tflops / GPUS["A100-80GB"].bf16_tflops
-        src = f"A100-80GB {method} x {accelerator}/A100 bf16 peak"
-    else:
-        base = TABLE[("A100-80GB", method)]
-        src = f"no figure for {accelerator}; A100-80GB {method} used"
-    if size_b:
-        base *= REFERENCE_B / size_b
-        src += f", scaled to {size_b:g}B"
-    return base, src
 
 
 def link_for(instance_type: Optional[str]) -> Link:

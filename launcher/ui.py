@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+from .units import duration, hours, money  # noqa: F401  (also used by callers through ui)
+
 
 @functools.lru_cache(maxsize=1)
 def console():
@@ -49,25 +51,6 @@ def hints(*commands: str) -> None:
         c.print(f"  [dim]→[/] [bold]{esc(cmd)}[/]")
 
 
-def money(x) -> str:
-    if x is None:
-        return "-"
-    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
-
-
-def duration(seconds) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
-def hours(h) -> str:
-    return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
-
-
 def print_plan(p, plan) -> None:
     from rich.table import Table
 
@@ -93,24 +76,33 @@ def print_plan(p, plan) -> None:
         t.add_row("Autostop", f"the cluster is torn down {p.cluster.autostop_minutes} idle min after the job")
     t.add_row("Training", cell(f"{p.train.method} of {p.model.name_or_path}, {plan.train_tokens / 1e6:,.2f}M "
                                f"tokens ({plan.data_source})"))
-    t.add_row("Throughput", f"~{plan.tokens_per_s_per_gpu:,.0f} tokens/s/GPU x {plan.gpus} GPU(s)  "
-                            f"({plan.throughput_source})")
+    thr = plan.throughput or {}
+    spread = f" ({thr['low']:,.0f}-{thr['high']:,.0f})" if thr.get("low") else ""
+    t.add_row("Throughput", cell(f"~{plan.tokens_per_s_per_gpu:,.0f}{spread} tokens/s/GPU x {plan.gpus} GPU(s)  "
+                                 f"({plan.throughput_source})"))
     if plan.speed.get("link"):
         t.add_row("Network", _network_line(plan.speed))
+    rh = (plan.ranges or {}).get("hours")
+    span = f" (range {rh['low']:.2f}-{rh['high']:.2f} h)" if rh else ""
     t.add_row("Duration", f"~{plan.train_hours:.2f} h training + {plan.overhead_hours:.2f} h other billed phases "
-                          f"= ~{plan.total_hours:.2f} h")
+                          f"= ~{plan.total_hours:.2f} h{span}")
     t.add_row("Phases", ", ".join(f"{ph['name']} {hours(ph['hours'])}" for ph in plan.phases))
     for st in plan.stages:  # a profile with stages: time, cost and memory of each
         mem = f", {st['memory']} ~{st['memory_gb']:g} GiB" if st.get("memory_gb") else ""
-        t.add_row(f"Stage {esc(st['name'])}", f"{st['kind']}: {st['records']:,} records, ~{hours(st['hours'])}, "
+        r = st.get("hours_range")
+        span = f" ({hours(r['low'])}-{hours(r['high'])})" if r else ""
+        t.add_row(f"Stage {esc(st['name'])}", f"{st['kind']}: {st['records']:,} records, ~{hours(st['hours'])}{span}, "
                                               f"~{money(st['usd'])}{mem}")
-    t.add_row("Cost", f"~{money(plan.total_usd)}  (budget cap {money(plan.budget_usd)} = "
-                      f"{plan.budget_hours:.1f} h at this price)")
+    ru = (plan.ranges or {}).get("usd")
+    span = f" (range {money(ru['low'])}-{money(ru['high'])})" if ru else ""
+    cap = f"[red]budget cap {money(plan.budget_usd)}[/]" if plan.budget_note else f"budget cap {money(plan.budget_usd)}"
+    t.add_row("Cost", f"~{money(plan.total_usd)}{span}  ({cap} = {plan.budget_hours:.1f} h at this price)")
     if plan.alternative:
         a = plan.alternative
         kind = "spot" if a["use_spot"] else "on-demand"
+        own = f"~{a['total_hours']:.2f} h, " if a.get("total_hours") is not None else ""
         t.add_row("Alternative", f"{kind}: {a['cloud']} {a['instance_type']} {money(a['price_per_hour'])}/h "
-                                 f"→ ~{money(a['total_usd'])}")
+                                 f"→ {own}~{money(a['total_usd'])}")
     if plan.layout:
         lo = plan.layout
         t.add_row("Layout", f"{lo['num_nodes']} x {lo['accelerators']} ({lo['instance_type']}, {lo['network']}) "
@@ -127,6 +119,10 @@ def print_plan(p, plan) -> None:
     else:
         t.add_row("Secrets", "none needed")
     console().print(t)
+    if plan.budget_note:
+        console().print(f"[red]✗ {esc(plan.budget_note)}[/]")
+    if plan.spot_note:
+        console().print(f"[yellow]![/] {esc(plan.spot_note)}")
     for line in plan_warnings(plan):
         console().print(f"[yellow]![/] {line}", soft_wrap=True)
     hints(f"launch up {p.name}")
@@ -156,9 +152,6 @@ def plan_warnings(plan) -> list[str]:
                    "to train; lower train.per_device_batch_size or max_seq_length, or use a bigger GPU")
     elif plan.memory.get("status") == "tight":
         out.append(f"GPU memory: {plan.memory['detail']} is tight (estimate +-20%): may run out of memory")
-    if plan.total_usd > plan.budget_usd:
-        out.append(f"the estimate exceeds the budget: the run will stop at {money(plan.budget_usd)} with a "
-                   "resumable checkpoint")
     disk = plan.disk
     if disk and disk["size_gb"] < disk["needed_gb"]:
         out.append(f"cluster.disk_size {disk['size_gb']} GB is below the ~{disk['needed_gb']} GB the run "

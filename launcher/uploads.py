@@ -141,7 +141,7 @@ def print_dry_run(p, backend: str, run_id: str, task_yaml: Path, config_yaml: Pa
     import yaml
     from rich.markup import escape
 
-    from .artifacts import human_size
+    from .units import human_size
     from .ui import console
 
     task = yaml.safe_load(Path(task_yaml).read_text())

@@ -40,14 +40,20 @@ STAGES = {
 def post(cfg) -> dict:
     """After training (rank 0): merge / push / MLX export, each only when the config asks, then the
     manifest of the run's artifacts (sizes + sha256, computed here) that `launch down` verifies."""
+    from payload import timings
+
     out = {}
     ev = cfg.evaluation
     if ev is not None and ev.final_split:
-        out["eval"] = importlib.import_module("payload.evaluate").main(cfg, ev.final_split)
+        with timings.timed(cfg.run_dir, "eval"):
+            out["eval"] = importlib.import_module("payload.evaluate").main(cfg, ev.final_split)
     if cfg.outputs.merge or cfg.outputs.push_to_hub:
-        out["merge"] = importlib.import_module("payload.merge").main(cfg)
+        with timings.timed(cfg.run_dir, "merge"):
+            out["merge"] = importlib.import_module("payload.merge").main(cfg)
     if cfg.outputs.export_mlx:
-        out["export"] = importlib.import_module("payload.export").main(cfg)
+        with timings.timed(cfg.run_dir, "export"):
+            out["export"] = importlib.import_module("payload.export").main(cfg)
+    timings.fold_into_summary(cfg.run_dir)  # measured phase durations, before the manifest hashes the summary
     out["manifest"] = importlib.import_module("payload.manifest").main(cfg)
     return out
 
@@ -89,17 +95,18 @@ def die_with_parent() -> bool:
 
 
 def run_stage(stage: str, cfg, args=None) -> dict:
-    from payload import lease
+    from payload import lease, timings
     from payload.observe import rank
 
     if stage in ("preflight", "data"):  # before torchrun: exit 4 reaches the job as is
         lease.ensure_free(cfg.run_dir, cfg.runtime.run_id)
     held = lease.acquire(cfg.run_dir, cfg.runtime.run_id) if stage in LEASED and rank() == 0 else None
     try:
-        if stage == "eval":
-            return importlib.import_module(STAGES[stage]).main(cfg, getattr(args, "split", None),
-                                                               getattr(args, "adapter", None))
-        return post(cfg) if stage == "post" else importlib.import_module(STAGES[stage]).main(cfg)
+        with timings.timed(cfg.run_dir, stage):
+            if stage == "eval":
+                return importlib.import_module(STAGES[stage]).main(cfg, getattr(args, "split", None),
+                                                                   getattr(args, "adapter", None))
+            return post(cfg) if stage == "post" else importlib.import_module(STAGES[stage]).main(cfg)
     finally:
         if held is not None:
             held.release()

@@ -275,10 +275,18 @@ def _round(x, n):
 
 def plot_losses(metrics_path: Path, out_png: Path, title: str = "") -> Optional[Path]:
     """Train and eval loss against step (matplotlib Agg); None when there is nothing to plot."""
-    records = read_metrics(metrics_path)
-    train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
-    evals = [(r["step"], r["eval_loss"]) for r in records if r.get("eval_loss") is not None]
-    if not train and not evals:
+    return plot_overlay([("", read_metrics(metrics_path))], out_png, title)
+
+
+def plot_overlay(series: list, out_png: Path, title: str = "") -> Optional[Path]:
+    """Train (solid) and eval (dots) loss against step of one or more runs, each `(label, metric
+    records)` in its own colour (`launch compare` overlays runs); None when there is nothing to plot."""
+    curves = []
+    for label, records in series:
+        train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
+        evals = [(r["step"], r["eval_loss"]) for r in records if r.get("eval_loss") is not None]
+        curves.append((f"{label} " if label else "", train, evals))
+    if not any(train or evals for _, train, evals in curves):
         return None
     import matplotlib
 
@@ -286,16 +294,19 @@ def plot_losses(metrics_path: Path, out_png: Path, title: str = "") -> Optional[
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    if train:
-        ax.plot(*zip(*train), label="train loss")
-    if evals:
-        ax.plot(*zip(*evals), marker="o", label="val loss")
+    for i, (label, train, evals) in enumerate(curves):
+        color = f"C{i % 10}" if len(curves) > 1 else None
+        if train:  # a label is user text (run id): `$` would start matplotlib mathtext
+            ax.plot(*zip(*train), color=color, label=f"{label}train loss".replace("$", r"\$"))
+        if evals:
+            ax.plot(*zip(*evals), marker="o", color=color, linestyle="--" if color else "-",
+                    label=f"{label}val loss".replace("$", r"\$"))
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     # A title is user text (profile, run id, description): `$` would start matplotlib mathtext.
     ax.set_title((title or "loss").replace("$", r"\$"))
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small" if len(curves) > 1 else None)
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from payload import checkpoints as ck
-from payload import layout, lease, modeling, observe, stop_request, tracking, trainset, verify
+from payload import layout, lease, modeling, observe, runconfig, stop_request, timings, tracking, trainset, verify
 from payload.config import dump_run_config
 from payload.eval_config import best_metric
 from payload.errors import (
@@ -150,7 +150,7 @@ def setup(run: Run, build=None) -> None:
     if run.main:
         stop_request.clear(cfg)
         (rd / layout.LOGS_DIR).mkdir(parents=True, exist_ok=True)
-        (rd / layout.RESOLVED_CONFIG).write_text(dump_run_config(cfg), encoding="utf-8")
+        runconfig.write_resolved(rd, dump_run_config(cfg))  # on a resume: refuses a change of the math
     observe.write_status(rd, state="loading", step=0, max_steps=cfg.train.max_steps, exit_code=None, reason=None,
                          ended_at=None)
     run.stop.install()
@@ -329,9 +329,24 @@ class LaunchTrainerMixin:
             ids = inputs["input_ids"]
             real = inputs["attention_mask"].sum() if "attention_mask" in inputs else torch.tensor(ids.numel())
             pair = torch.stack([real.to(ids.device), torch.tensor(ids.numel(), device=ids.device)]).float()
-            pair = self.accelerator.gather_for_metrics(pair[None]).sum(0)
-            self._metrics["train"]["real_token_fraction"].append((pair[0] / pair[1]).item())
+            self.__dict__.setdefault("_token_pairs", []).append(pair)  # stays on the device until a log
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _flush_token_pairs(self) -> None:
+        """Each batch's real-token fraction since the last log, summed over ranks: one gather and
+        one device-to-host copy per logging interval, not a GPU sync per batch."""
+        pending = self.__dict__.get("_token_pairs")
+        if not pending:
+            return
+        import torch
+
+        pairs = self.accelerator.gather(torch.stack(pending)[None]).sum(0)
+        pending.clear()
+        self._metrics["train"]["real_token_fraction"].extend((pairs[:, 0] / pairs[:, 1]).tolist())
+
+    def log(self, logs, *args, **kwargs):
+        self._flush_token_pairs()
+        return super().log(logs, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
         t = time.monotonic()
@@ -369,6 +384,8 @@ class LaunchTrainerMixin:
         """What the Trainer and TRL accumulate between two logs, on this rank: a checkpoint saved
         between logging steps (a SIGTERM, a budget stop) carries it so the next logged loss averages
         the same steps, in the same float32 order, as an uninterrupted run."""
+        if hasattr(self, "_metrics"):
+            self._flush_token_pairs()
         metrics = getattr(self, "_metrics", {}).get("train", {})
         return {"step": self.state.global_step, "tr_loss": float(self._tr_loss.item()),
                 "last_logged": self._globalstep_last_logged,
@@ -514,7 +531,6 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
     records = observe.read_metrics(run.run_dir / layout.METRICS)
     losses = [r["loss"] for r in records if r.get("loss") is not None]
     evals = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
-    rates = [r["tokens_per_s"] for r in records if r.get("tokens_per_s")]
     real = [r["real_token_fraction"] for r in records if r.get("real_token_fraction") is not None]
     st, cfg = run.trainer.state, run.cfg
     return {
@@ -530,7 +546,7 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
         "first_loss": losses[0] if losses else None, "resumed_from": run.resume.name if run.resume else None,
         "duration_s": round(time.monotonic() - run.t0, 3), "total_seconds": round(run.tracker.seconds(), 3),
         "cost_usd": round(run.tracker.usd(), 6), "sessions": run.tracker.sessions,
-        "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
+        **timings.rates(records),
         "real_token_fraction": round(sum(real) / len(real), 4) if real else None,
         "adapter_dir": layout.ADAPTER_DIR if run.state == "completed" else None,
         **run.counts, "finished_at": observe.now_iso(),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Find import cycles among the modules of launcher/ and payload/ (AST only: nothing is imported).
+"""Find import cycles among the modules of launcher/, payload/ and bench/ (AST only: nothing is imported).
 
 Every import between two modules is an edge: module-level ones (what runs when a module is imported,
 `if TYPE_CHECKING:` blocks excepted) and those inside functions, since a function-level import that
@@ -20,11 +20,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("launcher", "payload")
+# Folders of scripts that import each other by their bare names (the folder is on sys.path).
+SCRIPT_DIRS = ("bench",)
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
-    """{dotted name: file} for every module of the packages."""
+    """{dotted name: file} for every module of the packages, and {name: file} for the scripts."""
     out = {}
+    for folder in SCRIPT_DIRS:
+        for path in sorted((root / folder).glob("*.py")):
+            out[path.stem] = path
     for pkg in PACKAGES:
         for path in sorted((root / pkg).rglob("*.py")):
             parts = list(path.relative_to(root).with_suffix("").parts)
@@ -157,7 +162,7 @@ def main(argv=None) -> int:
         print(f"{len(found)} import cycle(s): give one module the shared names "
               "(public, no leading underscore) and import it from the others", file=sys.stderr)
         return 1
-    print("no import cycles in " + ", ".join(PACKAGES))
+    print("no import cycles in " + ", ".join(PACKAGES + SCRIPT_DIRS))
     return 0
 
 

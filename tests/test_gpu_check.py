@@ -124,13 +124,14 @@ def test_minimum_versions_are_checked_per_run():
 
 
 def test_planning_cites_a_measured_figure(monkeypatch):
-    from launcher import throughput
+    """A `make gpu-check` figure is the speed model's first anchor on its GPU and method."""
+    from launcher import speed_model, throughput
 
     cite = "bench/results/nvidia-h100-80gb-hbm3-2026-12-01.json#lora-bf16-sdpa"
     monkeypatch.setitem(throughput.MEASURED, ("H100-SXM", "lora"), (3200.0, 8.0, cite))
-    rate, src = throughput.tokens_per_second_per_gpu("H100-SXM", "lora", 32.0)
-    assert rate == 800.0 and src == f"measured {cite} (8B), scaled to 32B"
-    assert "32B reference" in throughput.tokens_per_second_per_gpu("H100-SXM", "qlora", 32.0)[1]
+    t = speed_model.estimate("H100-SXM", "lora", 8.0)
+    assert t.mid == pytest.approx(3200.0) and t.kind == "gpu-check" and t.source.startswith(f"measured {cite}")
+    assert speed_model.estimate("H100-SXM", "lora", 32.0).source.startswith("runbook 000")  # nearer in size
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_vl"])

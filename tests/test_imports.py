@@ -1,4 +1,4 @@
-"""No import cycles in launcher/ or payload/ (scripts/import_cycles.py, AST only)."""
+"""No import cycles in launcher/, payload/ or bench/ (scripts/import_cycles.py, AST only)."""
 
 import importlib.util
 import subprocess
@@ -22,6 +22,7 @@ def test_no_import_cycles_in_launcher_or_payload():
 
 
 def _tree(tmp_path, files: dict[str, str]) -> Path:
+    (tmp_path / "bench").mkdir(exist_ok=True)
     for rel, text in {"launcher/__init__.py": "", "payload/__init__.py": "", **files}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
@@ -53,4 +54,36 @@ def test_a_package_factory_and_type_checking_imports_are_not_cycles(tmp_path):
 def test_the_script_exits_zero_on_this_tree():
     done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "no import cycles in launcher, payload" in done.stdout
+    assert "no import cycles in launcher, payload, bench" in done.stdout
+
+
+def test_bench_scripts_importing_each_other_by_name_are_covered(tmp_path):
+    root = _tree(tmp_path, {
+        "bench/gpu_a.py": "import gpu_b\nfrom payload import x\n",
+        "bench/gpu_b.py": "def run():\n    from gpu_a import helper\n",
+        "payload/x.py": "",
+    })
+    found = _script().module_cycles(root)
+    assert found == [(["gpu_a", "gpu_b"], ["gpu_a:1 -> gpu_b", "gpu_b:2 -> gpu_a (in a function)"])]
+
+
+def test_the_launcher_enters_the_payload_only_through_its_declared_doors():
+    """Every launcher -> payload import (module level or in a function) goes through a door listed in
+    launcher/doors.py with its reason; a listed door nobody uses is stale; the payload never imports
+    the launcher."""
+    from launcher.doors import PAYLOAD_DOORS
+
+    script = _script()
+    used: dict[str, set[str]] = {}
+    back = []
+    for a, b, _, line in script.edges(script.modules()):
+        if a.startswith("launcher") and b.startswith("payload"):
+            used.setdefault(b, set()).add(f"{a}:{line}")
+        if a.startswith("payload") and b.startswith("launcher"):
+            back.append(f"{a}:{line} -> {b}")
+    undeclared = {door: sorted(users) for door, users in used.items() if door not in PAYLOAD_DOORS}
+    assert not undeclared, f"launcher imports payload modules that are not declared doors: {undeclared}; add " \
+                           "each to launcher/doors.py with the reason, or go through an existing door"
+    assert not set(PAYLOAD_DOORS) - set(used), f"declared doors nobody uses: {set(PAYLOAD_DOORS) - set(used)}"
+    assert all(len(reason) > 20 for reason in PAYLOAD_DOORS.values())
+    assert not back, f"the payload imports the launcher: {back}"

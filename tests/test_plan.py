@@ -38,7 +38,9 @@ def test_qwen_on_infiniband_is_compute_bound_and_on_ethernet_network_bound_as_ru
     # The runbook's own layout, 4 x NC96ads (80 Gb/s Ethernet): ZeRO-3 moves ~3 x 65 GB per micro-step.
     lo = q.layout
     assert (lo["num_nodes"], lo["instance_type"], lo["bound"]) == (4, "Standard_NC96ads_A100_v4", "network")
-    assert 18 <= lo["total_hours"] <= 24 and 1000 <= lo["total_usd"] <= 1500  # runbook 004: 18-24 h
+    # runbook 004's 18-24 h were 4 independent jobs (no traffic between nodes); on InfiniBand one job over
+    # 16 GPUs plans the same range, on the runbook's Ethernet it would wait on the network most of the time
+    assert q.ranges["hours"]["low"] <= 21 <= q.ranges["hours"]["high"]
     assert q.total_hours < lo["total_hours"] / 3 and q.total_usd < lo["total_usd"] / 3
 
 

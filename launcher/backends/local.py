@@ -134,7 +134,7 @@ class LocalBackend(Backend):
         if tail is not None:
             with open(path, "rb") as f:
                 offset = tail_offset(f, os.fstat(f.fileno()).st_size, tail)
-        with open(path, "r", errors="replace") as f:
+        with open(path, "r", errors="replace", newline="") as f:  # `\r` redraws kept as written
             f.seek(offset)  # a line start: the decoder begins clean there
             while True:
                 chunk = f.read()

@@ -1,0 +1,79 @@
+"""What `launch plan` adds around its middle figure: the low-high range of hours and dollars, the eval
+by generation phase, spot told honestly, and the over-budget line (`launch up` asks: budget_gate.py).
+
+- Range: training (and the stages, and the spot recoveries that scale with training) take the
+  throughput range of launcher/speed_model.py; every other phase keeps its figure. low = the fast end.
+- Eval by generation (CER/WER, `evaluation:`): every `eval_steps`, `max_samples` validation records,
+  then the final split; each generation batch (per_device_eval_batch_size) decodes up to
+  max_new_tokens at throughput.decode_steps_per_s, plus its prompt's prefill (negligible).
+  Test records: counted for local data, else `max_test_samples`, else 10% of the train records
+  (assumption: a 90/10 split when the hub dataset's test size is not known offline).
+- Spot: where the catalog's spot price is not below on-demand (SkyPilot's RunPod catalog), spot
+  only adds expected recoveries: the plan says so. Each alternative is priced with its own hours
+  (spot with recoveries, on-demand with idle-before-autostop instead).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+SCALES_WITH_TRAINING = ("training", "spot recoveries")
+TEST_SHARE_ASSUMED = 0.1
+
+
+def eval_generation_hours(p, decode_steps_per_s: float, steps: int, test_records: Optional[int]) -> tuple[float, str]:
+    """(hours, source) of generation-based evaluation during and after training."""
+    ev = p.evaluation
+    if ev is None or not decode_steps_per_s:
+        return 0.0, ""
+    batch = max(p.train.per_device_eval_batch_size, 1)
+    evals = steps // max(p.train.eval_steps or 0, 1) if (ev.during_training and p.train.eval_steps) else 0
+    during = evals * math.ceil(ev.max_samples / batch) * ev.max_new_tokens / decode_steps_per_s
+    final, n_test = 0.0, 0
+    if ev.final_split:
+        n_test = test_records if test_records is not None else int(
+            (p.estimate.train_records or 0) * TEST_SHARE_ASSUMED)
+        if ev.max_test_samples:
+            n_test = min(n_test, ev.max_test_samples)
+        final = math.ceil(n_test / batch) * ev.max_new_tokens / decode_steps_per_s
+    src = (f"{evals} x {ev.max_samples} val + {n_test} {ev.final_split or ''} records x {ev.max_new_tokens} "
+           f"tokens at ~{decode_steps_per_s:.0f} decode steps/s, batch {batch}")
+    return (during + final) / 3600, src
+
+
+def ranged(phases: list, train_low_factor: float, train_high_factor: float, price: float) -> dict:
+    """{hours: {low, mid, high}, usd: {...}} from the phases; training-like phases scale by the
+    throughput range (factor = mid speed / low-or-high speed)."""
+    mid = sum(ph.hours for ph in phases)
+    scaled = sum(ph.hours for ph in phases if ph.name in SCALES_WITH_TRAINING)
+    low = mid - scaled + scaled * train_low_factor
+    high = mid - scaled + scaled * train_high_factor
+    hours = {"low": round(low, 3), "mid": round(mid, 3), "high": round(high, 3)}
+    return {"hours": hours, "usd": {k: round(v * price, 2) for k, v in hours.items()}}
+
+
+def spot_note(use_spot: bool, price: float, total_usd: float, alt: Optional[dict]) -> Optional[str]:
+    """One line when spot saves nothing in the catalog (spot price >= on-demand price): which of the
+    two is cheaper for this run, each with its own hours."""
+    if not alt:
+        return None
+    spot_price, od_price = (price, alt["price_per_hour"]) if use_spot else (alt["price_per_hour"], price)
+    if spot_price < od_price:
+        return None
+    spot_usd, od_usd = (total_usd, alt["total_usd"]) if use_spot else (alt["total_usd"], total_usd)
+    cheaper = "on-demand" if od_usd <= spot_usd else "spot (no idle time before autostop)"
+    return (f"the catalog has no spot discount here (spot ${spot_price:,.2f}/h, on-demand ${od_price:,.2f}/h): "
+            f"spot adds expected recoveries; for this run {cheaper} is cheaper "
+            f"(spot ~${spot_usd:,.2f}, on-demand ~${od_usd:,.2f})")
+
+
+def over_budget(plan) -> Optional[str]:
+    """One line when the planned cost (middle figure) exceeds the profile's own budget cap."""
+    if not plan.budget_usd or plan.total_usd <= plan.budget_usd:
+        return None
+    usd = plan.ranges.get("usd", {}) if plan.ranges else {}
+    rng = f" (range ${usd['low']:,.2f}-${usd['high']:,.2f})" if usd else ""
+    return (f"planned ~${plan.total_usd:,.2f}{rng} is over the budget cap ${plan.budget_usd:,.2f}: the run stops "
+            f"at the cap with a resumable checkpoint; raise budget.max_usd or shorten the run")
+

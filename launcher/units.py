@@ -1,0 +1,35 @@
+"""How sizes, dollars and durations are written everywhere launch prints them: one owner each.
+A leaf module (standard library only), so any layer can use it without importing another's."""
+
+from __future__ import annotations
+
+
+def human_size(n: float) -> str:
+    """Bytes in decimal units: `36 B`, `55.9 KB`, `1.2 GB`."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def money(x) -> str:
+    """Dollars, cents shown; sub-cent amounts to four places; `-` when unknown."""
+    if x is None:
+        return "-"
+    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
+
+
+def duration(seconds) -> str:
+    """`1h05m`, `4m09s`, `12s`; `-` when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def hours(h) -> str:
+    """`45 min` under an hour, else `2.4 h`."""
+    return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"

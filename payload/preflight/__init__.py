@@ -1,0 +1,88 @@
+"""Preflight stage: cheap checks before any GPU minute is spent.
+
+    python -m payload preflight --config run.yaml
+
+Each check gives `ok`, `warn` or `fail` with one line of detail; any `fail` raises PayloadError
+listing the failing lines. Checks: data sources readable (local files exist and are non-empty; hub
+ids checked for syntax), base model reference, run directory and HF cache writable, free disk
+against what the run will write, HF_TOKEN present where needed (presence only, the value is never
+shown), the installed packages against the payload's minimums (payload/versions.py), the
+GPU-memory estimate against the GPU, and, over the network (runbook 002's pre-flight; skipped with
+LAUNCH_PREFLIGHT_OFFLINE=1 or HF_HUB_OFFLINE=1): each Hub dataset reachable, the base model on the
+Hub, WANDB_API_KEY valid (see "network checks" below for ok / fail / warn).
+
+Model size comes from, in order: a local `config.json` (local path, the HF cache, or the tiny
+config), else a table of known Qwen shapes looked up by name ("Qwen3-VL-32B-Instruct" ->
+qwen3-vl/32), else the size in the name ("70B" -> 70e9 parameters, shape of the nearest known row).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+
+from payload.errors import PayloadError
+from payload.memory import (  # noqa: F401  (re-exported: preflight's public face)
+    GIB,
+    ModelDims,
+    dims_from_config,
+    dims_from_name,
+    estimate_gpu_memory_gb,
+    estimate_stage_memory_gb,
+    lora_trainable_params,
+)
+from payload.preflight.base import Check, log
+from payload.preflight.local import (  # noqa: F401  (re-exported)
+    check_data,
+    check_disk,
+    check_gpu_memory,
+    check_model,
+    check_token,
+    check_versions,
+    check_writable,
+    disk_needs,
+    gpu_info,
+    hf_home,
+    model_dims,
+)
+from payload.preflight.remote import check_remote, offline_reason  # noqa: F401  (re-exported)
+
+
+# ---------------------------------------------------------------------------------------- stage
+
+
+def run_checks(cfg, env=None) -> tuple[list[Check], dict]:
+    env = os.environ if env is None else env
+    checks = [*check_data(cfg), check_model(cfg), *check_writable(cfg, env)]
+    try:
+        dims = model_dims(cfg, env)
+    except Exception as e:  # noqa: BLE001 - a malformed config.json must not hide the other checks
+        dims = None
+        checks.append(Check("model_shape", "warn", f"could not read the model shape: {e}"))
+    checks += [check_disk(cfg, dims, env), check_token(cfg, env), check_versions(cfg)]
+    checks += check_remote(cfg, env)  # Hub datasets/model exist, W&B key valid (network; see below)
+    if getattr(cfg, "stages", None):  # every stage must fit (DPO: pairs + reference, GRPO: generations)
+        from payload.stage_config import stage_run_config
+
+        estimate: dict = {}  # the largest stage's
+        for i, stage in enumerate(cfg.stages):
+            gpu_check, est = check_gpu_memory(stage_run_config(cfg, i), dims, env)
+            checks.append(Check(f"gpu_memory[{stage.label}]", gpu_check.status, gpu_check.detail))
+            estimate = est if i == 0 or est.get("total_gb", 0) > estimate.get("total_gb", 0) else estimate
+        return checks, estimate
+    gpu_check, estimate = check_gpu_memory(cfg, dims, env)
+    checks.append(gpu_check)
+    return checks, estimate
+
+
+def main(cfg, env=None) -> dict:
+    """Run every check, log one line each; raise PayloadError listing the failures."""
+    checks, estimate = run_checks(cfg, env)
+    for c in checks:
+        (log.warning if c.status != "ok" else log.info)(c.line())
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        raise PayloadError(f"preflight: {len(failed)} check(s) failed: " +
+                           " | ".join(f"{c.name}: {c.detail}" for c in failed))
+    return {"stage": "preflight", "ok": True, "warnings": sum(c.status == "warn" for c in checks),
+            "checks": [asdict(c) for c in checks], "memory": estimate}
