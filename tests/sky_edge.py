@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import sky
 import sky.client.sdk
@@ -104,6 +105,7 @@ class FakeSky:
         self.client_config = {}  # the SkyPilot config each request would carry to the API server
         self.job = None  # the job's process (a Popen in its own process group), for cancel's signals
         self.killed = threading.Event()
+        self.signalled: list[float] = []  # when cancel SIGTERMed a live job
         for name, owner in [("enabled_clouds", sky.client.sdk), ("check", sky.client.sdk), ("launch", sky),
                             ("down", sky), ("status", sky), ("job_status", sky), ("tail_logs", sky),
                             ("cancel", sky), ("launch", sky.jobs), ("cancel", sky.jobs), ("queue", sky.jobs),
@@ -142,6 +144,7 @@ class FakeSky:
         job = self.job
         if job is None or job.poll() is not None:
             return
+        self.signalled.append(time.time())
         os.killpg(job.pid, signal.SIGTERM)
 
         def kill():

@@ -161,14 +161,16 @@ def test_contract_down_gets_the_final_checkpoint_before_any_signal(kind, honour,
     if honour:
         (final,) = marked - {"checkpoints/checkpoint-4/COMPLETE"}
         assert f"final checkpoint {final.removesuffix('/COMPLETE')} saved (its COMPLETE marker checked)" in r.output
-        if fake is not None:  # saved for longer than SkyPilot's SIGTERM -> SIGKILL: never signalled meanwhile
-            assert fake.job.wait(timeout=10) == 5 and not fake.killed.is_set()
+        if fake is not None:  # saved for longer than SkyPilot's SIGTERM -> SIGKILL: no signal before it was
+            complete = next(tmp_path.rglob(f"runs/{run.id}/{final}")).stat().st_mtime  # complete (a cancel may
+            assert all(t >= complete for t in fake.signalled), (fake.signalled, complete)  # meet it exiting)
+            assert fake.job.wait(timeout=10) == 5 or fake.signalled
     else:
         assert marked == {"checkpoints/checkpoint-4/COMPLETE"}
         assert "no final checkpoint: the trainer did not finish saving within 0.5 s; the run keeps " \
                "checkpoint-4" in " ".join(r.output.split())
         if fake is not None:
-            assert fake.job.wait(timeout=10) == 143 and not fake.killed.is_set()
+            assert fake.job.wait(timeout=10) in (143, -9)  # stopped on SIGTERM (-9: SIGKILLed while exiting)
     if fake is not None:
         assert ("jobs.cancel" if kind == "skypilot-managed" else "down") in fake.names()
 
