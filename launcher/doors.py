@@ -17,6 +17,8 @@ PAYLOAD_DOORS: dict[str, str] = {
     "payload.runconfig": "which config keys may change when a run resumes (cadence and money) and which may not "
                          "(the math): one rule, applied by `launch up --resume` and again by the payload",
     "payload.layout": "the one place that names every path in a run directory and every artifact",
+    "payload.stop_request": "the save-and-exit request `launch down` writes into a run dir before any signal "
+                            "(SkyPilot SIGKILLs 30 s after SIGTERM): its file name, one protocol for every backend",
     "payload.errors": "the exit codes and end states (completed, budget_exhausted, ...): one vocabulary for "
                       "backends, registry and the rendered recovery rules",
     "payload.data.pipeline": "the data step itself, run here into a temp dir, so `plan` counts records and "

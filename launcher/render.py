@@ -180,8 +180,8 @@ def launch_command(p: Profile) -> list[str]:
                  *(f"  --config jobs.controller.resources.autostop.{k}={str(v).lower()}"
                    for k, v in CONTROLLER_AUTOSTOP.items())]
         return [line + " \\" for line in lines[:-1]] + lines[-1:]
-    if p.cluster.is_local:
-        return [f"sky launch sky/{p.name}.yaml{secrets}"]
+    if p.cluster.is_local:  # a machine of your own, as a SkyPilot SSH node pool (~/.sky/ssh_node_pools.yaml)
+        return [f"sky launch sky/{p.name}.yaml{secrets} --infra ssh/MY_POOL"]
     return [f"sky launch sky/{p.name}.yaml{secrets} --idle-minutes-to-autostop "
             f"{p.cluster.autostop_minutes} --down"]
 
@@ -198,10 +198,18 @@ def _str_presenter(dumper, data):
 _Dumper.add_representer(str, _str_presenter)
 
 
+PLAIN_HEADER = "# Plain SkyPilot works too, from the repo root:\n"
+# A local profile names no cloud: a plain `sky launch` of it lets SkyPilot's optimizer rent the cheapest
+# cloud machine that fits (a billed pod with the task's disk), not this machine.
+LOCAL_HEADER = ("# Runs on this machine with `launch up {name}`. A plain `sky launch` of this file would rent\n"
+                "# the cheapest cloud machine that fits; to run it on a machine of your own with SkyPilot,\n"
+                "# make it an SSH node pool (~/.sky/ssh_node_pools.yaml) and name it, from the repo root:\n")
+
+
 def render_text(p: Profile, price_per_hour: float) -> tuple[str, str]:
     """(task YAML, resolved run config YAML) for a profile, deterministic."""
     header = (f"# Rendered by `launch render {p.name}` from clusters/{p.name}.yaml - do not edit here.\n"
-              "# Plain SkyPilot works too, from the repo root:\n"
+              + (LOCAL_HEADER.format(name=p.name) if p.cluster.is_local else PLAIN_HEADER)
               + "".join(f"#   {line}\n" for line in launch_command(p)))
     task = yaml.dump(task_dict(p, price_per_hour), Dumper=_Dumper, sort_keys=False, width=100)
     cfg = resolved_run_config(p, price_per_hour)

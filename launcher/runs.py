@@ -31,12 +31,13 @@ def refresh(run):
     if st.state != run.state and st.state not in ("unknown", "unreachable"):
         changes["state"] = st.state
         if st.state not in registry.ACTIVE_STATES and not run.ended_at:
-            changes["ended_at"] = time.time()
+            changes["ended_at"] = st.ended_at or time.time()
     if st.reason and st.reason != run.reason and not st.extra.get("unreachable"):
         changes["reason"] = st.reason
     if changes:
         run = registry.update(run.id, **changes)
-    run = registry.accrue(run.id, billing_now(run, st))
+    # A run settled from its own status.json (its controller gone) billed until it ended, not until now.
+    run = registry.accrue(run.id, billing_now(run, st), now=st.ended_at if st.ended_at and not st.billing else None)
     run._remote = st
     return run
 
@@ -270,12 +271,17 @@ def down(run_id, fetch_artifacts, merged, dest):
     if fetch_artifacts:
         report = _fetch(be, run, target, merged)
         registry.update(run.id, artifacts=str(report.dest))
-    with console().status(f"stopping {run.id} (the trainer checkpoints on SIGTERM first)..."):
+    from .backends import final_save
+
+    with console().status(f"stopping {run.id} (asking the trainer for a final checkpoint first)..."):
+        saved = final_save.request(be, run)
         be.down(run)
     run = registry.accrue(run.id, False)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
     console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state})"))
+    if saved is not None:
+        console().print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
     from .volumes import still_billing_lines
 
     for line in still_billing_lines(run):

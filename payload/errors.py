@@ -11,6 +11,7 @@ registry, `launch status`, the rendered restart policy, docs):
 | `failed`           | 2         | config or data error: the user must fix the input    | no                  |
 | `budget_exhausted` | 3         | the budget was reached; a resumable checkpoint saved | no                  |
 | `failed`           | 4         | another live trainer holds the run's lease           | no                  |
+| `stopped`          | 5         | `launch down` asked for a final checkpoint: saved    | no                  |
 | `preempted`        | 75        | a transient failure (network, NCCL, a lost node)     | yes                 |
 | `stopped`          | 143       | SIGTERM/SIGINT (preemption notice, `launch down`)    | yes (recovery)      |
 
@@ -25,6 +26,7 @@ EXIT_CRASH = 1
 EXIT_CONFIG = 2
 EXIT_BUDGET = 3
 EXIT_LEASE_HELD = 4
+EXIT_STOP_REQUESTED = 5  # payload/stop_request.py: saved on request, then exited
 EXIT_TRANSIENT = 75  # sysexits.h EX_TEMPFAIL
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM
 
@@ -33,7 +35,8 @@ RETRYABLE_EXIT_CODES = (EXIT_TRANSIENT, EXIT_INTERRUPTED)
 END_STATES = ("completed", "failed", "budget_exhausted", "preempted", "stopped")
 
 EXIT_STATE = {EXIT_OK: "completed", EXIT_CRASH: "failed", EXIT_CONFIG: "failed", EXIT_BUDGET: "budget_exhausted",
-              EXIT_LEASE_HELD: "failed", EXIT_TRANSIENT: "preempted", EXIT_INTERRUPTED: "stopped"}
+              EXIT_LEASE_HELD: "failed", EXIT_STOP_REQUESTED: "stopped", EXIT_TRANSIENT: "preempted",
+              EXIT_INTERRUPTED: "stopped"}
 
 
 def state_for_exit(code: int) -> str:

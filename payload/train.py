@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from payload import checkpoints as ck
-from payload import layout, lease, modeling, observe, runconfig, timings, tracking, trainset, verify
+from payload import layout, lease, modeling, observe, runconfig, stop_request, timings, tracking, trainset, verify
 from payload.trainer import ResumeLossState, trainer_class
 from payload.config import dump_run_config
 from payload.eval_config import best_metric
@@ -89,7 +89,7 @@ def main(cfg, setup_fn=None) -> dict:
     if run.state == "budget_exhausted":
         raise BudgetExhausted(run.reason)
     if run.state == "stopped":
-        raise ck.TrainingInterrupted(run.reason)
+        raise (stop_request.StopRequested if stop_request.honoured(run.control) else ck.TrainingInterrupted)(run.reason)
     return summary
 
 
@@ -149,6 +149,7 @@ def setup(run: Run, build=None) -> None:
     _set_env(cfg)
     observe.quiet_libraries()
     if run.main:
+        stop_request.clear(cfg)
         (rd / layout.LOGS_DIR).mkdir(parents=True, exist_ok=True)
         runconfig.write_resolved(rd, dump_run_config(cfg))  # on a resume: refuses a change of the math
     observe.write_status(rd, state="loading", step=0, max_steps=cfg.train.max_steps, exit_code=None, reason=None,
@@ -210,8 +211,8 @@ def tokenizer_of(processing):
 
 
 def trainer_callbacks(run: Run, has_eval: bool) -> list:
-    cbs = [run.control, ResumeLossState(run), CostCallback(run.tracker),
-           observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
+    cbs = [run.control, stop_request.SaveAndExit(run.cfg, run.control), ResumeLossState(run),
+           CostCallback(run.tracker), observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
     cfg = run.cfg
     cbs.append(tracking.TrackingCallback(run.tracker, gpu=cfg.wandb is None or cfg.wandb.gpu_stats))
     if cfg.evaluation is not None and cfg.evaluation.during_training and has_eval and not _zero3(cfg):
@@ -338,6 +339,8 @@ def end_of_training(run: Run) -> tuple[str, Optional[str]]:
     if c.reason == "lease_lost":
         raise lease.LeaseHeld(f"another trainer took over this run's lease at step {step}; this one stopped "
                               "without saving")
+    if c.reason == stop_request.REASON:
+        return "stopped", stop_request.end_reason(step, total)
     if c.reason == "stopped":
         import signal
 
@@ -389,7 +392,8 @@ def save(run: Run) -> dict:
     summary = _summary(run, best)
     if run.main:
         observe.write_summary(rd, summary)
-    observe.write_end(rd, _EXIT[run.state], run.reason, step=summary["steps"], cost_usd=summary["cost_usd"],
+    observe.write_end(rd, stop_request.exit_code(run.control, _EXIT[run.state]), run.reason, step=summary["steps"],
+                      cost_usd=summary["cost_usd"], **stop_request.final_fields(cfg, run.control, summary["steps"]),
                       eta_s=0 if finished else None, loss=summary["final_loss"],
                       eval_loss=summary["final_eval_loss"])
     log.info("training %s at step %d: best %s, cost $%.4f%s", run.state, summary["steps"],
@@ -408,7 +412,7 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
     real = [r["real_token_fraction"] for r in records if r.get("real_token_fraction") is not None]
     st, cfg = run.trainer.state, run.cfg
     return {
-        "state": run.state, "exit_code": _EXIT[run.state], "reason": run.reason,
+        "state": run.state, "exit_code": stop_request.exit_code(run.control, _EXIT[run.state]), "reason": run.reason,
         "run_id": cfg.runtime.run_id, "config_hash": cfg.config_hash(),
         "model": cfg.model.name_or_path, "kind": cfg.model.kind, "method": cfg.train.method,
         "attn_implementation": run.attn, "steps": st.global_step, "max_steps": st.max_steps,

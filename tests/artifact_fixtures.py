@@ -135,6 +135,15 @@ class FakeS3:
             out["NextContinuationToken"] = str(start + self.page_size)
         return out
 
+    def put_object(self, Bucket, Key, Body, **kw):
+        """An object written through the S3 API is a file on the volume (RunPod: one store, two doors)."""
+        self.calls.append(("put_object", {"Bucket": Bucket, "Key": Key}))
+        target = self.root / Key
+        assert target.resolve().is_relative_to(self.root.resolve()), Key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(Body)
+        return {}
+
     def get_object(self, Bucket, Key, **kw):
         from botocore.exceptions import ClientError
         from botocore.response import StreamingBody

@@ -32,11 +32,11 @@ from launcher.render import render_text
 try:  # tests/ is a plain directory on sys.path (or, later, a package)
     from artifact_fixtures import HOME_LAYOUT, JOB, MERGED, NOT_ARTIFACTS, FakeS3, make_run_dir
     from sshd import SSHServer, ensure_sshd
-    from test_skypilot_backend import FakeSky
+    from sky_edge import FakeSky, runpod_edge
 except ImportError:
     from tests.artifact_fixtures import HOME_LAYOUT, JOB, MERGED, NOT_ARTIFACTS, FakeS3, make_run_dir
     from tests.sshd import SSHServer, ensure_sshd
-    from tests.test_skypilot_backend import FakeSky
+    from tests.sky_edge import FakeSky, runpod_edge
 
 VENV_BIN = str(Path(sys.executable).parent)
 NODE_PATH = f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin"
@@ -99,35 +99,6 @@ def _cluster_ssh_config(server, cluster, tmp_path):
                       f"  UserKnownHostsFile {known}\n  StrictHostKeyChecking yes\n")
 
 
-def _runpod_edge(monkeypatch, fake, mount):
-    """RunPod's REST API (volume id) and the volume's S3 API (a directory): the only fakes."""
-    import boto3
-    import requests
-
-    monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
-    monkeypatch.setenv("RUNPOD_S3_ACCESS_KEY", "user_abc")
-    monkeypatch.setenv("RUNPOD_S3_SECRET_KEY", "rps_def")
-    fake.results["volumes.ls"] = [{"name": "lovecraft-workspace", "zone": "US-CA-2", "region": "US",
-                                   "name_on_cloud": "lovecraft-workspace-1a2b3c"}]
-
-    class Listing:
-        status_code, text = 200, "[...]"
-
-        def json(self):
-            return [{"id": "vol123", "name": "lovecraft-workspace-1a2b3c", "dataCenterId": "US-CA-2"}]
-
-    monkeypatch.setattr(requests, "request", lambda method, url, **kw: Listing())
-    clients = []
-
-    def client(service, endpoint_url, region_name, aws_access_key_id, aws_secret_access_key):
-        assert service == "s3" and aws_access_key_id == "user_abc"
-        clients.append(FakeS3(mount, endpoint_url, region_name))
-        return clients[-1]
-
-    monkeypatch.setattr(boto3, "client", client)
-    return clients
-
-
 def start(kind, tmp_path, template, sshd, monkeypatch):
     """(run, check_down): the run started on `kind` and finished; check_down() asserts the teardown."""
     if kind in ("local", "ssh"):
@@ -162,7 +133,7 @@ def start(kind, tmp_path, template, sshd, monkeypatch):
         _cluster_ssh_config(sshd, run.cluster, tmp_path)
         gone = "down"
     else:
-        clients = _runpod_edge(monkeypatch, fake, mount)
+        clients = runpod_edge(monkeypatch, fake, mount)
         profile = _cloud_profile(tmp_path, "lovecraft-a100-spot", mount)
         run = sp.SkyPilotBackend().up(_spec(tmp_path, "contract-managed", "skypilot", profile, template))
         fake.results["jobs.queue"] = ([{"job_id": 3, "job_name": run.id, "status": "SUCCEEDED"}], 1, {}, 0)
@@ -437,7 +408,7 @@ def test_rsync_brings_no_symlink_and_bucket_keys_stay_confined(template, tmp_pat
     assert not [p for p in home.rglob("*") if p.is_symlink()] and not (home / "mlx").exists()
     assert not any(b"PRIVATE KEY" in p.read_bytes() for p in home.rglob("*") if p.is_file())
 
-    clients = _runpod_edge(monkeypatch, fake, tmp_path / "volume")
+    clients = runpod_edge(monkeypatch, fake, tmp_path / "volume")
     real_init = FakeS3.__init__
     planted = {"runs/m1/outputs/adapter/../../../../../.bashrc": b"evil", "runs/m1/../../.profile": b"evil",
                "runs/m1/outputs/adapter/\n../x": b"evil"}

@@ -172,7 +172,9 @@ def test_down_stops_every_process_of_the_run(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", secret)
     rid = started_id(launch("up", "local-demo", "--set", "train.max_steps=500", "--set", "outputs.merge=false"))
     deadline = time.time() + 120
-    while not _run_processes(rid) or json.loads(launch("status", rid, "--json").output).get("step") is None:
+    status_json = run_dir(rid) / "status.json"
+    while not _run_processes(rid) or not status_json.exists() or \
+            json.loads(status_json.read_text() or "{}").get("state") != "training":
         assert time.time() < deadline, "training never started"
         time.sleep(0.5)
     r = launch("down", rid)
@@ -181,8 +183,11 @@ def test_down_stops_every_process_of_the_run(monkeypatch, tmp_path):
     assert registry.get(rid).state == "stopped"
     d = json.loads(launch("status", rid, "--json").output)
     assert d["state"] == "stopped" and d["reason"] == "stopped by launch down"
-    status = json.loads((run_dir(rid) / "status.json").read_text())  # the payload checkpointed on SIGTERM
-    assert status["state"] == "stopped" and status["exit_code"] == 143 and "saved" in status["reason"]
+    # Asked through stop_request.json before any signal: the payload saved a final checkpoint and exited 5.
+    status = json.loads((run_dir(rid) / "status.json").read_text())
+    assert status["state"] == "stopped" and status["exit_code"] == 5 and "saved (final)" in status["reason"]
+    assert (run_dir(rid) / status["final_checkpoint"] / "COMPLETE").is_file()
+    assert f"final checkpoint {status['final_checkpoint']} saved" in r.output
     # The secret reached the run only through its environment: no file launch or the run wrote has it.
     written = [f for f in (tmp_path / "launch-home").rglob("*") if f.is_file()]
     assert written and not [f for f in written if secret.encode() in f.read_bytes()]

@@ -203,7 +203,11 @@ def test_the_header_is_the_plain_skypilot_command_and_it_parses(name, monkeypatc
     monkeypatch.setenv("HF_TOKEN", "hf_x")  # `--secret NAME` reads the value from the environment
     p = load_profile(name)
     lines = (REPO / "sky" / f"{name}.yaml").read_text().splitlines()
-    assert lines[1] == "# Plain SkyPilot works too, from the repo root:"
+    if p.cluster.is_local:  # never "works too": SkyPilot would rent a cloud machine for it (issue 27)
+        assert lines[1].startswith(f"# Runs on this machine with `launch up {name}`")
+        assert lines[3].endswith("from the repo root:") and lines[4].endswith("--infra ssh/MY_POOL")
+    else:
+        assert lines[1] == "# Plain SkyPilot works too, from the repo root:"
     command = " ".join(ln[4:].rstrip(" \\") for ln in lines[2:] if ln.startswith("#   "))
     args = shlex.split(command)
     try:

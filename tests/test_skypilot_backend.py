@@ -1,7 +1,8 @@
 """The SkyPilot backend against the real `sky` package: tasks are SkyPilot's own parse of the rendered
 sky/*.yaml, the price comes from SkyPilot's optimizer on the shipped catalog, and only the calls
 that would reach an API server or a cloud (sky.launch, sky.jobs.*, sky.get, volumes...) are
-replaced by a recorder. File transfer runs real ssh + rsync against a loopback OpenSSH server."""
+replaced, by tests/sky_edge.py, whose answers go through SkyPilot's own encoders and decoders.
+File transfer runs real ssh + rsync against a loopback OpenSSH server."""
 
 import json
 import os
@@ -31,63 +32,17 @@ from launcher import registry, render  # noqa: E402
 from launcher.backends import BackendError, LaunchSpec  # noqa: E402
 from launcher.backends import skypilot as sp  # noqa: E402
 from launcher.backends import skypilot_control as control  # noqa: E402
+from launcher.backends.skypilot_sdk import MANAGED_JOB_FIELDS  # noqa: E402
 from launcher.profile import REPO_ROOT, Profile, load_profile  # noqa: E402
 from launcher.registry import Run  # noqa: E402
 
 HF, WANDB = "hf_test_secret_value_1234", "wandb_test_secret_value_5678"
 
 
-class FakeSky:
-    """Records every SDK call that would reach the API server; answers from `results`."""
-
-    def __init__(self, monkeypatch):
-        self.calls: list[tuple[str, tuple, dict]] = []
-        self.results = {"enabled_clouds": ["RunPod", "Azure", "Kubernetes"], "volumes.ls": [],
-                        "volumes.apply": None, "launch": (7, None), "jobs.launch": ([3], None),
-                        "down": None, "jobs.cancel": None, "status": [], "job_status": {},
-                        "jobs.queue": ([], 0, {}, 0), "cancel": None}
-        self.client_config = {}  # the SkyPilot config each request would carry to the API server
-        for name, owner in [("enabled_clouds", sky.client.sdk), ("launch", sky), ("down", sky),
-                            ("status", sky), ("job_status", sky), ("tail_logs", sky), ("cancel", sky),
-                            ("launch", sky.jobs), ("cancel", sky.jobs), ("queue", sky.jobs),
-                            ("tail_logs", sky.jobs), ("ls", sky.volumes), ("apply", sky.volumes),
-                            ("api_stop", sky)]:
-            full = name if owner in (sky, sky.client.sdk) else f"{owner.__name__.split('.')[-1]}.{name}"
-            monkeypatch.setattr(owner, name, self._recorder(full))
-        monkeypatch.setattr(sky, "get", self._resolve("get"))
-        monkeypatch.setattr(sky, "stream_and_get", self._resolve("stream_and_get"))
-
-    def _recorder(self, full):
-        def call(*args, **kwargs):
-            self.calls.append((full, args, kwargs))
-            # What the real call puts in its request body (payloads.RequestBody) for the server.
-            self.client_config[full] = sky.skypilot_config.to_dict()
-            if full == "api_stop":
-                return None
-            if full.endswith("tail_logs"):
-                kwargs["output_stream"].write(f"log of {full}\n")
-                return 0
-            return f"req:{full}"
-        return call
-
-    def _resolve(self, how):
-        def resolve(request_id, **kwargs):
-            self.calls.append((how, (request_id,), kwargs))
-            value = self.results[request_id.removeprefix("req:")]
-            if callable(value):  # a sequence of answers, one per call
-                value = value()
-            if isinstance(value, BaseException):
-                raise value
-            return value
-        return resolve
-
-    def names(self):
-        return [c[0] for c in self.calls]
-
-    def one(self, name):
-        found = [c for c in self.calls if c[0] == name]
-        assert len(found) == 1, (name, self.names())
-        return found[0]
+try:  # tests/ is a plain directory on sys.path (or, later, a package)
+    from sky_edge import FakeSky
+except ImportError:
+    from tests.sky_edge import FakeSky
 
 
 @pytest.fixture
@@ -126,7 +81,7 @@ def test_sonia_cluster_volume_first_autostop_down_and_secrets_by_name_only(fake,
     assert (volume.name, volume.type, volume.size) == ("sonia-workspace", "runpod-network-volume", "420")
     # A datacenter of the snapshot with 2x H100-SXM, one with RunPod's S3 API first.
     assert (volume.cloud, volume.region, volume.zone) == ("runpod", "US", "US-CA-2")
-    assert fake.one("volumes.ls")[2] == {"names": ["sonia-workspace"]}
+    assert fake.one("volumes.ls")[1:] == ((), {})  # every volume: one made for this name has a suffix
 
     (task,), kwargs = fake.one("launch")[1:]
     assert kwargs == {"cluster_name": "sonia-h100-20260102-030405", "idle_minutes_to_autostop": 10,
@@ -144,7 +99,7 @@ def test_sonia_cluster_volume_first_autostop_down_and_secrets_by_name_only(fake,
     # The workdir is the staged upload allowlist (tests/test_contract.py), gone once the request ended.
     assert Path(task.workdir).name == run.id and Path(task.workdir).parent.name == "workdirs"
     assert not Path(task.workdir).exists()
-    assert ("stream_and_get", ("req:launch",), {"output_stream": None}) in fake.calls
+    assert fake.waited("launch") == [("stream_and_get", {"output_stream": None})]
 
     assert run.cluster == "sonia-h100-20260102-030405" and run.job_id == "7" and run.state == "starting"
     assert run.handle["kind"] == "cluster"
@@ -246,7 +201,9 @@ def test_no_credentials_says_what_to_run_and_launches_nothing(fake):
     assert "\n" not in msg
     assert "sky check runpod" in msg and "RUNPOD_API_KEY" in msg and "~/.runpod/config.toml" in msg
     assert "--backend local|ssh" in msg
-    assert fake.names() == ["enabled_clouds", "get"]
+    # The server's list is a cache: SkyPilot's own check ran once before "no credentials" was said.
+    assert fake.names() == ["enabled_clouds", "get", "check", "get", "enabled_clouds", "get"]
+    assert fake.one("check")[1:] == ((("runpod",),), {"verbose": False})
 
 
 def test_without_an_api_server_the_real_sdk_error_becomes_one_line(monkeypatch):
@@ -406,7 +363,7 @@ def test_managed_job_states(fake):
     fake.results["jobs.queue"] = ([rec], 1, {}, 1)
     st = sp.SkyPilotBackend().status(managed_run())
     assert st.state == "starting" and "preempted" in st.reason and "recovery 2" in st.reason
-    assert fake.one("jobs.queue")[2] == {"refresh": False, "job_ids": [3], "version": 2}
+    assert fake.one("jobs.queue_v2")[2] == {"refresh": False, "job_ids": [3], "fields": list(MANAGED_JOB_FIELDS)}
 
     rec.update(status=ManagedJobStatus.FAILED_NO_RESOURCE, failure_reason="no A100 anywhere")
     st = sp.SkyPilotBackend().status(managed_run())
@@ -489,7 +446,7 @@ def test_down_of_a_managed_job_waits_until_the_controller_ended_it(fake, fast_gr
     sp.SkyPilotBackend().down(managed_run())
     assert fake.one("jobs.cancel")[2] == {"job_ids": [3], "graceful": True,
                                           "graceful_timeout": control.DOWN_GRACE_S}
-    assert fake.names().count("jobs.queue") == 2
+    assert fake.names().count("jobs.queue_v2") == 2
 
     fake.results["jobs.queue"] = ([{**rec, "status": ManagedJobStatus.CANCELLING}], 1, {}, 1)
     with pytest.raises(BackendError, match=r"managed job 3 is still being cancelled after 1 s and may "
@@ -638,7 +595,9 @@ def test_fetch_detects_a_short_copy(fake, cluster_ssh, tmp_path, monkeypatch):
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("x" * 1000)
     fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
-    real_run = sp.subprocess.run
+    from launcher.backends import skypilot_files
+
+    real_run = skypilot_files.subprocess.run
 
     def truncating_run(cmd, **kw):  # the transfer "succeeds" but leaves half a file
         done = real_run(cmd, **kw)
@@ -647,7 +606,7 @@ def test_fetch_detects_a_short_copy(fake, cluster_ssh, tmp_path, monkeypatch):
             target.write_text(target.read_text()[:500])
         return done
 
-    monkeypatch.setattr(sp.subprocess, "run", truncating_run)
+    monkeypatch.setattr(skypilot_files.subprocess, "run", truncating_run)
     report = fetch(sp.SkyPilotBackend(), cluster_run(str(run_dir), state="completed"), tmp_path / "dest")
     assert "metrics.jsonl: 500 bytes arrived, 1000 on the machine (damaged in transfer: fetch again)" \
         in report.problems
@@ -726,3 +685,137 @@ def test_launch_up_with_a_live_price_keeps_the_committed_tasks_fresh(fake, monke
     (task,), _ = fake.one("launch")[1:]
     assert task.envs["LAUNCH_PRICE_PER_HOUR"] == "5.9800"  # 2.99 x 2 GPUs, live
     assert registry.get().price_per_hour == pytest.approx(5.98)
+
+
+# ------------------------------------------- what SkyPilot 0.14.1 really answers (issue 27)
+
+
+def test_the_default_queue_fields_drop_what_billing_reads():
+    """The server keeps only the fields a request names: queue(version=2) asks for the default list,
+    where a job's cluster and its failure reason are not."""
+    try:
+        from sky_edge import queue_answer
+    except ImportError:
+        from tests.sky_edge import queue_answer
+
+    rec = {"job_id": 3, "job_name": "m1", "status": ManagedJobStatus.RECOVERING,
+           "cluster_name_on_cloud": "m1-3-abcd1234", "failure_reason": "spot preempted"}
+    (got,) = queue_answer([rec], {"refresh": False, "job_ids": [3]})[0]
+    assert (got.cluster_name_on_cloud, got.failure_reason) == (None, None)
+    (got,) = queue_answer([rec], {"refresh": False, "job_ids": [3], "fields": list(MANAGED_JOB_FIELDS)})[0]
+    assert (got.cluster_name_on_cloud, got.failure_reason) == ("m1-3-abcd1234", "spot preempted")
+
+
+def test_a_recovering_managed_job_bills_and_a_failed_one_says_why(fake):
+    rec = {"job_id": 3, "job_name": "m1", "status": ManagedJobStatus.RECOVERING, "recovery_count": 1,
+           "cluster_name_on_cloud": "m1-3-abcd1234", "failure_reason": None}
+    fake.results["jobs.queue"] = [rec]
+    st = sp.SkyPilotBackend().status(managed_run())
+    assert st.billing is True and st.state == "starting" and "recovery 2" in st.reason  # the new pod bills
+    rec.update(status=ManagedJobStatus.FAILED_SETUP, cluster_name_on_cloud=None,
+               failure_reason="setup failed: No module named 'trl'")
+    st = sp.SkyPilotBackend().status(managed_run())
+    assert (st.state, st.reason, st.billing) == ("failed", "FAILED_SETUP: setup failed: No module named 'trl'", False)
+
+
+def test_a_cluster_without_a_job_yet_is_starting_not_unreachable(fake):
+    fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
+    fake.results["job_status"] = {None: None}  # what the server answers for job_ids=None and no job
+    run = cluster_run()
+    run.handle["job_id"] = None  # detached while launching: no job id known
+    st = sp.SkyPilotBackend().status(run)
+    assert st.state == "starting" and "not reachable" not in (st.reason or "") and st.billing is True
+    sp.SkyPilotBackend().down(run)  # nothing to cancel, the cluster goes
+    assert "cancel" not in fake.names() and fake.one("down")[1] == ("r1",)
+
+
+def test_a_fresh_api_servers_empty_cloud_cache_is_refreshed_not_reported(fake):
+    fake.results["enabled_clouds"] = answers([], ["RunPod"])  # empty until the credential check ran
+    sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-10"))
+    assert fake.one("check")[1:] == ((("runpod",),), {"verbose": False}) and "launch" in fake.names()
+
+
+def runpod_rest(monkeypatch, volumes):
+    """RunPod's REST API at the HTTP edge of SkyPilot's RunPod adaptor: GET /networkvolumes."""
+    import requests
+
+    class Listing:
+        status_code, text = 200, "[...]"
+
+        def json(self):
+            return volumes
+
+    monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
+    monkeypatch.setattr(requests, "request", lambda method, url, **kw: Listing())
+
+
+def test_a_volume_skypilot_created_elsewhere_is_adopted_not_duplicated(fake, monkeypatch):
+    made = "sonia-workspace-2ea4c1d0-9f3e1a"  # <name>-<user hash>-<uuid6>: another machine's SkyPilot
+    runpod_rest(monkeypatch, [{"id": "v1", "name": "other-3bd2a1c0-aaaaaa", "dataCenterId": "US-CA-2", "size": 10},
+                              {"id": "v2", "name": made, "dataCenterId": "EU-RO-1", "size": 420}])
+    run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-11"))
+    (volume,), _ = fake.one("volumes.apply")[1:]
+    assert (volume.name, volume.zone, volume.use_existing) == (made, "EU-RO-1", True)
+    (task,), _ = fake.one("launch")[1:]
+    assert task.volumes == {"/workspace": made}
+    assert run.handle["volume"]["name"] == made and run.handle["volume"]["adopted"] is True
+
+    # Next launch: SkyPilot knows it under that name, so it is reused as it is.
+    fake.calls.clear()
+    fake.results["volumes.ls"] = [{"name": made, "region": "RO", "zone": "EU-RO-1", "name_on_cloud": made}]
+    run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-12"))
+    assert "volumes.apply" not in fake.names() and fake.one("launch")[1][0].volumes == {"/workspace": made}
+    assert run.handle["volume"]["name"] == made
+
+
+def test_ssh_config_missing_here_is_written_from_the_cluster_handle(fake, tmp_path):
+    """With a remote API server nothing writes ~/.sky/generated/ssh/<cluster> on this machine: launch
+    has SkyPilot write it as `sky status CLUSTER` does (status with credentials -> the handle), then
+    `launch exec` reaches the cluster (here the loopback sshd) through it."""
+    import subprocess
+
+    from sky.backends.cloud_vm_ray_backend import CloudVmRayResourceHandle
+
+    try:
+        from sshd import SSHServer, ensure_sshd
+    except ImportError:
+        from tests.sshd import SSHServer, ensure_sshd
+    ensure_sshd()
+    server = SSHServer(tmp_path / "sshd").start()
+    try:
+        handle = CloudVmRayResourceHandle(
+            cluster_name="r1", cluster_name_on_cloud="r1-abcd1234", cluster_yaml=None, launched_nodes=1,
+            launched_resources=sky.Resources(infra="runpod", accelerators="H100-SXM:2"),
+            stable_internal_external_ips=[("10.0.0.1", "127.0.0.1")], stable_ssh_ports=[server.port])
+        fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP, "handle": handle, "credentials": {
+            "ssh_user": server.user, "ssh_private_key_content": Path(server.client_key).read_text()}}]
+        run_dir = tmp_path / "volume" / "runs" / "r1"
+        run_dir.mkdir(parents=True)
+        access = sp.SkyPilotBackend().access(cluster_run(str(run_dir)), "pwd; echo $LAUNCH_RUN_DIR", tty=False)
+        assert (Path.home() / ".sky/generated/ssh/r1").is_file()
+        assert fake.one("status")[2]["_include_credentials"] is True
+        key = Path.home() / ".sky/generated/ssh-keys/r1.key"  # the config names it `~/...`, which ssh
+        assert key.read_text() == Path(server.client_key).read_text()  # expands from passwd, not $HOME
+        done = subprocess.run([access.argv[0], "-i", str(key), *access.argv[1:]], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [str(run_dir), str(run_dir)]
+    finally:
+        server.stop()
+
+
+def test_down_of_a_run_it_cannot_read_says_which_checkpoint_it_keeps(fake):
+    """No S3 keys here: the managed job's status.json cannot be read, so no final checkpoint can be asked
+    for; `launch down` says so instead of implying a SIGTERM save."""
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+
+    fake.results["jobs.queue"] = answers([{"job_id": 3, "job_name": "m1", "status": ManagedJobStatus.RUNNING}],
+                                         [{"job_id": 3, "job_name": "m1", "status": ManagedJobStatus.CANCELLED}])
+    registry.save(managed_run())
+    r = CliRunner().invoke(cli, ["down", "m1"])
+    assert r.exit_code == 0, r.output
+    assert "could not read the run's status.json (skypilot), so no final checkpoint was asked for" in \
+        " ".join(r.output.split())
+    assert "jobs.cancel" in fake.names()

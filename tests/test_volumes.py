@@ -37,7 +37,7 @@ def fake(monkeypatch):
         monkeypatch.setattr(owner, name, f._recorder(full))
     f.results.update({"volumes.delete": None, "storage_delete": None, "storage_ls": [], "volumes.ls": [
         {"name": "sonia-workspace", "type": "runpod-network-volume", "cloud": "RunPod", "region": "US",
-         "zone": "US-CA-2", "size": "420", "launched_at": time.time() - 3 * DAY, "usedby_clusters": []}]})
+         "zone": "US-CA-2", "size": "420", "launched_at": int(time.time() - 3 * DAY), "usedby_clusters": []}]})
     return f
 
 

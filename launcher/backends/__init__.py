@@ -52,6 +52,9 @@ class RemoteStatus:
     """Whether a machine bills for this run right now, when the backend knows (False while a managed
     job waits for capacity or recovers from a preemption, and once its machines are gone). None:
     unknown; the launcher then counts the run's active time as billed."""
+    ended_at: Optional[float] = None
+    """When the run's machines stopped billing (epoch seconds), where the backend knows it better than
+    "now": a managed run settled from its own status.json after the jobs controller went away."""
 
     METRICS = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
 
@@ -108,6 +111,11 @@ class Backend(abc.ABC):
         the run's status.json (`launch checkpoints` reads the live checkpoint index so); None when
         the file is not there or the machine cannot be reached."""
         return None
+
+    def write_run_file(self, run: Run, rel: str, text: str) -> bool:
+        """Write one small run-dir-relative file where the run is (the save-and-exit request of
+        `launch down`, launcher/backends/final_save.py); False when this backend cannot reach it."""
+        return False
 
     # Files: backends only move bytes. Layout, confinement and verification are launcher.artifacts'.
 

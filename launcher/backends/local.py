@@ -183,6 +183,15 @@ class LocalBackend(Backend):
         except (OSError, UnicodeDecodeError):
             return None
 
+    def write_run_file(self, run: Run, rel: str, text: str) -> bool:
+        target = self.run_dir(run) / rel
+        if not target.parent.is_dir():
+            return False
+        tmp = target.with_name(target.name + ".part")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(target)
+        return True
+
     def status(self, run: Run) -> RemoteStatus:
         reported = _read_json(self.run_dir(run) / layout.STATUS)
         if self._alive(run):

@@ -5,7 +5,9 @@ cannot move a volume-bound job to another datacenter). So:
 - a volume SkyPilot already knows is reused as it is;
 - a RunPod volume of the same name that SkyPilot does not know (made by hand, or by another SkyPilot
   API server) is adopted with SkyPilot's `use_existing`, keeping its model cache (65 GB not downloaded
-  again);
+  again). SkyPilot names the RunPod volumes it creates `<name>-<userhash>-<uuid6>`
+  (skypilot_sdk.skypilot_volume_names), and `use_existing` looks the cloud volume up by the SkyPilot
+  volume's own name, so such a volume is adopted under its cloud name and the task mounts that name;
 - a new volume goes to a datacenter that offers the instance in the catalog snapshot AND has the GPUs
   in stock now (RunPod's GraphQL `lowestPrice(dataCenterId)` stockStatus, one query for all
   datacenters), datacenters with RunPod's S3 API first (results come home without a running pod).
@@ -111,6 +113,17 @@ def new_volume_infra(profile, key: Optional[str]) -> str:
     return f"runpod/{region}/{zone}"
 
 
+def existing_volume(name: str, volumes: list[dict]) -> Optional[dict]:
+    """The RunPod volume called `name`, else one SkyPilot created for `name` (its generated cloud
+    name), the largest first: the one most likely to hold the model cache."""
+    from .skypilot_sdk import skypilot_volume_names
+
+    exact = [x for x in volumes if x.get("name") == name]
+    alias = skypilot_volume_names(name)
+    made = sorted((x for x in volumes if alias.match(str(x.get("name", "")))), key=lambda x: -(x.get("size") or 0))
+    return (exact or made or [None])[0]
+
+
 def volume_config(profile) -> tuple[dict, str]:
     """(SkyPilot volume config to apply, "adopted" | "created") for a volume SkyPilot does not know."""
     v = profile.cluster.volume
@@ -119,12 +132,12 @@ def volume_config(profile) -> tuple[dict, str]:
     key = api_key()
     if key:
         try:
-            found = next((x for x in runpod_volumes() if x.get("name") == v.name), None)
+            found = existing_volume(v.name, runpod_volumes())
         except Exception:  # noqa: BLE001 - cannot list: create as before
             found = None
         if found and found.get("dataCenterId"):
             dc = found["dataCenterId"]
-            return {"name": v.name, "type": v.type, "infra": f"runpod/{region_of(dc)}/{dc}",
+            return {"name": found["name"], "type": v.type, "infra": f"runpod/{region_of(dc)}/{dc}",
                     "use_existing": True}, "adopted"
     return {"name": v.name, "type": v.type, "infra": new_volume_infra(profile, key),
             "size": f"{v.size_gb}GB"}, "created"

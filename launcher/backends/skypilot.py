@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path, PurePosixPath
 from typing import Optional, TextIO
 
@@ -27,21 +24,22 @@ import yaml
 from payload import layout
 from payload.errors import END_STATES
 
-from ..profile import REPO_ROOT
 from ..registry import ACTIVE_STATES, STATES, Run
 from ..uploads import remove_staged, stage_workdir
 from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, remote_command, remote_path
 from . import skypilot_control as control
-from .skypilot_files import RunFiles, S3Volume, cluster_ssh, s3_ready, ssh_argv
-from .skypilot_sdk import first_line, record_field, sdk, volume_record
+from .skypilot_files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
+from .skypilot_price import hourly_price
+from .skypilot_sdk import (
+    controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
+    nothing_launched, record_field, sdk, volume_record,
+)
 from .tasks import workdir_files
 
-PRICE_TIMEOUT_S = 120
-_CREDENTIALS_HINT = {
-    "runpod": "set RUNPOD_API_KEY (or ~/.runpod/config.toml) and run `sky check runpod`",
-    "azure": "run `az login`, then `sky check azure`",
-    "kubernetes": "point ~/.kube/config at your cluster, then `sky check kubernetes`",
-}
+# The backend's public face (the CLI, `launch volumes`, `launch plan` and tests import these from here).
+__all__ = ["SkyPilotBackend", "build_task", "cluster_name", "credentials_message", "hourly_price", "map_sky_error",
+           "merge_status", "record_field", "sdk"]
+
 _JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "starting", "RUNNING": "running",
                "SUCCEEDED": "completed", "CANCELLED": "stopped"}
 _MANAGED_STATES = {"PENDING": "starting", "SUBMITTED": "starting", "STARTING": "starting",
@@ -50,11 +48,6 @@ _MANAGED_STATES = {"PENDING": "starting", "SUBMITTED": "starting", "STARTING": "
 # status.json states in which the trainer has ended (payload/errors.py END_STATES; `interrupted`
 # is what the payload writes when a signal stopped it).
 _ENDED = (*END_STATES, "interrupted")
-
-
-def _name(value) -> str:
-    """An SDK enum (or its string) as its upper-case value: ClusterStatus.UP -> 'UP'."""
-    return str(getattr(value, "value", value) or "").upper()
 
 
 def cluster_name(run_id: str) -> str:
@@ -67,133 +60,10 @@ def cluster_name(run_id: str) -> str:
     return name
 
 
-# ----------------------------------------------------------------------------------- errors
-
-
-def credentials_message(clouds) -> str:
-    hints = "; ".join(f"{c}: {_CREDENTIALS_HINT.get(c, f'run `sky check {c}`')}" for c in clouds)
-    return (f"SkyPilot has no usable credentials for {', '.join(clouds)} ({hints}); "
-            "or run without SkyPilot: `launch up PROFILE --backend local|ssh`")
-
-
-# (SkyPilot exception class names, message; {what} is the exception's first line)
-_ERRORS = (
-    (("ApiServerAuthenticationError",),
-     "the SkyPilot API server needs a login: {what} (`sky api login -e URL`)"),
-    (("VolumeTopologyConflictError",), "the network volume lives in another zone than the task may run: "
-     "{what}; drop cluster.region, or name a new volume (created where the GPUs are)"),
-    (("VolumeNotFoundError", "VolumeNotReadyError"),
-     "network volume problem: {what}; see `sky volumes ls -r`"),
-    (("ClusterDoesNotExist",), "the cluster is gone: {what} (autostopped after the job, or torn down)"),
-    (("ClusterNotUpError",), "the cluster is not up: {what}; see `sky status`"),
-    (("ManagedJobReachedMaxRetriesError",),
-     "the managed job gave up after its retries: {what}; see `launch logs`"),
-    (("CommandError",),
-     "a command failed on the cluster ({what}): see the log above, fix, then `launch up` again"),
-    (("RequestCancelled",), "the SkyPilot request was cancelled: {what}"),
-)
-
-
-def map_sky_error(e: BaseException, profile=None) -> BackendError:
-    """One line for a SkyPilot exception: what happened and the next step."""
-    from sky import exceptions as ex
-
-    what = first_line(e)
-    low = " ".join([str(e)] + [str(f) for f in getattr(e, "failover_history", [])]).lower()
-    c = getattr(profile, "cluster", None)
-    spec = f"{c.accelerators_label} x{c.num_nodes} on {', '.join(c.infra_list)}" if c else "the request"
-    if isinstance(e, (ex.NoCloudAccessError, ex.InvalidCloudCredentials, ex.CloudUserIdentityError)):
-        return BackendError(credentials_message([i.split("/")[0] for i in c.infra_list] if c else ["runpod"]))
-    if isinstance(e, ex.ApiServerConnectionError) or "no skypilot api server" in low:
-        return BackendError("cannot reach a SkyPilot API server: start one with `sky api start` (or "
-                            "`sky api login -e URL`) and retry; `--backend local|ssh` need none")
-    if isinstance(e, ex.ResourcesUnavailableError):
-        if "quota" in low or "spend limit" in low or "balance" in low:
-            return BackendError(f"quota or spend limit reached for {spec}: {what}; raise it (RunPod: "
-                                "Settings > spend limit / add credit; clouds: request GPU quota) and retry")
-        return BackendError(f"no capacity for {spec} right now: {what}; retry later, or change "
-                            "cluster.region / cluster.accelerators / use_spot")
-    if isinstance(e, ex.ProvisionPrechecksError):
-        return BackendError(f"SkyPilot prechecks failed: {'; '.join(map(first_line, e.reasons)) or what}")
-    for names, message in _ERRORS:
-        if isinstance(e, tuple(getattr(ex, n) for n in names)):
-            return BackendError(message.format(what=what))
-    if "no value available for secret" in low:
-        return BackendError(f"{what} (export the variable before `launch up`)")
-    return BackendError(f"SkyPilot {type(e).__name__}: {what}")
-
-
-def _nothing_launched(e: BaseException) -> bool:
-    """Failures after which SkyPilot leaves no cluster behind (nothing to tear down)."""
-    from sky import exceptions as ex
-
-    return isinstance(e, (ex.ResourcesUnavailableError, ex.NoCloudAccessError, ex.InvalidCloudCredentials,
-                          ex.ApiServerConnectionError, ex.ApiServerAuthenticationError,
-                          ex.VolumeTopologyConflictError, ex.VolumeNotFoundError))
-
-
-# ------------------------------------------------------------------------------------ price
-
-
-def hourly_price(profile, live: bool = True) -> tuple[float, str]:
-    """($/h for the whole cluster, where it came from): RunPod's API (unless `live` is False), else
-    the catalog snapshot through SkyPilot's optimizer, else the profile's budget.price_per_hour."""
-    c = profile.cluster
-    if live and os.environ.get("RUNPOD_API_KEY") and any(i.split("/")[0] == "runpod" for i in c.infra_list):
-        try:
-            return _runpod_api_price(profile), "runpod-api"
-        except Exception:  # noqa: BLE001 - any API problem falls through to the catalog
-            pass
-    if not c.is_local:
-        try:
-            from ..catalog import SNAPSHOT_DATE
-
-            return _catalog_price(profile), f"catalog {SNAPSHOT_DATE}"
-        except Exception:  # noqa: BLE001
-            pass
-    if profile.budget.price_per_hour is not None:
-        return float(profile.budget.price_per_hour), "profile"
-    return 0.0, "unknown"
-
-
-def _catalog_price(profile) -> float:
-    """SkyPilot's optimizer on the shipped snapshot, in a child process unless this one already
-    imported `sky` for offline planning: `import_sky_offline()` points SKY_RUNTIME_DIR at launch's
-    offline dir and seeds its enabled-clouds cache, which must not reach a process that goes on to
-    use the SDK (a local API server would start there), nor ~/.sky when `sky` is imported normally."""
-    from ..catalog import offline_runtime_dir, optimize
-
-    if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
-        return optimize(profile).price_per_hour
-    code = ("import json, sys; from launcher.catalog import optimize; from launcher.profile import Profile; "
-            "print(optimize(Profile.model_validate(json.load(sys.stdin))).price_per_hour)")
-    done = subprocess.run([sys.executable, "-c", code], input=profile.model_dump_json(), text=True,
-                          capture_output=True, timeout=PRICE_TIMEOUT_S, cwd=REPO_ROOT)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr.strip()[-300:])
-    return float(done.stdout.split()[-1])
-
-
-def _runpod_api_price(profile) -> float:
-    """Secure-cloud price per GPU from RunPod's GraphQL API (the `runpod` SDK) x GPUs x nodes."""
-    import runpod
-    from sky.provision.runpod.utils import GPU_NAME_MAP
-
-    c = profile.cluster
-    gpu = runpod.get_gpu(GPU_NAME_MAP[c.accelerator_name], gpu_quantity=c.gpus_per_node,
-                         api_key=os.environ["RUNPOD_API_KEY"])
-    lowest = gpu.get("lowestPrice") or {}
-    per_gpu = (gpu.get("secureSpotPrice") or lowest.get("minimumBidPrice")) if c.use_spot else \
-        (gpu.get("securePrice") or lowest.get("uninterruptablePrice"))
-    if not per_gpu:
-        raise ValueError(f"RunPod lists no price for {c.accelerators_label}")
-    return round(float(per_gpu) * c.gpus_per_node * c.num_nodes, 4)
-
-
 # ---------------------------------------------------------------------------------- task
 
 
-def build_task(spec: LaunchSpec):
+def build_task(spec: LaunchSpec, volume_name: Optional[str] = None):
     """SkyPilot's parse of the rendered task, with launch's envs and the secret values.
 
     Secrets go in as `secrets_overrides` (what `sky launch --secret NAME` does), not through
@@ -214,6 +84,9 @@ def build_task(spec: LaunchSpec):
         config_rel = (config.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
         files = workdir_files(spec.profile, Path(spec.config_yaml), config_rel)
         config["workdir"] = str(stage_workdir(spec.run.id, files))
+    if volume_name and config.get("volumes"):  # an adopted volume is mounted under its cloud name
+        config["volumes"] = {m: (volume_name if n == spec.profile.cluster.volume.name else n)
+                             for m, n in config["volumes"].items()}
     envs = {**spec.envs, "LAUNCH_RUN_ID": spec.run.id}
     return sky.Task.from_yaml_config(config, env_overrides=list(envs.items()),
                                      secrets_overrides=list(given.items()))
@@ -257,7 +130,7 @@ class SkyPilotBackend(Backend):
         except Exception as e:  # noqa: BLE001 - SDK errors become one line
             raise map_sky_error(e, p) from None
         try:
-            task = build_task(spec)
+            task = build_task(spec, volume["name"] if volume else None)
         except (ValueError, OSError) as e:  # schema errors of a hand-edited or stale render
             raise BackendError(f"{spec.task_yaml}: {first_line(e)}; re-render with `launch render "
                                f"{p.name}`") from None
@@ -270,7 +143,7 @@ class SkyPilotBackend(Backend):
             job_id, reason = self._launch_managed(sky, task, run.id, p)
         else:
             run.cluster = cluster_name(run.id)
-            handle["cluster"] = run.cluster
+            handle["cluster"], handle["autostop_minutes"] = run.cluster, p.cluster.autostop_minutes
             job_id, reason = self._launch_cluster(sky, task, run.cluster, p)
         if reason is None:  # the request has read the staged workdir (a detached one may still)
             remove_staged(run.id)
@@ -281,11 +154,20 @@ class SkyPilotBackend(Backend):
         return run
 
     def _check_clouds(self, sky, p) -> None:
-        enabled = {str(c).lower() for c in sky.get(sky.client.sdk.enabled_clouds()) or []}
-        enabled |= {"kubernetes"} if "k8s" in enabled else set()
+        """The profile's clouds against the API server's enabled list. That list is a cache (empty on
+        a freshly started server until a credential check ran): before saying "no credentials", run
+        SkyPilot's check for the profile's clouds once (`sky check CLOUD`) and ask again."""
         wanted = [i.split("/")[0].lower() for i in p.cluster.infra_list]
         wanted = ["kubernetes" if w == "k8s" else w for w in wanted]
-        if not any(w in enabled for w in wanted):
+
+        def enabled() -> set:
+            found = {str(c).lower() for c in sky.get(sky.client.sdk.enabled_clouds()) or []}
+            return found | ({"kubernetes"} if "k8s" in found else set())
+
+        if any(w in enabled() for w in wanted):
+            return
+        sky.get(sky.client.sdk.check(tuple(dict.fromkeys(wanted)), verbose=False))
+        if not any(w in enabled() for w in wanted):
             raise BackendError(credentials_message(wanted))
 
     def _ensure_volume(self, sky, p) -> dict:
@@ -300,9 +182,9 @@ class SkyPilotBackend(Backend):
             config, how = volume_config(p)
             volume = sky.volumes.Volume.from_yaml_config(config)
             sky.stream_and_get(sky.volumes.apply(volume), output_stream=self.out)
-            region, zone = volume.region, volume.zone
+            name, region, zone = config["name"], volume.region, volume.zone
         else:
-            region, zone = record_field(record, "region"), record_field(record, "zone")
+            name, region, zone = (record_field(record, k) for k in ("name", "region", "zone"))
             if p.cluster.region and region and p.cluster.region != region:
                 raise BackendError(f"volume {v.name} is in {region}/{zone} but cluster.region is "
                                    f"{p.cluster.region}: drop cluster.region or use another volume name")
@@ -312,7 +194,7 @@ class SkyPilotBackend(Backend):
 
                 err_console().print(f"[yellow]![/] {note}", soft_wrap=True)
         key_prefix = str(PurePosixPath(layout.run_dir(v.mount, "x")).parent.relative_to(v.mount))
-        return {"name": v.name, "type": v.type, "region": region, "zone": zone, "mount": v.mount,
+        return {"name": name, "type": v.type, "region": region, "zone": zone, "mount": v.mount,
                 "key_prefix": key_prefix, "created": how == "created", "adopted": how == "adopted"}
 
     def _launch_cluster(self, sky, task, name: str, p) -> tuple[Optional[int], Optional[str]]:
@@ -325,7 +207,7 @@ class SkyPilotBackend(Backend):
             return None, f"detached while launching; SkyPilot goes on (`launch down` stops cluster {name})"
         except Exception as e:  # noqa: BLE001
             err = map_sky_error(e, p)
-            if request is None or _nothing_launched(e):
+            if request is None or nothing_launched(e):
                 raise err from None
             # Autostop is armed only after setup: a failed setup would leave the cluster billing.
             torn = self._down_quietly(sky, name)
@@ -373,7 +255,8 @@ class SkyPilotBackend(Backend):
         return int(code or 0)
 
     def access(self, run: Run, command: Optional[str], tty: bool) -> Access:
-        """`ssh CLUSTER` through the SSH config SkyPilot writes at launch (~/.sky/generated/ssh/), into
+        """`ssh CLUSTER` through SkyPilot's SSH config (~/.sky/generated/ssh/, written here when missing:
+        skypilot_files.ensure_ssh_config), into
         the run's directory on the volume. A managed job's machine is SkyPilot's to manage (recreated
         on recovery, reached through its jobs controller), so there is nothing stable to ssh into."""
         h = run.handle
@@ -383,6 +266,9 @@ class SkyPilotBackend(Backend):
                                "(cluster.use_spot: false) to ssh in")
         if not run.cluster or not h.get("run_dir"):
             raise BackendError(f"run {run.id} has no cluster yet: nothing to connect to")
+        missing = ensure_ssh_config(run.cluster)
+        if missing:
+            raise BackendError(missing)
         return Access([*ssh_argv(run.cluster), "-t" if tty else "-T", run.cluster,
                        remote_command(h["run_dir"], command)])
 
@@ -390,14 +276,20 @@ class SkyPilotBackend(Backend):
         sky, h = sdk(), run.handle
         try:
             if h.get("kind") == "managed_job":
-                state, reason, billing = self._managed_state(sky, h)
+                state, reason, billing = self._managed_state(sky, run)
             else:
                 state, reason, billing = self._cluster_state(sky, run)
         except Exception as e:  # noqa: BLE001 - never raises: the state says what is known
+            if h.get("kind") == "managed_job" and controller_gone(e):
+                return self._settled(run)
             return RemoteStatus(state=run.state, reason=f"SkyPilot not reachable: {map_sky_error(e)}")
         reported = self._reported(run, up=state in ("running", "completed", "failed"))
         st = merge_status(state, reason, reported, run.state)
         st.billing = billing
+        if state is None and reported:  # its machine is gone: it billed until the run ended, + autostop idle
+            end = control.epoch(reported.get("ended_at"))
+            idle = 0 if h.get("kind") == "managed_job" else h.get("autostop_minutes", control.CLUSTER_IDLE_MIN)
+            st.ended_at = end + 60 * idle if end else None
         return st
 
     def _cluster_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str], bool]:
@@ -405,14 +297,14 @@ class SkyPilotBackend(Backend):
         records = sky.get(sky.status(cluster_names=[run.cluster]))
         if not records:
             return None, f"cluster {run.cluster} is gone (autostopped after the job, or torn down)", False
-        cluster = _name(record_field(records[0], "status"))
+        cluster = enum_name(record_field(records[0], "status"))
         if cluster == "INIT":
             return "starting", "provisioning or setting up", True
         if cluster == "STOPPED":
             return "stopped", f"cluster {run.cluster} is stopped", False
         job_id = run.handle.get("job_id")
-        jobs = sky.get(sky.job_status(run.cluster, job_ids=None if job_id is None else [job_id])) or {}
-        job = _name(jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else
+        jobs = job_statuses(sky, run.cluster, job_id)
+        job = enum_name(jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else
                     next(iter(jobs.values()), None))
         if job.startswith("FAILED"):
             return "failed", f"job {job}: see `launch logs`", True
@@ -420,27 +312,35 @@ class SkyPilotBackend(Backend):
 
     def _managed_record(self, sky, h: dict):
         """The jobs controller's queue record of the run's managed job (None: unknown to it)."""
-        job_id = h.get("job_id")
-        result = sky.get(sky.jobs.queue(refresh=False, job_ids=None if job_id is None else [job_id],
-                                        version=2))
-        records = result[0] if isinstance(result, tuple) else result
-        match = [r for r in records or [] if (record_field(r, "job_id") == job_id if job_id is not None
-                                             else record_field(r, "job_name") == h["job_name"])]
+        match = managed_records(sky, h.get("job_id"), h["job_name"])
         return match[-1] if match else None
 
-    def _managed_state(self, sky, h: dict) -> tuple[Optional[str], Optional[str], bool]:
+    def _managed_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str], bool]:
         """(state, reason, billing) of a managed job; None: the controller forgot it."""
-        rec = self._managed_record(sky, h)
+        rec = self._managed_record(sky, run.handle)
         if rec is None:
             return None, "the jobs controller does not know this managed job any more", False
-        status, recoveries = _name(record_field(rec, "status")), record_field(rec, "recovery_count", 0)
+        status, recoveries = enum_name(record_field(rec, "status")), record_field(rec, "recovery_count", 0)
         billing = control.managed_job_billing(status, rec)
         if status.startswith("FAILED"):
-            why = record_field(rec, "failure_reason") or "see `launch logs`"
+            why = record_field(rec, "failure_reason") or record_field(rec, "details") or "see `launch logs`"
             return "failed", f"{status}: {why}", billing
         reason = f"preempted; SkyPilot is recovering it (recovery {recoveries + 1})" \
             if status == "RECOVERING" else (f"recovered {recoveries}x" if recoveries else None)
         return _MANAGED_STATES.get(status, "starting"), reason, billing
+
+    def _settled(self, run: Run) -> RemoteStatus:
+        """The jobs controller is gone: it autostops only once none of its jobs is active, so the run
+        has ended, nothing of it bills, and how and when it ended is the run's own status.json's to
+        say (read from the volume)."""
+        reported = self._reported(run, up=False)
+        why = "the jobs controller is gone (torn down after its jobs ended)"
+        if reported is None:
+            why += "; the run's status.json is not readable from here (RUNPOD_S3_ACCESS_KEY/_SECRET_KEY)"
+        st = merge_status(None, why, reported, run.state)
+        st.billing = False
+        st.ended_at = control.epoch((reported or {}).get("ended_at") or (reported or {}).get("updated_at"))
+        return st
 
     def _reported(self, run: Run, up: bool) -> Optional[dict]:
         """The run's own status.json: over SSH while the cluster is up, else from the volume (S3)."""
@@ -474,8 +374,24 @@ class SkyPilotBackend(Backend):
                 up = False
         return self._run_text(run, rel, up)
 
+    def write_run_file(self, run: Run, rel: str, text: str) -> bool:
+        """Over SSH into a cluster's run dir, else through the RunPod volume's S3 API (managed jobs)."""
+        h = run.handle
+        if h.get("kind") == "cluster" and run.cluster and h.get("run_dir"):
+            d, target = remote_path(h["run_dir"]), remote_path(f"{h['run_dir']}/{rel}")
+            return cluster_ssh(run.cluster, f"test -d {d} && cat > {target}.part && mv {target}.part {target}",
+                               check=False, stdin=text) is not None
+        if s3_ready(h):
+            try:
+                S3Volume(h["volume"]).write(f"{h['volume']['key_prefix']}/{run.id}/{rel}", text)
+                return True
+            except Exception:  # noqa: BLE001 - not writable: the caller says what that means
+                return False
+        return False
+
     def down(self, run: Run) -> None:
-        """The trainer gets its SIGTERM checkpoint first, then the machines go (bounded waits)."""
+        """Cancel the job, then the machines go (bounded waits). `launch down` has asked the trainer
+        for its final checkpoint before this (final_save.py): SIGTERM is only SkyPilot's way to stop it."""
         sky, h = sdk(), run.handle
         try:
             if h.get("kind") == "managed_job":
@@ -491,14 +407,15 @@ class SkyPilotBackend(Backend):
                 raise map_sky_error(e) from None
 
     def _down_cluster(self, sky, run: Run) -> None:
-        """`sky.cancel` (SIGTERM), wait for the run's status.json to say it ended, then `sky.down`;
-        graceful for bucket mounts, so MOUNT_CACHED checkpoint uploads finish first."""
+        """`sky.cancel` (SIGTERM, and SIGKILL SKY_KILL_AFTER_S later: no use waiting longer for the
+        run's status.json to say it ended), then `sky.down`; graceful for bucket mounts, so
+        MOUNT_CACHED checkpoint uploads finish first."""
         if self._cluster_up(run) and self._job_active(sky, run):
             before = self._reported(run, up=True) or {}
             sky.get(sky.cancel(run.cluster, job_ids=[run.handle["job_id"]]))
             if before.get("state") and before["state"] not in _ENDED:  # a trainer to wait for
                 control.wait_until(lambda: (self._reported(run, up=True) or {}).get("state") in _ENDED,
-                                   control.DOWN_GRACE_S)
+                                   control.SKY_KILL_AFTER_S + control.POLL_S)
         flush = {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S} if run.handle.get("bucket") else {}
         sky.get(sky.down(run.cluster, **flush))
 
@@ -506,19 +423,29 @@ class SkyPilotBackend(Backend):
         job_id = run.handle.get("job_id")
         if job_id is None:
             return False
-        jobs = sky.get(sky.job_status(run.cluster, job_ids=[job_id])) or {}
-        return _name(jobs.get(job_id, jobs.get(str(job_id)))) in ("PENDING", "SETTING_UP", "RUNNING")
+        jobs = job_statuses(sky, run.cluster, job_id)
+        return enum_name(jobs.get(job_id, jobs.get(str(job_id)))) in ("PENDING", "SETTING_UP", "RUNNING")
 
     def _cancel_managed(self, sky, run: Run) -> None:
         """`sky.jobs.cancel` (graceful: the task gets SIGTERM, then its cluster goes), then wait until
         the controller says the job ended, so nothing of it bills when `launch down` returns."""
         h = run.handle
         by = {"job_ids": [h["job_id"]]} if h.get("job_id") is not None else {"name": h["job_name"]}
-        sky.get(sky.jobs.cancel(**by, graceful=True, graceful_timeout=control.DOWN_GRACE_S))
+        try:
+            sky.get(sky.jobs.cancel(**by, graceful=True, graceful_timeout=control.DOWN_GRACE_S))
+        except Exception as e:  # noqa: BLE001
+            if controller_gone(e):  # it went away because no job of it was active: nothing to cancel
+                return
+            raise
 
         def ended() -> bool:
-            rec = self._managed_record(sky, h)
-            return rec is None or _name(record_field(rec, "status")).startswith(control.MANAGED_TERMINAL)
+            try:
+                rec = self._managed_record(sky, h)
+            except Exception as e:  # noqa: BLE001
+                if controller_gone(e):
+                    return True
+                raise
+            return rec is None or enum_name(record_field(rec, "status")).startswith(control.MANAGED_TERMINAL)
 
         if not control.wait_until(ended, 2 * control.DOWN_GRACE_S):
             raise BackendError(f"managed job {h.get('job_id') or h['job_name']} is still being cancelled "
@@ -544,7 +471,7 @@ class SkyPilotBackend(Backend):
             records = sky.get(sky.status(cluster_names=[run.cluster]))
         except Exception as e:  # noqa: BLE001
             raise map_sky_error(e) from None
-        return bool(records) and _name(record_field(records[0], "status")) in ("UP", "AUTOSTOPPING")
+        return bool(records) and enum_name(record_field(records[0], "status")) in ("UP", "AUTOSTOPPING")
 
 
 def merge_status(state: Optional[str], reason: Optional[str], reported: Optional[dict],

@@ -3,9 +3,10 @@
 - the managed-jobs controller is a machine of its own (on RunPod a pod that cannot stop): its
   autostop is SkyPilot config `jobs.controller.resources.autostop`, which a task's `config:` block
   cannot set, but the client config sent with the launch request can (`controller_autostop`);
-- `sky.down` and `sky.jobs.cancel` do not wait for the trainer: `sky.cancel` sends SIGTERM to the job
-  and marks it CANCELLED at once, so a graceful down waits for the run's own status.json
-  (`wait_until`), bounded by DOWN_GRACE_S;
+- `sky.down` and `sky.jobs.cancel` do not wait for the trainer: `sky.cancel` sends SIGTERM to the job,
+  marks it CANCELLED at once and SIGKILLs it SKY_KILL_AFTER_S (30 s) later, so a down waits for the
+  run's own status.json (`wait_until`) no longer than that; the final checkpoint is asked for before
+  any signal, through the run dir (launcher/backends/final_save.py);
 - which managed-job states have a machine billing (`managed_job_billing`);
 - a failed `launch up` whose first SDK call started the local API server (and its executors,
   ~1.2 GB) stops it again (`stop_api_server_we_started`).
@@ -20,8 +21,13 @@ from typing import Callable, Iterator, Optional
 
 from ..render import CONTROLLER_AUTOSTOP
 
-DOWN_GRACE_S = 300  # a ZeRO-3 checkpoint of a 32B model takes minutes; a LoRA one seconds
+DOWN_GRACE_S = 300  # bound on MOUNT_CACHED uploads (graceful down/cancel) and on a managed job's cancel
+SKY_KILL_AFTER_S = 30.0
+"""`sky.cancel` SIGTERMs the job's process group and SIGKILLs its process tree 30 s later
+(sky/skylet/subprocess_daemon.py, armed in sky/skylet/log_lib.py): no trainer gets longer after
+SIGTERM, whatever DOWN_GRACE_S says. A final checkpoint is asked for before (final_save.py)."""
 POLL_S = 5.0
+CLUSTER_IDLE_MIN = 10  # a cluster run recorded before its autostop was: the profiles' default
 # Managed-job states in which no machine of the job exists (or none is known to exist yet).
 _NO_MACHINE = {"PENDING", "SUBMITTED", "DEPRECATED_SUBMITTED"}
 _MAYBE_MACHINE = {"STARTING", "RECOVERING"}  # provisioning; a machine bills once it is there
@@ -119,3 +125,13 @@ def stop_api_server_we_started(sky, before: Optional[list[int]], origin: str) ->
         return ("; the local SkyPilot API server this command started still runs (~1.2 GB, pid "
                 f"{now[0]}): stop it with `sky api stop`")
     return "; stopped the local SkyPilot API server this command started"
+
+
+def epoch(iso: Optional[str]) -> Optional[float]:
+    """Seconds since the epoch of the payload's `now_iso()` stamps (None when absent or unreadable)."""
+    from datetime import datetime, timezone
+
+    try:
+        return datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        return None

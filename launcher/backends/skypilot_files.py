@@ -23,18 +23,48 @@ RSYNC_TIMEOUT_S = 3600
 # ------------------------------------------------------------------------- files: ssh + rsync
 
 
+def ssh_config(host: str) -> Path:
+    return Path(os.path.expanduser(f"~/.sky/generated/ssh/{host}"))
+
+
+def ensure_ssh_config(host: str) -> Optional[str]:
+    """Make sure SkyPilot's SSH config entry for cluster `host` exists here; None, or why it cannot.
+
+    SkyPilot's SDK never writes `~/.sky/generated/ssh/<cluster>`: its CLI does (`sky launch`, `sky
+    status`), and a local API server writes it in its own HOME. Launched through the SDK against a
+    remote API server (`sky api login`), there is none on this machine. So when it is missing, launch
+    writes it the way `sky status CLUSTER` does, with SkyPilot's own CLI helper
+    (sky/client/cli/command.py `_get_cluster_records_and_set_ssh_config`: `sky.status` with the
+    cluster's SSH credentials, then `SSHConfigHelper.add_cluster` from the cluster handle, with the
+    API server's websocket proxy on Kubernetes and Slurm)."""
+    if ssh_config(host).is_file():
+        return None
+    try:
+        from sky.client.cli import command
+
+        command._get_cluster_records_and_set_ssh_config(clusters=[host])  # noqa: SLF001 - `sky status`'s own
+    except Exception as e:  # noqa: BLE001
+        return f"no SSH config for cluster {host} here and SkyPilot could not write it ({first_line(e)})"
+    if not ssh_config(host).is_file():
+        return f"SkyPilot has no SSH access to cluster {host} (not up? see `sky status {host}`)"
+    return None
+
+
 def ssh_argv(host: str) -> list[str]:
-    """ssh with the per-cluster config SkyPilot writes at launch (also Included from ~/.ssh/config,
-    which ssh reads from the passwd home, so name the file: it follows $HOME like SkyPilot does)."""
-    config = Path(os.path.expanduser(f"~/.sky/generated/ssh/{host}"))
+    """ssh with the per-cluster config SkyPilot writes (also Included from ~/.ssh/config, which ssh
+    reads from the passwd home, so name the file: it follows $HOME like SkyPilot does)."""
+    config = ssh_config(host)
     return ["ssh", *(["-F", str(config)] if config.is_file() else []), *SSH_OPTS]
 
 
-def cluster_ssh(host: str, command: str, check: bool = True) -> Optional[str]:
-    """Run a command on a cluster's head node; None (check=False) when it cannot be reached."""
+def cluster_ssh(host: str, command: str, check: bool = True, stdin: Optional[str] = None) -> Optional[str]:
+    """Run a command on a cluster's head node; None (check=False) when it cannot be reached or fails."""
+    missing = ensure_ssh_config(host)
+    if missing and check:
+        raise BackendError(missing)
     try:
         done = subprocess.run([*ssh_argv(host), host, command], capture_output=True, text=True,
-                              timeout=SSH_TIMEOUT_S)
+                              timeout=SSH_TIMEOUT_S, input=stdin)
     except subprocess.TimeoutExpired:
         if check:
             raise BackendError(f"ssh {host} timed out after {SSH_TIMEOUT_S} s") from None
@@ -82,7 +112,7 @@ class RunFiles(NamedTuple):
         """The cluster over ssh/rsync while it is up, else the RunPod volume's S3 API (managed jobs,
         or a cluster that autostopped); else one line saying where the files are."""
         h = run.handle
-        if h.get("kind") == "cluster" and cluster_up():
+        if h.get("kind") == "cluster" and cluster_up() and not ensure_ssh_config(run.cluster):
             return cls(lambda roots: cluster_list(run.cluster, h["run_dir"], roots),
                        lambda rels, into: cluster_copy(run.cluster, h["run_dir"], rels, into))
         if s3_ready(h, explain=True):
@@ -150,6 +180,10 @@ class S3Volume:
 
     def read(self, key: str) -> str:
         return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+
+    def write(self, key: str, text: str) -> None:
+        """One small object (the volume's pods see it as a file at the same path)."""
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=text.encode())
 
     def list(self, prefix: str, roots: tuple[str, ...]) -> dict[str, int]:
         """{key relative to `prefix`: bytes} under each root (keys outside `prefix/` are reported as

@@ -424,6 +424,18 @@ class SSHBackend(Backend):
             return None
         return out or None
 
+    def write_run_file(self, run: Run, rel: str, text: str) -> bool:
+        run_dir = run.handle.get("run_dir")
+        if not run_dir:
+            return False
+        target = shlex.quote(f"{run_dir}/{rel}")
+        try:
+            self._sh(self._conn(run), f"test -d {shlex.quote(run_dir)} && cat > {target}.part && mv {target}.part "
+                     f"{target}", stdin=text, tries=2, timeout=30)
+        except BackendError:
+            return False
+        return True
+
     # ---------------------------------------------------------------------------------- down
 
     def down(self, run: Run, grace_s: float = 10) -> None:

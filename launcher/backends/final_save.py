@@ -1,0 +1,78 @@
+"""`launch down`'s final checkpoint, the same way on every backend, before anything is signalled.
+
+A signal is no way to ask for a checkpoint that takes minutes: SkyPilot's `sky.cancel` SIGKILLs the
+job's process tree 30 s after its SIGTERM (sky/skylet/subprocess_daemon.py; SKY_KILL_AFTER_S in
+skypilot_control), a RunPod spot pod gets 5 s, and the payload saves on SIGTERM only when a save
+fits (payload/checkpoints.py SIGTERM_SAVE_BUDGET_S). So while the run's status.json says `training`,
+`launch down` writes `stop_request.json` into the run directory (Backend.write_run_file: a local
+file, SSH, or the RunPod volume's S3 API), waits until status.json says the trainer ended, checks that
+the checkpoint it names (`final_checkpoint`) has its COMPLETE marker, and only then lets the backend
+stop the machine. Every outcome is one line for the user: the checkpoint saved, or why the run keeps
+its last periodic checkpoint instead.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import NamedTuple, Optional
+
+from payload import layout
+from payload.errors import END_STATES
+from payload.stop_request import REQUEST
+
+FINAL_SAVE_TIMEOUT_S = 1800.0  # a ZeRO-3 save of a 32B model onto a network volume: minutes, not seconds
+POLL_S = 5.0
+_ENDED = (*END_STATES, "interrupted")
+
+
+class FinalSave(NamedTuple):
+    saved: bool
+    line: str
+
+
+def _status(be, run) -> dict:
+    try:
+        text = be.read_run_file(run, layout.STATUS)
+        return json.loads(text) if text else {}
+    except (ValueError, OSError):
+        return {}
+
+
+def _kept(be, run) -> str:
+    """The newest checkpoint the run's listing says is complete (what a resume starts from)."""
+    try:
+        rows = json.loads(be.read_run_file(run, layout.CHECKPOINT_LISTING) or "[]")
+    except (ValueError, OSError):
+        rows = []
+    done = [r for r in rows if isinstance(r, dict) and r.get("complete")]
+    return f"checkpoint-{done[-1]['step']}" if done else "its last complete periodic checkpoint"
+
+
+def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] = None) -> Optional[FinalSave]:
+    """Ask a training run for a final checkpoint and wait for it (None: no trainer is training)."""
+    timeout_s = FINAL_SAVE_TIMEOUT_S if timeout_s is None else timeout_s
+    said = _status(be, run).get("state")
+    if said is None and run.state == "running":
+        return FinalSave(False, f"could not read the run's status.json ({be.name}), so no final checkpoint was asked "
+                                "for: the trainer stops on SIGTERM and the run keeps its last complete periodic "
+                                "checkpoint")
+    if said != "training":
+        return None
+    body = json.dumps({"by": "launch down", "at": time.time()})
+    if not be.write_run_file(run, REQUEST, body):
+        return FinalSave(False, f"could not ask for a final checkpoint ({be.name}: {REQUEST} not writable); "
+                                f"the run keeps {_kept(be, run)}")
+    deadline = time.monotonic() + timeout_s
+    st = _status(be, run)
+    while st.get("state") not in _ENDED and time.monotonic() < deadline:
+        time.sleep(min(POLL_S if poll_s is None else poll_s, max(0.0, deadline - time.monotonic())))
+        st = _status(be, run)
+    if st.get("state") not in _ENDED:
+        return FinalSave(False, f"no final checkpoint: the trainer did not finish saving within {timeout_s:g} s; "
+                                f"the run keeps {_kept(be, run)}")
+    final = st.get("final_checkpoint")
+    if final and be.read_run_file(run, f"{final}/{layout.COMPLETE_MARKER}") is not None:
+        return FinalSave(True, f"final checkpoint {final} saved (its COMPLETE marker checked)")
+    why = st.get("reason") or f"state {st.get('state')}"
+    return FinalSave(False, f"the trainer ended without a final checkpoint ({why}); the run keeps {_kept(be, run)}")
