@@ -18,7 +18,7 @@ import click
 def run_access(run_id, command) -> int:
     """Start the backend's access process for the run (the terminal stays the user's); its exit code."""
     from . import registry
-    from .backends import BackendError
+    from .errors import BackendError
     from .runs import backend_for
 
     run = registry.get(run_id)

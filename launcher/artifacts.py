@@ -33,7 +33,7 @@ from payload import layout
 from payload.checkpoints import checkpoint_row
 from payload.checksums import file_digest
 
-from .backends import BackendError
+from .errors import BackendError
 from .logtext import CleanWriter, clean_file
 from .units import human_size
 

@@ -72,7 +72,7 @@ def command_example(cmd) -> str:
 def user_error_lines(e: Exception):
     from payload.config import ConfigError
 
-    from .backends import BackendError
+    from .errors import BackendError
     from .catalog import PlanError
     from .registry import RegistryError, RunNotFound
 

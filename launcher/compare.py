@@ -20,7 +20,7 @@ import click
 
 from payload import layout
 
-from .backends import BackendError
+from .errors import BackendError
 
 
 def _json(text: Optional[str]):

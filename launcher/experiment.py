@@ -21,7 +21,7 @@ from typing import Optional
 from payload import runconfig
 
 from . import __version__
-from .backends import BackendError
+from .errors import BackendError
 
 PAYLOAD_LOCK = "payload/requirements-gpu.lock"
 

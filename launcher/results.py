@@ -56,7 +56,7 @@ def checkpoint_rows(run, dest: Path) -> tuple[list[dict], str]:
     elif listing.is_file():
         rows, source = _rows(listing.read_text()), str(listing)
     else:
-        from .backends import BackendError
+        from .errors import BackendError
 
         raise BackendError(f"no checkpoint listing for {run.id}: {why or 'the run has none yet'}, and none "
                            f"fetched here ({listing}); fetch it with `launch down {run.id} --fetch-artifacts` "
@@ -77,7 +77,7 @@ def _live_index(run) -> tuple[Optional[list], Optional[str]]:
     """(rows, None) from the checkpoint index the payload rewrites at every save
     (payload/checkpoints.write_index), read where the run is by its backend (as `launch status`
     reads status.json); (None, why not) when it cannot be had there."""
-    from .backends import BackendError
+    from .errors import BackendError
     from .runs import backend_for
 
     try:
@@ -139,7 +139,7 @@ def local_config(run, dest: Path):
     rd = _local_run_dir(run)
     if rd is not None:
         return load_run_config(rd / "config.yaml", env={}), rd / "outputs" / "adapter", rd
-    from .backends import BackendError
+    from .errors import BackendError
 
     target = Path(dest) / run.id
     adapter = target / "adapter"

@@ -298,7 +298,7 @@ def _fetch(be, run, target: Path, merged: bool):
 
     from .artifacts import fetch
     from .units import human_size
-    from .backends import BackendError
+    from .errors import BackendError
     from .ui import console
 
     retry = f"retry `launch down {run.id} --fetch-artifacts`, or tear down without --fetch-artifacts"

@@ -47,7 +47,8 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     Example: launch up local-demo --follow
     """
     from . import registry
-    from .backends import BackendError, LaunchSpec, get_backend
+    from .backends import LaunchSpec, get_backend
+    from .errors import BackendError
     from .checks import load_checked
     from .profile import load_profile
     from .ui import console, esc, hints, money
@@ -129,7 +130,7 @@ def _require_training_extras():
 
     missing = [m for m in TRAIN_MODULES if importlib.util.find_spec(m) is None]
     if missing:
-        from .backends import BackendError
+        from .errors import BackendError
 
         raise BackendError(f"the local backend trains on this machine and needs {', '.join(missing)}: "
                            "run `make install` (or pip install -e '.[train]' with torch==2.13.0 for CPU)")
@@ -138,7 +139,7 @@ def _require_training_extras():
 def _env_option(items: tuple[str, ...]) -> dict[str, str]:
     from .profile import parse_env_items
 
-    from .backends import BackendError
+    from .errors import BackendError
 
     try:
         return parse_env_items(items)
@@ -157,7 +158,7 @@ def load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
 def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False):
     """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile."""
     from . import registry
-    from .backends import BackendError
+    from .errors import BackendError
 
     active = registry.active_for_profile(p.name)
     if active and not resume:

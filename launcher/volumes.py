@@ -183,7 +183,7 @@ def interactive() -> bool:
 
 def delete(name: str, yes: bool) -> Stored:
     """Delete one volume or bucket after saying what is lost and asking (`yes`: don't ask)."""
-    from .backends import BackendError
+    from .errors import BackendError
     from .backends.skypilot import map_sky_error, sdk
     from .ui import money
 

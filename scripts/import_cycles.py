@@ -3,9 +3,10 @@
 
 Every import between two modules is an edge: module-level ones (what runs when a module is imported,
 `if TYPE_CHECKING:` blocks excepted) and those inside functions, since a function-level import that
-closes a loop only hides the cycle (two modules that need each other hold one concept). One pattern
-is allowed: a package's `__init__` importing its own submodule inside a function (a lazy factory such
-as `launcher.backends.get_backend`): every submodule imports its package anyway.
+closes a loop only hides the cycle (two modules that need each other hold one concept). No exception:
+a package's `__init__` that imports its submodules (a lazy factory such as
+`launcher.backends.get_backend`) is fine as long as the submodules import their siblings (`base`),
+never the package itself.
 
     python scripts/import_cycles.py          # exit 1 and one line per cycle when there is one
     python scripts/import_cycles.py --all    # also every function-level edge
@@ -127,14 +128,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def lazy_factory(a: str, b: str, module_level: bool, mods: dict[str, Path]) -> bool:
-    return not module_level and mods[a].name == "__init__.py" and b.startswith(a + ".")
-
-
 def module_cycles(root: Path = ROOT) -> list[tuple[list[str], list[str]]]:
     """[(modules in the cycle, the imports that close it as `a:line -> b`, `(in a function)` marked)]."""
     mods = modules(root)
-    es = [e for e in edges(mods) if not lazy_factory(e[0], e[1], e[2], mods)]
+    es = edges(mods)
     graph: dict[str, set[str]] = {}
     for a, b, _, _ in es:
         graph.setdefault(a, set()).add(b)

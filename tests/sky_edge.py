@@ -139,7 +139,7 @@ class FakeSky:
 
     def _signal_job(self) -> None:
         """SkyPilot's cancel: SIGTERM the job's process group, SIGKILL it SKY_KILL_AFTER_S later."""
-        from launcher.backends import skypilot_control as control
+        from launcher.backends.skypilot import control
 
         job = self.job
         if job is None or job.poll() is not None:

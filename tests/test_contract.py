@@ -396,7 +396,7 @@ def test_rsync_brings_no_symlink_and_bucket_keys_stay_confined(template, tmp_pat
     _cluster_ssh_config(sshd, "r1", tmp_path)
     run = Run(id="r1", profile="sonia-h100", backend="skypilot", cluster="r1", state="running",
               handle={"kind": "cluster", "cluster": "r1", "job_id": 7, "run_dir": str(rd)})
-    from launcher.backends import skypilot_files
+    from launcher.backends.skypilot import files as skypilot_files
 
     real_list = skypilot_files.list_command  # and the listing lies: the file link is "a regular file"
     monkeypatch.setattr(skypilot_files, "list_command", lambda d, roots: "printf '%s\\t%s\\0' 11 "

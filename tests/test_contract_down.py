@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from launcher import registry
 from launcher.backends import final_save
-from launcher.backends import skypilot_control as control
+from launcher.backends.skypilot import control
 from launcher.cli import cli
 from launcher.profile import load_profile
 

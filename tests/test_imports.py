@@ -41,14 +41,21 @@ def test_a_cycle_hidden_in_a_function_is_found_and_named(tmp_path):
     assert found[0][1] == ["launcher.a:1 -> launcher.b", "launcher.b:2 -> launcher.a (in a function)"]
 
 
-def test_a_package_factory_and_type_checking_imports_are_not_cycles(tmp_path):
+def test_a_package_factory_is_a_cycle_only_when_its_submodules_import_the_package(tmp_path):
+    """`backends/__init__` importing `.local` lazily is fine while `local` takes the contract from a
+    sibling (`base`); a submodule that imports its package closes a cycle (the 8-file one hid there)."""
     root = _tree(tmp_path, {
-        "launcher/backends/__init__.py": "class Backend: ...\ndef get():\n    from .local import Local\n",
-        "launcher/backends/local.py": "from . import Backend\n",
+        "launcher/backends/__init__.py": "from .base import Backend\ndef get():\n    from .local import Local\n",
+        "launcher/backends/base.py": "class Backend: ...\n",
+        "launcher/backends/local.py": "from .base import Backend\n",
         "launcher/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from launcher.y import Y\n",
         "launcher/y.py": "import launcher.x\n",
     })
     assert _script().module_cycles(root) == []
+    (root / "launcher/backends/local.py").write_text("from . import Backend\n")
+    found = _script().module_cycles(root)
+    assert [c for c, _ in found] == [["launcher.backends", "launcher.backends.local"]]
+    assert "launcher.backends:3 -> launcher.backends.local (in a function)" in found[0][1]
 
 
 def test_the_script_exits_zero_on_this_tree():

@@ -109,11 +109,11 @@ def test_kill_and_resume_matches_uninterrupted_run():
 
 
 def wait_gone(run_id, timeout=20):
-    from launcher.backends.local import _run_processes
+    from launcher.backends.local import run_processes
 
     deadline = time.time() + timeout
-    while _run_processes(run_id):
-        assert time.time() < deadline, f"processes of {run_id} still alive: {_run_processes(run_id)}"
+    while run_processes(run_id):
+        assert time.time() < deadline, f"processes of {run_id} still alive: {run_processes(run_id)}"
         time.sleep(0.2)
 
 
@@ -166,20 +166,20 @@ def test_multi_node_task_runs_as_two_local_nodes(tmp_path):
 
 
 def test_down_stops_every_process_of_the_run(monkeypatch, tmp_path):
-    from launcher.backends.local import _run_processes
+    from launcher.backends.local import run_processes
 
     secret = "hf_local_secret_value_4711"
     monkeypatch.setenv("HF_TOKEN", secret)
     rid = started_id(launch("up", "local-demo", "--set", "train.max_steps=500", "--set", "outputs.merge=false"))
     deadline = time.time() + 120
     status_json = run_dir(rid) / "status.json"
-    while not _run_processes(rid) or not status_json.exists() or \
+    while not run_processes(rid) or not status_json.exists() or \
             json.loads(status_json.read_text() or "{}").get("state") != "training":
         assert time.time() < deadline, "training never started"
         time.sleep(0.5)
     r = launch("down", rid)
     assert r.exit_code == 0 and f"{rid} is down (stopped)" in r.output
-    assert _run_processes(rid) == []
+    assert run_processes(rid) == []
     assert registry.get(rid).state == "stopped"
     d = json.loads(launch("status", rid, "--json").output)
     assert d["state"] == "stopped" and d["reason"] == "stopped by launch down"

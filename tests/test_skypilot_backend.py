@@ -31,8 +31,8 @@ from sky.utils.status_lib import ClusterStatus  # noqa: E402
 from launcher import registry, render  # noqa: E402
 from launcher.backends import BackendError, LaunchSpec  # noqa: E402
 from launcher.backends import skypilot as sp  # noqa: E402
-from launcher.backends import skypilot_control as control  # noqa: E402
-from launcher.backends.skypilot_sdk import MANAGED_JOB_FIELDS  # noqa: E402
+from launcher.backends.skypilot import control  # noqa: E402
+from launcher.backends.skypilot.sdk import MANAGED_JOB_FIELDS  # noqa: E402
 from launcher.profile import REPO_ROOT, Profile, load_profile  # noqa: E402
 from launcher.registry import Run  # noqa: E402
 
@@ -184,7 +184,7 @@ def with_region(profile, region):
 
 
 def test_new_volume_datacenter_follows_cluster_region():
-    from launcher.backends.runpod_volumes import new_volume_infra
+    from launcher.backends.skypilot.runpod_volumes import new_volume_infra
 
     sonia = load_profile("sonia-h100")
     assert new_volume_infra(with_region(sonia, "RO"), None) == "runpod/RO/EU-RO-1"
@@ -595,7 +595,7 @@ def test_fetch_detects_a_short_copy(fake, cluster_ssh, tmp_path, monkeypatch):
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("x" * 1000)
     fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
-    from launcher.backends import skypilot_files
+    from launcher.backends.skypilot import files as skypilot_files
 
     real_run = skypilot_files.subprocess.run
 

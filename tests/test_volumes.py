@@ -184,7 +184,7 @@ def test_an_existing_runpod_volume_is_adopted_by_name_not_created_again(fake, mo
 
 
 def test_a_new_volume_goes_where_the_gpus_are_in_stock(fake, monkeypatch):
-    from launcher.backends.runpod_volumes import catalog_zones
+    from launcher.backends.skypilot.runpod_volumes import catalog_zones
 
     monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
     fake.results["volumes.ls"] = []
@@ -200,7 +200,7 @@ def test_a_new_volume_goes_where_the_gpus_are_in_stock(fake, monkeypatch):
 
 
 def test_no_stock_anywhere_creates_nothing_and_launches_nothing(fake, monkeypatch):
-    from launcher.backends.runpod_volumes import catalog_zones
+    from launcher.backends.skypilot.runpod_volumes import catalog_zones
 
     monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
     fake.results["volumes.ls"] = []
@@ -213,7 +213,7 @@ def test_no_stock_anywhere_creates_nothing_and_launches_nothing(fake, monkeypatc
 
 
 def test_a_reused_volume_out_of_stock_is_said_before_launch(monkeypatch):
-    from launcher.backends.runpod_volumes import stock_note
+    from launcher.backends.skypilot.runpod_volumes import stock_note
     from launcher.profile import load_profile
 
     monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")

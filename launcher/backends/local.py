@@ -30,9 +30,10 @@ from typing import Optional, TextIO
 from payload import layout
 from payload.checksums import regular_files
 
+from ..errors import BackendError
 from ..registry import Run
 from ..state import state_dir
-from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, end_state, tail_offset
+from .base import Access, Backend, LaunchSpec, RemoteStatus, end_state, tail_offset
 from .tasks import load_task, node_env, node_script, workdir_files
 
 DRIVER = """\
@@ -215,12 +216,12 @@ class LocalBackend(Backend):
         if self.home(run).is_dir():
             (self.home(run) / "stopped").touch()
         _signal_group(pgid, signal.SIGTERM)
-        _signal_run_processes(run.id, signal.SIGTERM)  # torchrun workers live in their own sessions
+        _signal_run_processes(run.id, self.volume(run), signal.SIGTERM)  # torchrun workers live in their own sessions
         deadline = time.time() + 15
-        while time.time() < deadline and (self._alive(run) or _run_processes(run.id)):
+        while time.time() < deadline and (self._alive(run) or run_processes(run.id, self.volume(run))):
             time.sleep(0.2)
         _signal_group(pgid, signal.SIGKILL)
-        _signal_run_processes(run.id, signal.SIGKILL)
+        _signal_run_processes(run.id, self.volume(run), signal.SIGKILL)
 
     # --------------------------------------------------------------------------------- fetch
 
@@ -263,21 +264,24 @@ def _signal_group(pgid: int, sig) -> None:
         pass
 
 
-def _run_processes(run_id: str) -> list[int]:
-    """Pids of this user's processes whose environment carries LAUNCH_RUN_ID=<run_id>."""
-    needle = f"LAUNCH_RUN_ID={run_id}".encode()
+def run_processes(run_id: str, volume: Optional[Path] = None) -> list[int]:
+    """Pids of this user's processes whose environment carries LAUNCH_RUN_ID=<run_id> and, given a
+    volume, LAUNCH_VOLUME=<volume>: run ids are unique within one state dir, not across users or
+    LAUNCH_HOMEs (two test sessions, two users), so a stop never reaches another home's run."""
+    needles = [f"LAUNCH_RUN_ID={run_id}".encode()] + ([f"LAUNCH_VOLUME={volume}".encode()] if volume else [])
     pids = []
     for env in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if needle in env.read_bytes().split(b"\0"):
-                pids.append(int(env.parent.name))
+            entries = env.read_bytes().split(b"\0")
         except OSError:
             continue
+        if all(n in entries for n in needles):
+            pids.append(int(env.parent.name))
     return [p for p in pids if p != os.getpid()]
 
 
-def _signal_run_processes(run_id: str, sig) -> None:
-    for pid in _run_processes(run_id):
+def _signal_run_processes(run_id: str, volume: Path, sig) -> None:
+    for pid in run_processes(run_id, volume):
         try:
             os.kill(pid, sig)
         except ProcessLookupError:

@@ -34,8 +34,9 @@ import paramiko
 from payload import layout
 
 from ..artifacts import list_command, parse_listing
+from ..errors import BackendError
 from ..registry import Run
-from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, end_state, remote_command, tail_offset
+from .base import Access, Backend, LaunchSpec, RemoteStatus, end_state, remote_command, tail_offset
 from .sshconn import (
     TRANSFER_TIMEOUT, CommandTimeout, Target, _collect, _Conn,
 )

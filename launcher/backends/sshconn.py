@@ -14,7 +14,7 @@ from typing import Optional
 
 import paramiko
 
-from . import BackendError
+from ..errors import BackendError
 
 TRANSFER_TIMEOUT = 60.0  # no progress on an upload/download/SFTP channel for this long
 DEFAULT_SSH_PORT = 22  # the SSH protocol's default, used only when `host` names no port

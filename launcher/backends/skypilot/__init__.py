@@ -24,17 +24,18 @@ import yaml
 from payload import layout
 from payload.errors import END_STATES
 
-from ..registry import ACTIVE_STATES, STATES, Run
-from ..uploads import remove_staged, stage_workdir
-from . import Access, Backend, BackendError, LaunchSpec, RemoteStatus, remote_command, remote_path
-from . import skypilot_control as control
-from .skypilot_files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
-from .skypilot_price import hourly_price
-from .skypilot_sdk import (
+from ...errors import BackendError
+from ...registry import ACTIVE_STATES, STATES, Run
+from ...uploads import remove_staged, stage_workdir
+from ..base import Access, Backend, LaunchSpec, RemoteStatus, remote_command, remote_path
+from ..tasks import workdir_files
+from . import control
+from .files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
+from .price import hourly_price
+from .sdk import (
     controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
     nothing_launched, record_field, sdk, volume_record,
 )
-from .tasks import workdir_files
 
 # The backend's public face (the CLI, `launch volumes`, `launch plan` and tests import these from here).
 __all__ = ["SkyPilotBackend", "build_task", "cluster_name", "credentials_message", "hourly_price", "map_sky_error",
@@ -190,7 +191,7 @@ class SkyPilotBackend(Backend):
                                    f"{p.cluster.region}: drop cluster.region or use another volume name")
             note = stock_note(p, zone)
             if note:
-                from ..ui import err_console
+                from ...ui import err_console
 
                 err_console().print(f"[yellow]![/] {note}", soft_wrap=True)
         key_prefix = str(PurePosixPath(layout.run_dir(v.mount, "x")).parent.relative_to(v.mount))
@@ -256,7 +257,7 @@ class SkyPilotBackend(Backend):
 
     def access(self, run: Run, command: Optional[str], tty: bool) -> Access:
         """`ssh CLUSTER` through SkyPilot's SSH config (~/.sky/generated/ssh/, written here when missing:
-        skypilot_files.ensure_ssh_config), into
+        files.ensure_ssh_config), into
         the run's directory on the volume. A managed job's machine is SkyPilot's to manage (recreated
         on recovery, reached through its jobs controller), so there is nothing stable to ssh into."""
         h = run.handle

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from ..profile import REPO_ROOT
+from ...profile import REPO_ROOT
 
 PRICE_TIMEOUT_S = 120
 
@@ -23,7 +23,7 @@ def hourly_price(profile, live: bool = True) -> tuple[float, str]:
             pass
     if not c.is_local:
         try:
-            from ..catalog import SNAPSHOT_DATE
+            from ...catalog import SNAPSHOT_DATE
 
             return _catalog_price(profile), f"catalog {SNAPSHOT_DATE}"
         except Exception:  # noqa: BLE001
@@ -38,7 +38,7 @@ def _catalog_price(profile) -> float:
     imported `sky` for offline planning: `import_sky_offline()` points SKY_RUNTIME_DIR at launch's
     offline dir and seeds its enabled-clouds cache, which must not reach a process that goes on to
     use the SDK (a local API server would start there), nor ~/.sky when `sky` is imported normally."""
-    from ..catalog import offline_runtime_dir, optimize
+    from ...catalog import offline_runtime_dir, optimize
 
     if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
         return optimize(profile).price_per_hour

@@ -1,6 +1,6 @@
 """The SkyPilot SDK as the SkyPilot backend's modules use it: the guarded `sky` import, the readers of
-its responses, and its exceptions as one line each. One owner, so `skypilot.py` (lifecycle),
-`skypilot_control.py` (what bills) and `skypilot_files.py` (moving bytes) share public names.
+its responses, and its exceptions as one line each. One owner, so `__init__.py` (lifecycle),
+`control.py` (what bills) and `files.py` (moving bytes) share public names.
 
 What the responses really hold (SkyPilot 0.14.1, read in its server code and run through its own
 decoders, `sky.server.requests.serializers`; tests/sky_edge.py builds the fakes the same way):
@@ -22,7 +22,7 @@ import os
 import re
 import sys
 
-from . import BackendError
+from ...errors import BackendError
 
 _CREDENTIALS_HINT = {
     "runpod": "set RUNPOD_API_KEY (or ~/.runpod/config.toml) and run `sky check runpod`",
@@ -38,7 +38,7 @@ MANAGED_JOB_FIELDS = ("job_id", "task_id", "job_name", "task_name", "submitted_a
 def sdk():
     """`sky` for SDK calls: never with launch's offline runtime dir (fake enabled clouds, and a local
     API server started from this process would keep its state there)."""
-    from ..catalog import offline_runtime_dir
+    from ...catalog import offline_runtime_dir
 
     if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
         raise BackendError("internal: this process imported SkyPilot for offline planning "

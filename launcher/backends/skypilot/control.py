@@ -19,7 +19,7 @@ import os
 import time
 from typing import Callable, Iterator, Optional
 
-from ..render import CONTROLLER_AUTOSTOP
+from ...render import CONTROLLER_AUTOSTOP
 
 DOWN_GRACE_S = 300  # bound on MOUNT_CACHED uploads (graceful down/cancel) and on a managed job's cancel
 SKY_KILL_AFTER_S = 30.0

@@ -11,9 +11,10 @@ import subprocess
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
-from ..artifacts import list_command, parse_listing
-from . import BackendError, remote_path
-from .skypilot_sdk import first_line, record_field, sdk, volume_record
+from ...artifacts import list_command, parse_listing
+from ...errors import BackendError
+from ..base import remote_path
+from .sdk import first_line, record_field, sdk, volume_record
 
 SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15")
 SSH_TIMEOUT_S = 60

@@ -6,7 +6,7 @@ cannot move a volume-bound job to another datacenter). So:
 - a RunPod volume of the same name that SkyPilot does not know (made by hand, or by another SkyPilot
   API server) is adopted with SkyPilot's `use_existing`, keeping its model cache (65 GB not downloaded
   again). SkyPilot names the RunPod volumes it creates `<name>-<userhash>-<uuid6>`
-  (skypilot_sdk.skypilot_volume_names), and `use_existing` looks the cloud volume up by the SkyPilot
+  (sdk.skypilot_volume_names), and `use_existing` looks the cloud volume up by the SkyPilot
   volume's own name, so such a volume is adopted under its cloud name and the task mounts that name;
 - a new volume goes to a datacenter that offers the instance in the catalog snapshot AND has the GPUs
   in stock now (RunPod's GraphQL `lowestPrice(dataCenterId)` stockStatus, one query for all
@@ -20,8 +20,8 @@ import csv
 import os
 from typing import Optional
 
-from ..profile import CATALOG_DIR
-from . import BackendError
+from ...errors import BackendError
+from ...profile import CATALOG_DIR
 
 # RunPod datacenters with the S3-compatible API (docs.runpod.io/storage/s3-api), in this order of
 # preference when nothing else decides.
@@ -116,7 +116,7 @@ def new_volume_infra(profile, key: Optional[str]) -> str:
 def existing_volume(name: str, volumes: list[dict]) -> Optional[dict]:
     """The RunPod volume called `name`, else one SkyPilot created for `name` (its generated cloud
     name), the largest first: the one most likely to hold the model cache."""
-    from .skypilot_sdk import skypilot_volume_names
+    from .sdk import skypilot_volume_names
 
     exact = [x for x in volumes if x.get("name") == name]
     alias = skypilot_volume_names(name)
