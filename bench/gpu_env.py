@@ -60,7 +60,7 @@ def to_install(need: dict[str, str], available: dict[str, Path]) -> list[Path]:
     for name, wheel in available.items():
         have = versions.installed(name)
         floor = next((v for n, v in need.items() if norm(n) == name), None)
-        if have is None or (floor is not None and versions._older(have, floor)):
+        if have is None or (floor is not None and versions.older(have, floor)):
             picks.append(wheel)
     return picks
 

@@ -67,7 +67,7 @@ def _split(rec: dict, where: str) -> tuple[list, str]:
 
 def _prompt_row(prompt: list, vl: bool, where: str) -> dict:
     rec = {"messages": prompt}
-    return trainset._vl_row(rec, where, Path(".")) if vl else trainset._text_row(rec, where)
+    return trainset.vl_row(rec, where, Path(".")) if vl else trainset.text_row(rec, where)
 
 
 def _reply(text: str, vl: bool) -> list:

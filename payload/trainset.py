@@ -59,7 +59,7 @@ def _parts(content, where: str) -> list[dict]:
     return content
 
 
-def _text_row(rec: dict, where: str) -> dict:
+def text_row(rec: dict, where: str) -> dict:
     messages = []
     for m in rec["messages"]:
         texts = []
@@ -72,7 +72,7 @@ def _text_row(rec: dict, where: str) -> dict:
     return {"messages": messages}
 
 
-def _vl_row(rec: dict, where: str, base: Path) -> dict:
+def vl_row(rec: dict, where: str, base: Path) -> dict:
     messages, images = [], []
     for m in rec["messages"]:
         parts = []
@@ -98,7 +98,7 @@ def build_dataset(records: list[dict], vl: bool, name: str):
     rows = []
     for i, rec in enumerate(records):
         where = f"{name} record {i + 1}"
-        row = _vl_row(rec, where, base) if vl else _text_row(rec, where)
+        row = vl_row(rec, where, base) if vl else text_row(rec, where)
         row["record_index"] = i
         rows.append(row)
     ds = Dataset.from_list(rows)

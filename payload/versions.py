@@ -47,7 +47,7 @@ def installed(name: str) -> Optional[str]:
         return None
 
 
-def _older(have: str, need: str) -> bool:
+def older(have: str, need: str) -> bool:
     from packaging.version import Version
 
     return Version(have).release < Version(need).release  # 2.11.0+cu130 vs 2.8: compare releases
@@ -57,7 +57,7 @@ def _problem(name: str, need: str, why: str = "") -> Optional[str]:
     have = installed(name)
     if have is None:
         return f"{name} is not installed (needs >= {need}{why}); pip install '{name}>={need}'"
-    if _older(have, need):
+    if older(have, need):
         return f"{name} {have} is too old (needs >= {need}{why}); pip install -U '{name}>={need}'"
     return None
 

@@ -117,7 +117,7 @@ def test_minimum_versions_are_checked_per_run():
     qlora = RunConfig.model_validate({**base, "train": {"method": "qlora"}})
     [line] = versions.problems(qlora)
     assert line.startswith("bitsandbytes is not installed (needs >= 0.45 for method qlora)")
-    assert versions._older("2.11.0+cu130", "2.8") is False and versions._older("5.17.0", "5.18") is True
+    assert versions.older("2.11.0+cu130", "2.8") is False and versions.older("5.17.0", "5.18") is True
     with pytest.raises(ValueError, match="full fine-tuning in `model.dtype: float16` needs fp32 master"):
         RunConfig.model_validate({**base, "model": {"name_or_path": "x", "dtype": "float16"},
                                   "train": {"method": "full"}})

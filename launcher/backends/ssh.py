@@ -37,79 +37,14 @@ from ..artifacts import list_command, parse_listing
 from ..errors import BackendError
 from ..registry import Run
 from .base import Access, Backend, LaunchSpec, RemoteStatus, end_state, remote_command, tail_offset
-from .sshconn import (
-    TRANSFER_TIMEOUT, CommandTimeout, Target, _collect, _Conn,
-)
+from .ssh_scripts import DOWN_CMD, DRIVER, SEED_AND_LIST, START, STATUS_CMD
+from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
 COMMAND_TIMEOUT = 60.0  # one remote command (listing, hashing, status...)
 HASH_TIMEOUT = 600.0  # sha256 of a whole workdir or artifact set
 POLL_S = 0.5  # log follow interval
 TRANSIENT = (OSError, EOFError, paramiko.SSHException)  # socket.timeout is an OSError
-
-DRIVER = """\
-#!/usr/bin/env bash
-# launch ssh driver: run the node script (log on the volume), record its exit code last.
-cd "$(dirname "$0")"
-echo $$ > pid.tmp && mv pid.tmp pid
-trap ':' TERM  # `launch down` signals the group: let the run stop, then record its code
-mkdir -p {log_dir}
-bash node.sh >> {log} 2>&1 < /dev/null
-rc=$?
-echo "$rc" > exit_code.tmp && mv exit_code.tmp exit_code
-"""
-
-# Reads NAME / value line pairs from stdin (the SSH channel) into the environment with builtins
-# only, so no secret reaches a file or any process's argv; then starts the driver detached.
-START = """\
-cd "$(dirname "$0")" || exit 1
-if [ -f pid ] && [ ! -f exit_code ] && kill -0 -- "-$(cat pid)" 2>/dev/null; then cat pid; exit 0; fi
-rm -f pid exit_code stopped
-while IFS= read -r name && [ -n "$name" ]; do IFS= read -r value; export "$name=$value"; done
-setsid nohup bash driver.sh > /dev/null 2>&1 < /dev/null &
-for _ in $(seq 1 100); do [ -s pid ] && break; sleep 0.05; done
-cat pid
-"""
-
-STATUS_CMD = """\
-cd {root} 2>/dev/null || {{ echo 'nodir=1'; exit 0; }}
-echo "exit=$(cat exit_code 2>/dev/null)"
-echo "stopped=$([ -f stopped ] && echo 1)"
-p=$(cat pid 2>/dev/null); echo "alive=$([ -n "$p" ] && kill -0 -- "-$p" 2>/dev/null && echo 1)"
-echo "pid=$p"
-echo ---
-cat {status} 2>/dev/null || true
-"""
-
-# torchrun starts its workers in new sessions (they die with their agent: PR_SET_PDEATHSIG); as a
-# safety net every process whose environment carries the run's LAUNCH_RUN_ID is signalled too.
-DOWN_CMD = """\
-cd {root} 2>/dev/null || exit 0
-touch stopped
-p=$(cat pid 2>/dev/null)
-tagged() {{ grep -lzxF -- {marker} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}
-signal() {{
-  [ -n "$p" ] && kill -"$1" -- "-$p" 2>/dev/null
-  for q in $(tagged); do kill -"$1" -- "-$q" 2>/dev/null || kill -"$1" "$q" 2>/dev/null; done
-}}
-alive() {{ {{ [ -n "$p" ] && kill -0 -- "-$p" 2>/dev/null; }} || [ -n "$(tagged)" ]; }}
-alive || exit 0
-signal TERM
-for _ in $(seq 1 {ticks}); do alive || exit 0; sleep 0.5; done
-signal KILL; echo killed
-"""
-
-SEED_AND_LIST = """\
-W={w}
-if [ ! -d "$W" ]; then
-  mkdir -p "$(dirname "$W")"
-  prev=$(ls -dt {root}/*/workdir 2>/dev/null | head -n1)
-  # Hard links to the newest workdir: free, and safe because tar replaces a file by unlinking it.
-  if [ -n "$prev" ]; then cp -al "$prev" "$W.seed" 2>/dev/null && mv "$W.seed" "$W" || rm -rf "$W.seed"; fi
-  mkdir -p "$W"
-fi
-cd "$W" && find . -name __pycache__ -prune -o -type f -printf '%P\\t%s\\t%T@\\n'
-"""
 
 
 class SSHBackend(Backend):
@@ -125,12 +60,12 @@ class SSHBackend(Backend):
         self.identity_file, self.remote_root, self.volume = identity_file, remote_root, volume
         self.known_hosts = known_hosts
         self.connect_timeout, self.retries = connect_timeout, retries
-        self._conns: dict[tuple, _Conn] = {}
+        self._conns: dict[tuple, Connection] = {}
         self.last_upload: dict = {}
 
     # ---------------------------------------------------------------------------- connection
 
-    def _conn(self, run: Optional[Run] = None) -> _Conn:
+    def _conn(self, run: Optional[Run] = None) -> Connection:
         h = run.handle if run else {}
         spec = h.get("host") or self.host
         if not spec:
@@ -140,10 +75,10 @@ class SSHBackend(Backend):
         ident = h.get("identity_file") or self.identity_file
         key = (target, str(known), ident)
         if key not in self._conns:
-            self._conns[key] = _Conn(target, known, ident, self.accept, self.connect_timeout)
+            self._conns[key] = Connection(target, known, ident, self.accept, self.connect_timeout)
         return self._conns[key]
 
-    def _retry(self, conn: _Conn, fn: Callable[[], object], tries: Optional[int] = None):
+    def _retry(self, conn: Connection, fn: Callable[[], object], tries: Optional[int] = None):
         """Run `fn` (which uses `conn`), reconnecting with exponential backoff on network errors."""
         tries = tries or self.retries
         delay, last = 0.5, None
@@ -161,7 +96,7 @@ class SSHBackend(Backend):
                     delay = min(delay * 2, 8.0)
         raise BackendError(f"cannot reach {conn.target} after {tries} tries: {_why(last)}")
 
-    def _sh(self, conn: _Conn, command: str, stdin: Optional[str] = None, timeout: float = COMMAND_TIMEOUT,
+    def _sh(self, conn: Connection, command: str, stdin: Optional[str] = None, timeout: float = COMMAND_TIMEOUT,
             check: bool = True, tries: Optional[int] = None) -> str:
         """Run a bash command remotely (retried on a dropped connection); return its stdout."""
 
@@ -170,7 +105,7 @@ class SSHBackend(Backend):
             if stdin is not None:
                 chan.sendall(stdin.encode())
             chan.shutdown_write()
-            return _collect(chan, timeout, command.split("\n")[0][:60])
+            return collect(chan, timeout, command.split("\n")[0][:60])
 
         code, out, err = self._retry(conn, once, tries)
         if check and code != 0:
@@ -227,7 +162,7 @@ class SSHBackend(Backend):
         base = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": workdir, "HF_HOME": f"{volume}/.hf"}
         return {**base, **spec.envs, "LAUNCH_RUN_ID": run.id, "LAUNCH_VOLUME": volume}
 
-    def _write_files(self, conn: _Conn, directory: str, files: dict[str, str]) -> None:
+    def _write_files(self, conn: Connection, directory: str, files: dict[str, str]) -> None:
         sftp = conn.sftp()  # `directory` exists: the workdir sync made it
         for name, text in files.items():  # a new inode each: a running bash keeps reading the old one
             with sftp.open(f"{directory}/{name}.tmp", "w") as f:
@@ -235,7 +170,7 @@ class SSHBackend(Backend):
             sftp.chmod(f"{directory}/{name}.tmp", 0o700)
             sftp.posix_rename(f"{directory}/{name}.tmp", f"{directory}/{name}")
 
-    def _start(self, conn: _Conn, run_root: str, secrets: dict[str, str]) -> int:
+    def _start(self, conn: Connection, run_root: str, secrets: dict[str, str]) -> int:
         lines = []
         for name, value in secrets.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or "\n" in value or "\0" in value:
@@ -249,7 +184,7 @@ class SSHBackend(Backend):
 
     # -------------------------------------------------------------------------------- upload
 
-    def _sync(self, conn: _Conn, root: str, workdir: str, files: dict[str, Path]) -> dict:
+    def _sync(self, conn: Connection, root: str, workdir: str, files: dict[str, Path]) -> dict:
         """Make `workdir` mirror `files`, sending only what differs (size+mtime, then sha256)."""
         listing = self._sh(conn, SEED_AND_LIST.format(w=shlex.quote(workdir), root=shlex.quote(root)))
         rows = [line.rsplit("\t", 2) for line in listing.splitlines() if line.count("\t") >= 2]
@@ -274,12 +209,12 @@ class SSHBackend(Backend):
         return {"files_sent": len(send), "bytes_sent": sum(local[r][1].st_size for r in send),
                 "files_unchanged": len(local) - len(send), "files_removed": len(stale)}
 
-    def _remote_sha256(self, conn: _Conn, directory: str, rels: list[str]) -> dict[str, str]:
+    def _remote_sha256(self, conn: Connection, directory: str, rels: list[str]) -> dict[str, str]:
         out = self._sh(conn, f"cd {shlex.quote(directory)} && xargs -0 -r sha256sum --", stdin="\0".join(rels),
                        check=False, timeout=HASH_TIMEOUT)
         return {line[66:]: line[:64] for line in out.splitlines() if len(line) > 66}
 
-    def _send_tar(self, conn: _Conn, workdir: str, files: dict[str, Path]) -> None:
+    def _send_tar(self, conn: Connection, workdir: str, files: dict[str, Path]) -> None:
         chan = conn.channel(f"mkdir -p {shlex.quote(workdir)} && tar -xzf - -C {shlex.quote(workdir)} "
                             "--no-same-owner", TRANSFER_TIMEOUT)
         with chan.makefile("wb") as raw:
@@ -288,7 +223,7 @@ class SSHBackend(Backend):
                     for rel, path in sorted(files.items()):
                         tar.add(str(path), arcname=rel, recursive=False)
         chan.shutdown_write()
-        code, _, err = _collect(chan, TRANSFER_TIMEOUT, "tar -x")
+        code, _, err = collect(chan, TRANSFER_TIMEOUT, "tar -x")
         if code != 0:
             raise BackendError(f"upload to {conn.target}:{workdir} failed: {err.strip()[-300:]}")
 
@@ -335,7 +270,7 @@ class SSHBackend(Backend):
             else:
                 time.sleep(POLL_S)
 
-    def _tail_offset(self, conn: _Conn, path: str, lines: int) -> int:
+    def _tail_offset(self, conn: Connection, path: str, lines: int) -> int:
         conn.open()
         try:
             f = conn.sftp().open(path, "rb")
@@ -344,7 +279,7 @@ class SSHBackend(Backend):
         with f:
             return tail_offset(f, f.stat().st_size, lines)
 
-    def _read_log(self, conn: _Conn, path: str, offset: int) -> Optional[bytes]:
+    def _read_log(self, conn: Connection, path: str, offset: int) -> Optional[bytes]:
         """Bytes of the log from `offset` (up to 1 MiB); None when the log does not exist yet."""
         conn.open()
         sftp = conn.sftp()
@@ -356,13 +291,13 @@ class SSHBackend(Backend):
             f.seek(offset)
             return f.read(1 << 20)
 
-    def _finished(self, conn: _Conn, h: dict) -> Optional[int]:
+    def _finished(self, conn: Connection, h: dict) -> Optional[int]:
         """The driver's exit code once it is done (143 if killed without one), None while running."""
         root = shlex.quote(h["run_root"])
         chan = conn.channel(f"cat {root}/exit_code 2>/dev/null || {{ kill -0 -- -{int(h['pgid'])} "
                             f"2>/dev/null && echo running || echo 143; }}", COMMAND_TIMEOUT)
         chan.shutdown_write()
-        _, out, _ = _collect(chan, COMMAND_TIMEOUT, "exit_code")
+        _, out, _ = collect(chan, COMMAND_TIMEOUT, "exit_code")
         out = out.strip()
         return None if out == "running" else int(out) if out.lstrip("-").isdigit() else None
 
@@ -464,7 +399,7 @@ class SSHBackend(Backend):
             self._retry(conn, lambda: self._get(conn, f"{run_dir}/{rel}", into / rel))
 
     @staticmethod
-    def _get(conn: _Conn, remote: str, local: Path) -> None:
+    def _get(conn: Connection, remote: str, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(local.name + ".part")
         try:

@@ -78,7 +78,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         self.known_hosts.chmod(0o600)
 
 
-class _Conn:
+class Connection:
     """One cached SSH connection (client + SFTP) to a target, reopened on demand."""
 
     def __init__(self, target: Target, known_hosts: Path, identity_file: Optional[str], accept: bool,
@@ -156,7 +156,7 @@ class CommandTimeout(BackendError):
     pass
 
 
-def _collect(chan: paramiko.Channel, timeout: float, what: str) -> tuple[int, str, str]:
+def collect(chan: paramiko.Channel, timeout: float, what: str) -> tuple[int, str, str]:
     out, err = bytearray(), bytearray()
     deadline = time.monotonic() + timeout
     while True:

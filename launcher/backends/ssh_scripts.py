@@ -1,0 +1,68 @@
+"""The shell the ssh backend runs on the remote host: the driver that runs a node's script detached
+(surviving a dropped connection) and records its exit code, and the one-line commands that start,
+inspect, stop and list a run there. Plain text with `{placeholders}`, formatted by
+launcher/backends/ssh.py with shell-quoted values only."""
+
+DRIVER = """\
+#!/usr/bin/env bash
+# launch ssh driver: run the node script (log on the volume), record its exit code last.
+cd "$(dirname "$0")"
+echo $$ > pid.tmp && mv pid.tmp pid
+trap ':' TERM  # `launch down` signals the group: let the run stop, then record its code
+mkdir -p {log_dir}
+bash node.sh >> {log} 2>&1 < /dev/null
+rc=$?
+echo "$rc" > exit_code.tmp && mv exit_code.tmp exit_code
+"""
+
+# Reads NAME / value line pairs from stdin (the SSH channel) into the environment with builtins
+# only, so no secret reaches a file or any process's argv; then starts the driver detached.
+START = """\
+cd "$(dirname "$0")" || exit 1
+if [ -f pid ] && [ ! -f exit_code ] && kill -0 -- "-$(cat pid)" 2>/dev/null; then cat pid; exit 0; fi
+rm -f pid exit_code stopped
+while IFS= read -r name && [ -n "$name" ]; do IFS= read -r value; export "$name=$value"; done
+setsid nohup bash driver.sh > /dev/null 2>&1 < /dev/null &
+for _ in $(seq 1 100); do [ -s pid ] && break; sleep 0.05; done
+cat pid
+"""
+
+STATUS_CMD = """\
+cd {root} 2>/dev/null || {{ echo 'nodir=1'; exit 0; }}
+echo "exit=$(cat exit_code 2>/dev/null)"
+echo "stopped=$([ -f stopped ] && echo 1)"
+p=$(cat pid 2>/dev/null); echo "alive=$([ -n "$p" ] && kill -0 -- "-$p" 2>/dev/null && echo 1)"
+echo "pid=$p"
+echo ---
+cat {status} 2>/dev/null || true
+"""
+
+# torchrun starts its workers in new sessions (they die with their agent: PR_SET_PDEATHSIG); as a
+# safety net every process whose environment carries the run's LAUNCH_RUN_ID is signalled too.
+DOWN_CMD = """\
+cd {root} 2>/dev/null || exit 0
+touch stopped
+p=$(cat pid 2>/dev/null)
+tagged() {{ grep -lzxF -- {marker} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}
+signal() {{
+  [ -n "$p" ] && kill -"$1" -- "-$p" 2>/dev/null
+  for q in $(tagged); do kill -"$1" -- "-$q" 2>/dev/null || kill -"$1" "$q" 2>/dev/null; done
+}}
+alive() {{ {{ [ -n "$p" ] && kill -0 -- "-$p" 2>/dev/null; }} || [ -n "$(tagged)" ]; }}
+alive || exit 0
+signal TERM
+for _ in $(seq 1 {ticks}); do alive || exit 0; sleep 0.5; done
+signal KILL; echo killed
+"""
+
+SEED_AND_LIST = """\
+W={w}
+if [ ! -d "$W" ]; then
+  mkdir -p "$(dirname "$W")"
+  prev=$(ls -dt {root}/*/workdir 2>/dev/null | head -n1)
+  # Hard links to the newest workdir: free, and safe because tar replaces a file by unlinking it.
+  if [ -n "$prev" ]; then cp -al "$prev" "$W.seed" 2>/dev/null && mv "$W.seed" "$W" || rm -rf "$W.seed"; fi
+  mkdir -p "$W"
+fi
+cd "$W" && find . -name __pycache__ -prune -o -type f -printf '%P\\t%s\\t%T@\\n'
+"""
