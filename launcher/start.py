@@ -64,6 +64,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     new_sets = sets
     if prior is not None:  # a resume keeps the run's config: its recorded --set and --env, this command's on top
         sets, extra_env = experiment.carried(prior, sets, extra_env)
+        backend, host, identity_file = _resume_place(prior, backend, host, identity_file)
     p = load_checked(profile, backend)[0] if not sets else load_with_overrides(profile, sets, backend)
     rehearsal = ()
     if rehearse:  # the rehearsal's cuts are overrides too, allowed on every backend (launcher/rehearse.py)
@@ -123,6 +124,20 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     if follow:
         return follow_run(started, progress=False)
     hints(f"launch logs {run.id} --follow", f"launch status {run.id}", f"launch down {run.id} --fetch-artifacts")
+
+
+def _resume_place(prior, backend, host, identity_file):
+    """A resume continues where the run ran: its backend, and for ssh its host and key, unless given.
+    Another backend would start it over on a machine that has none of its checkpoints: refused."""
+    from .errors import BackendError
+
+    if backend is not None and backend != prior.backend:
+        raise BackendError(f"--resume {prior.id}: the run ran on the {prior.backend} backend and its checkpoints are "
+                           f"there; drop --backend {backend}, or start a fresh run with --new")
+    handle = prior.handle or {}
+    if prior.backend == "ssh":
+        host, identity_file = host or handle.get("host"), identity_file or handle.get("identity_file")
+    return prior.backend, host, identity_file
 
 
 def _require_training_extras():

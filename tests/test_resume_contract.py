@@ -140,3 +140,23 @@ def test_an_allowed_math_change_reaches_the_payload_and_is_recorded(machine):
 def test_allow_change_goes_with_resume():
     r = CliRunner().invoke(cli, ["up", "local-demo", "--allow-change", "train.learning_rate"])
     assert r.exit_code == 2 and "--allow-change goes with --resume" in r.output
+
+
+def test_resume_without_backend_options_continues_where_the_run_ran(machine):
+    """No --backend (nor --host/--identity for ssh): the run's own backend and host, not the default."""
+    if machine.kind == "ssh":  # the key is part of the run's record on a real run
+        run = registry.get(machine.run_id)
+        registry.update(run.id, handle={**run.handle, "identity_file": str(machine.sshd.client_key)})
+    r = launch("up", machine.profile, "--resume", machine.run_id)
+    assert r.exit_code == 0, r.output
+    assert f"resumed {machine.run_id} ({machine.profile} on {machine.kind}" in r.output
+    assert machine.started() and registry.get(machine.run_id).backend == machine.kind
+
+
+def test_resume_on_another_backend_is_refused(machine):
+    other = "local" if machine.kind != "local" else "skypilot"
+    r = launch("up", machine.profile, "--resume", machine.run_id, "--backend", other)
+    assert r.exit_code == 1
+    assert r.output.strip() == (f"✗ --resume {machine.run_id}: the run ran on the {machine.kind} backend and its "
+                                f"checkpoints are there; drop --backend {other}, or start a fresh run with --new")
+    assert not machine.started()
