@@ -96,11 +96,19 @@ def best_metric(cfg) -> tuple[str, bool]:
     return (ev.best_key, ev.greater_is_better) if ev is not None else ("eval_loss", False)
 
 
-def exported_checkpoint(cfg) -> str:
-    """Which checkpoint becomes the run's adapter (and its merge/MLX export) or full weights, as
-    payload.train.save picks it; `launch validate` says it, so the choice is never silent."""
-    if cfg.train.method == "full":
-        return "the last complete checkpoint (full fine-tuning)"
+def export_choice(cfg) -> tuple[str, str, bool]:
+    """(prefer, metric key, greater is better): which checkpoint becomes the run's adapter (and its
+    merge/MLX export) or full weights. `latest` for full fine-tuning (no metric ranks full weights
+    here), else `best` by the profile's metric. payload.train.save picks by it; `exported_checkpoint`
+    says it, so the choice is never silent and has one owner."""
     key, greater = best_metric(cfg)
+    return ("latest" if cfg.train.method == "full" else "best"), key, greater
+
+
+def exported_checkpoint(cfg) -> str:
+    """`export_choice` in words, for `launch validate`."""
+    prefer, key, greater = export_choice(cfg)
+    if prefer == "latest":
+        return "the last complete checkpoint (full fine-tuning)"
     return (f"the best checkpoint by {key.removeprefix('eval_').replace('loss', 'eval loss')} "
             f"({'higher' if greater else 'lower'} wins; the newest when none was evaluated)")

@@ -28,7 +28,7 @@ from payload import checkpoints as ck
 from payload import layout, lease, modeling, observe, runconfig, stop_request, timings, tracking, trainset, verify
 from payload.trainer import ResumeLossState, trainer_class
 from payload.config import dump_run_config
-from payload.eval_config import best_metric
+from payload.eval_config import best_metric, export_choice
 from payload.errors import (
     EXIT_BUDGET, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, BudgetExhausted, PayloadError, exit_code_for, one_line,
 )
@@ -374,8 +374,7 @@ def save(run: Run) -> dict:
     cfg, rd, trainer = run.cfg, run.run_dir, run.trainer
     finished = run.state == "completed"
     root = ck.checkpoints_dir(rd)
-    prefer = "latest" if cfg.train.method == "full" else "best"
-    key, greater = best_metric(cfg)
+    prefer, key, greater = export_choice(cfg)
     best = (ck.latest_complete(root) if prefer == "latest" else ck.best_checkpoint(root, key, greater)) \
         if run.main else None
     if run.main:
