@@ -94,3 +94,10 @@ def test_the_launcher_enters_the_payload_only_through_its_declared_doors():
     assert not set(PAYLOAD_DOORS) - set(used), f"declared doors nobody uses: {set(PAYLOAD_DOORS) - set(used)}"
     assert all(len(reason) > 20 for reason in PAYLOAD_DOORS.values())
     assert not back, f"the payload imports the launcher: {back}"
+
+
+def test_no_module_over_500_lines():
+    """Past ~500 lines a module holds two ideas (../shared/STYLE.md): split where they part."""
+    long = {str(p.relative_to(REPO)): n for folder in ("launcher", "payload", "bench") for p in (REPO / folder).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"modules over 500 lines: {long}"
