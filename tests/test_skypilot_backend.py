@@ -819,3 +819,30 @@ def test_down_of_a_run_it_cannot_read_says_which_checkpoint_it_keeps(fake):
     assert "could not read the run's status.json (skypilot), so no final checkpoint was asked for" in \
         " ".join(r.output.split())
     assert "jobs.cancel" in fake.names()
+
+
+def test_an_any_of_profile_prices_and_places_the_option_skypilot_takes(monkeypatch):
+    """[H100:1, RTX4090:1]: SkyPilot's optimizer takes the cheaper RTX 4090, so the live price asks RunPod
+    for the 4090 and a new volume goes where 4090s are, not where the first-listed H100 is."""
+    from sky.provision.runpod.utils import GPU_NAME_MAP
+
+    from launcher.backends.skypilot.price import picked_accelerator
+    from launcher.backends.skypilot.runpod_volumes import catalog_zones, new_volume_infra
+
+    body = yaml.safe_load((REPO_ROOT / "clusters/well-log-ocr-spot.yaml").read_text())
+    body["cluster"]["accelerators"] = ["H100:1", "RTX4090:1"]
+    p = Profile.model_validate(body)
+    assert picked_accelerator(p) == "RTX4090:1"
+    gpu = {"id": GPU_NAME_MAP["RTX4090"], "securePrice": 0.69, "secureSpotPrice": 0.35, "lowestPrice": {}}
+    seen = runpod_graphql(monkeypatch, {"data": {"gpuTypes": [gpu]}})
+    monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
+    assert sp.hourly_price(p) == (0.35, "runpod-api")  # spot: the 4090's spot price
+    (_, _, query), = seen
+    assert f'id: "{GPU_NAME_MAP["RTX4090"]}"' in query
+    # The new volume's datacenter: where RunPod has 4090s in stock (the stock query asks for the 4090).
+    zones = [z for _, z in catalog_zones(p, "RTX4090:1")]
+    stock = {f"d{i}": {"stockStatus": "High" if dc == "EU-RO-1" else None} for i, dc in enumerate(zones)}
+    seen = runpod_graphql(monkeypatch, {"data": {"gpuTypes": [stock]}})
+    assert new_volume_infra(p, "rp_key") == "runpod/RO/EU-RO-1"
+    (_, _, query), = seen
+    assert f'gpuTypes(input: {{id: "{GPU_NAME_MAP["RTX4090"]}"}})' in query

@@ -18,7 +18,7 @@ def hourly_price(profile, live: bool = True) -> tuple[float, str]:
     c = profile.cluster
     if live and os.environ.get("RUNPOD_API_KEY") and any(i.split("/")[0] == "runpod" for i in c.infra_list):
         try:
-            return _runpod_api_price(profile), "runpod-api"
+            return _runpod_api_price(profile, picked_accelerator(profile)), "runpod-api"
         except Exception:  # noqa: BLE001 - any API problem falls through to the catalog
             pass
     if not c.is_local:
@@ -33,35 +33,54 @@ def hourly_price(profile, live: bool = True) -> tuple[float, str]:
     return 0.0, "unknown"
 
 
+def picked_accelerator(profile) -> str:
+    """The accelerator spec (`RTX4090:1`) the run gets: the profile's only one, or, for a list
+    (SkyPilot `any_of`), the one SkyPilot's optimizer takes on the catalog snapshot, the cheapest it
+    can place, which need not be the first listed. The live price and a new volume's datacenter
+    follow it (the volume pins where the run can go)."""
+    options = profile.cluster.accelerator_options
+    if len(options) <= 1:
+        return options[0] if options else ""
+    return _catalog_choice(profile)[1]
+
+
 def _catalog_price(profile) -> float:
-    """SkyPilot's optimizer on the shipped snapshot, in a child process unless this one already
+    return _catalog_choice(profile)[0]
+
+
+def _catalog_choice(profile) -> tuple[float, str]:
+    """($/h, accelerator spec taken) from SkyPilot's optimizer on the shipped snapshot, in a child
+    process unless this one already
     imported `sky` for offline planning: `import_sky_offline()` points SKY_RUNTIME_DIR at launch's
     offline dir and seeds its enabled-clouds cache, which must not reach a process that goes on to
     use the SDK (a local API server would start there), nor ~/.sky when `sky` is imported normally."""
     from ...catalog import offline_runtime_dir, optimize
 
     if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
-        return optimize(profile).price_per_hour
+        choice = optimize(profile)
+        return choice.price_per_hour, choice.accelerators
     code = ("import json, sys; from launcher.catalog import optimize; from launcher.profile import Profile; "
-            "print(optimize(Profile.model_validate(json.load(sys.stdin))).price_per_hour)")
+            "c = optimize(Profile.model_validate(json.load(sys.stdin))); print(c.price_per_hour, c.accelerators)")
     done = subprocess.run([sys.executable, "-c", code], input=profile.model_dump_json(), text=True,
                           capture_output=True, timeout=PRICE_TIMEOUT_S, cwd=REPO_ROOT)
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip()[-300:])
-    return float(done.stdout.split()[-1])
+    price, accelerators = done.stdout.splitlines()[-1].split()
+    return float(price), accelerators
 
 
-def _runpod_api_price(profile) -> float:
-    """Secure-cloud price per GPU from RunPod's GraphQL API (the `runpod` SDK) x GPUs x nodes."""
+def _runpod_api_price(profile, accelerator: str) -> float:
+    """Secure-cloud price per GPU of `accelerator` (`NAME:COUNT`, the one the run gets) from RunPod's
+    GraphQL API (the `runpod` SDK) x GPUs x nodes."""
     import runpod
     from sky.provision.runpod.utils import GPU_NAME_MAP
 
     c = profile.cluster
-    gpu = runpod.get_gpu(GPU_NAME_MAP[c.accelerator_name], gpu_quantity=c.gpus_per_node,
+    gpu = runpod.get_gpu(GPU_NAME_MAP[accelerator.partition(":")[0]], gpu_quantity=c.gpus_per_node,
                          api_key=os.environ["RUNPOD_API_KEY"])
     lowest = gpu.get("lowestPrice") or {}
     per_gpu = (gpu.get("secureSpotPrice") or lowest.get("minimumBidPrice")) if c.use_spot else \
         (gpu.get("securePrice") or lowest.get("uninterruptablePrice"))
     if not per_gpu:
-        raise ValueError(f"RunPod lists no price for {c.accelerators_label}")
+        raise ValueError(f"RunPod lists no price for {accelerator}")
     return round(float(per_gpu) * c.gpus_per_node * c.num_nodes, 4)

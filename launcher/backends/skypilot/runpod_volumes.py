@@ -22,6 +22,7 @@ from typing import Optional
 
 from ...errors import BackendError
 from ...profile import CATALOG_DIR
+from .price import picked_accelerator
 
 # RunPod datacenters with the S3-compatible API (docs.runpod.io/storage/s3-api), in this order of
 # preference when nothing else decides.
@@ -41,11 +42,13 @@ def api_key() -> Optional[str]:
         return None
 
 
-def catalog_zones(profile) -> list[tuple[str, str]]:
-    """(region, datacenter) pairs of the catalog snapshot offering the profile's instance."""
+def catalog_zones(profile, accelerator: Optional[str] = None) -> list[tuple[str, str]]:
+    """(region, datacenter) pairs of the catalog snapshot offering the profile's instance (of
+    `accelerator`, `NAME:COUNT`, when given: the any_of option the run gets)."""
     c = profile.cluster
+    name = accelerator.partition(":")[0] if accelerator else c.accelerator_name
     with (CATALOG_DIR / "runpod" / "vms.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if r["AcceleratorName"] == c.accelerator_name
+        rows = [r for r in csv.DictReader(f) if r["AcceleratorName"] == name
                 and float(r["AcceleratorCount"] or 0) == c.gpus_per_node
                 and (not c.region or r["Region"] == c.region)]
     return list(dict.fromkeys((r["Region"], r["AvailabilityZone"]) for r in rows))
@@ -90,21 +93,22 @@ def _s3_first(zone: str) -> tuple[bool, int]:
 def new_volume_infra(profile, key: Optional[str]) -> str:
     """`runpod/REGION/DATACENTER` for a new volume: in stock now, S3 API first (module docstring)."""
     c = profile.cluster
-    zones = catalog_zones(profile)
+    picked = picked_accelerator(profile)  # an any_of list: the option SkyPilot takes, not the first listed
+    zones = catalog_zones(profile, picked)
     where = f" in region {c.region}" if c.region else ""
     if not zones:
-        raise BackendError(f"no RunPod datacenter in the catalog snapshot offers {c.accelerators_label}{where}: "
+        raise BackendError(f"no RunPod datacenter in the catalog snapshot offers {picked}{where}: "
                            "change cluster.accelerators or cluster.region")
     stock = {}
     if key:
         try:
-            stock = gpu_stock(c.accelerator_name, c.gpus_per_node, [z for _, z in zones], key)
+            stock = gpu_stock(picked.partition(":")[0], c.gpus_per_node, [z for _, z in zones], key)
         except Exception:  # noqa: BLE001 - no stock answer: fall back to the S3-first order
             stock = {}
     if any(stock.values()):
         zones = [rz for rz in zones if stock.get(rz[1]) in STOCK_RANK]
         if not zones:
-            raise BackendError(f"RunPod has no {c.accelerators_label} in stock in any datacenter{where} right now; "
+            raise BackendError(f"RunPod has no {picked} in stock in any datacenter{where} right now; "
                                "nothing was created: retry later, or drop cluster.region")
         zones.sort(key=lambda rz: (STOCK_RANK[stock[rz[1]]], *_s3_first(rz[1])))
     else:
