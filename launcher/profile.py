@@ -43,6 +43,18 @@ def mount_point(value: str) -> str:
     return value
 
 
+def cloud_name_rule(kind_field: str, default: str, problem_of, rules: str):
+    """A `name` validator with the clouds' rules for the kind named by the model's `kind_field`
+    (declared before `name`, so it is validated first): launcher/cloud_names.py."""
+    def check(name: str, info):
+        kind = info.data.get(kind_field, default)
+        problem = problem_of(name, kind)
+        if problem:
+            raise ValueError(f"`{name}` {problem} ({kind} {rules}); choose another name")
+        return name
+    return check
+
+
 class VolumeConfig(Strict):
     """A persistent network volume (created or reused with `sky volumes apply` before launch)."""
 
@@ -54,15 +66,7 @@ class VolumeConfig(Strict):
     mount: str = "/workspace"
 
     _mount = field_validator("mount")(mount_point)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str, info):
-        kind = info.data.get("type", "runpod-network-volume")
-        problem = volume_name_problem(name, kind)
-        if problem:
-            raise ValueError(f"`{name}` {problem} ({kind} rules); choose another name")
-        return name
+    _name = field_validator("name")(cloud_name_rule("type", "runpod-network-volume", volume_name_problem, "rules"))
 
 
 class BucketConfig(Strict):
@@ -75,15 +79,7 @@ class BucketConfig(Strict):
     mode: Literal["MOUNT", "MOUNT_CACHED"] = "MOUNT_CACHED"
 
     _mount = field_validator("mount")(mount_point)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str, info):
-        store = info.data.get("store", "s3")
-        problem = bucket_name_problem(name, store)
-        if problem:
-            raise ValueError(f"`{name}` {problem} ({store} bucket rules); choose another name")
-        return name
+    _name = field_validator("name")(cloud_name_rule("store", "s3", bucket_name_problem, "bucket rules"))
 
 
 class ClusterConfig(Strict):

@@ -99,22 +99,26 @@ def _cluster_ssh_config(server, cluster, tmp_path):
                       f"  UserKnownHostsFile {known}\n  StrictHostKeyChecking yes\n")
 
 
+def machine_backend(kind, tmp_path, sshd):
+    """The local backend, or the ssh one pointed at the test sshd (host key known, remote root in tmp)."""
+    if kind == "local":
+        from launcher.backends.local import LocalBackend
+
+        return LocalBackend()
+    from launcher.backends.ssh import SSHBackend
+
+    known = tmp_path / "known_hosts"
+    known.write_text(sshd.known_hosts_line())
+    return SSHBackend(host=sshd.host, identity_file=str(sshd.client_key), known_hosts=str(known),
+                      remote_root=str(tmp_path / "remote"))
+
+
 def start(kind, tmp_path, template, sshd, monkeypatch):
     """(run, check_down): the run started on `kind` and finished; check_down() asserts the teardown."""
     if kind in ("local", "ssh"):
         profile = load_profile("local-demo")
         spec = _spec(tmp_path, f"contract-{kind}", kind, profile, template, task=_contract_task(profile))
-        if kind == "local":
-            from launcher.backends.local import LocalBackend
-
-            be = LocalBackend()
-        else:
-            from launcher.backends.ssh import SSHBackend
-
-            known = tmp_path / "known_hosts"
-            known.write_text(sshd.known_hosts_line())
-            be = SSHBackend(host=sshd.host, identity_file=str(sshd.client_key), known_hosts=str(known),
-                            remote_root=str(tmp_path / "remote"))
+        be = machine_backend(kind, tmp_path, sshd)
         run = be.up(spec)
         deadline = time.time() + 60
         while be.status(run).state != "completed":

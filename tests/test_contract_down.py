@@ -30,10 +30,12 @@ from launcher.profile import load_profile
 
 try:
     from sky_edge import FakeSky, runpod_edge
-    from test_contract import BACKENDS, NODE_PATH, _cloud_profile, _cluster_ssh_config, _spec, start, template
+    from test_contract import (BACKENDS, NODE_PATH, _cloud_profile, _cluster_ssh_config, _spec, machine_backend,
+                               start, template)
 except ImportError:
     from tests.sky_edge import FakeSky, runpod_edge
-    from tests.test_contract import BACKENDS, NODE_PATH, _cloud_profile, _cluster_ssh_config, _spec, start, template
+    from tests.test_contract import (BACKENDS, NODE_PATH, _cloud_profile, _cluster_ssh_config, _spec, machine_backend,
+                                     start, template)
 
 __all__ = ["template"]
 
@@ -104,17 +106,7 @@ def start_trainer(kind, honour, tmp_path, template, sshd, monkeypatch):
         profile = load_profile("local-demo")
         spec = _spec(tmp_path, f"trainer-{kind}", kind, profile, template, task=_trainer_task(profile))
         spec.envs.update(env)
-        if kind == "local":
-            from launcher.backends.local import LocalBackend
-
-            be = LocalBackend()
-        else:
-            from launcher.backends.ssh import SSHBackend
-
-            known = tmp_path / "known_hosts"
-            known.write_text(sshd.known_hosts_line())
-            be = SSHBackend(host=sshd.host, identity_file=str(sshd.client_key), known_hosts=str(known),
-                            remote_root=str(tmp_path / "remote"))
+        be = machine_backend(kind, tmp_path, sshd)
         run = be.up(spec)
         _wait_training(lambda: be.read_run_file(run, "status.json"))
         return run, None
