@@ -79,7 +79,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         raise BackendError("--backend ssh needs --host user@host[:port]")
     if backend == "local":
         _require_training_extras()
-    run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse)
+    run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse, explicit_new=force_new)
     entry = experiment.check_resume(run, p, profile, new_sets, allow) if resuming else \
         experiment.start_entry((*sets, *rehearsal))
     source = "registry"
@@ -170,13 +170,13 @@ def load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
     return load_checked(profile, backend, overrides=tuple(sets))[0]
 
 
-def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False):
+def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explicit_new: bool = False):
     """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile."""
     from . import registry
     from .errors import BackendError
 
     active = registry.active_for_profile(p.name)
-    if active and not resume:
+    if active and not resume and not explicit_new:  # --new: the user asked for a second run, it gets its own id
         state = refresh(active)
         if state.active:
             raise BackendError(f"{p.name} already has an active run {active.id} ({state.state}): follow it with "

@@ -173,3 +173,16 @@ def test_the_payloads_budget_warning_is_shown_by_status(clock, backend):
     assert status("w")["budget_warning"] == text
     out = launch("status", "w").output
     assert f"! {text}" in out and "w" in out
+
+
+def test_new_starts_a_second_run_beside_an_active_one(clock, backend):
+    """The refusal of a second active run names --new as the way to start another; --new does."""
+    registry.save(Run(id="sonia-h100-1", profile="sonia-h100", backend="skypilot", started_at=1000.0,
+                      state="running", price_per_hour=PRICE, budget_usd=40.0))
+    r = launch("up", "sonia-h100")
+    assert r.exit_code == 1 and "already has an active run sonia-h100-1" in r.output and "--new" in r.output
+    assert backend.specs == []
+    r = launch("up", "sonia-h100", "--new")
+    assert r.exit_code == 0, r.output
+    (spec,) = backend.specs
+    assert spec.run.id != "sonia-h100-1" and registry.get("sonia-h100-1").state == "running"
