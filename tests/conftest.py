@@ -34,7 +34,15 @@ def isolated_state(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "launch-home"))
     monkeypatch.chdir(REPO)
+    from launcher import ui
+
+    # rich's Console reads COLUMNS once, when it is made, and ui caches it: a console made while a test
+    # had COLUMNS=200 set must not print the next test's output (in any order, in any worker).
+    ui.console.cache_clear()
+    ui.err_console.cache_clear()
     yield
+    ui.console.cache_clear()
+    ui.err_console.cache_clear()
     # SkyPilot's ux_utils.print_exception_no_traceback sets sys.tracebacklimit = 0 and does not
     # restore it when the body raises; don't let one test's SkyPilot error hide later tracebacks.
     if hasattr(sys, "tracebacklimit"):
