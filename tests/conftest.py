@@ -26,6 +26,10 @@ from launcher.catalog import install_snapshot  # noqa: E402  (light: imports no 
 
 install_snapshot(Path(os.environ["SKY_RUNTIME_DIR"]))
 
+from launcher import ui  # noqa: E402  (light: rich is imported when a console is made)
+
+_UI_CONSOLES = (ui.console, ui.err_console)
+
 
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path, monkeypatch):
@@ -34,15 +38,13 @@ def isolated_state(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "launch-home"))
     monkeypatch.chdir(REPO)
-    from launcher import ui
-
     # rich's Console reads COLUMNS once, when it is made, and ui caches it: a console made while a test
     # had COLUMNS=200 set must not print the next test's output (in any order, in any worker).
-    ui.console.cache_clear()
-    ui.err_console.cache_clear()
+    for cached in _UI_CONSOLES:
+        cached.cache_clear()
     yield
-    ui.console.cache_clear()
-    ui.err_console.cache_clear()
+    for cached in _UI_CONSOLES:  # the cached functions themselves, whatever a test patched in their place
+        cached.cache_clear()
     # SkyPilot's ux_utils.print_exception_no_traceback sets sys.tracebacklimit = 0 and does not
     # restore it when the body raises; don't let one test's SkyPilot error hide later tracebacks.
     if hasattr(sys, "tracebacklimit"):
