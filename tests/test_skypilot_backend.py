@@ -309,7 +309,7 @@ def test_price_from_runpod_api_then_catalog_then_profile(monkeypatch):
     assert 'id: "NVIDIA H100 80GB HBM3"' in query and "gpuCount: 2" in query
     assert sp.hourly_price(load_profile("lovecraft-a100-spot")) == (1.75, "runpod-api")  # spot price
 
-    # SkyPilot's optimizer on the snapshot (in a child process: see sp._catalog_price).
+    # SkyPilot's optimizer on the snapshot (in a child process: see skypilot/price.py _optimize).
     runpod_graphql(monkeypatch, ConnectionError("api.runpod.io unreachable"))
     from launcher.catalog import SNAPSHOT_DATE
 

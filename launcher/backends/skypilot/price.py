@@ -25,7 +25,7 @@ def hourly_price(profile, live: bool = True) -> tuple[float, str]:
         try:
             from ...catalog import SNAPSHOT_DATE
 
-            return _catalog_price(profile), f"catalog {SNAPSHOT_DATE}"
+            return _catalog_choice(profile)[0], f"catalog {SNAPSHOT_DATE}"
         except Exception:  # noqa: BLE001
             pass
     if profile.budget.price_per_hour is not None:
@@ -44,16 +44,24 @@ def picked_accelerator(profile) -> str:
     return _catalog_choice(profile)[1]
 
 
-def _catalog_price(profile) -> float:
-    return _catalog_choice(profile)[0]
+_CHOICES: dict[str, tuple[float, str]] = {}  # profile JSON -> the optimizer's answer (the snapshot is fixed)
 
 
 def _catalog_choice(profile) -> tuple[float, str]:
-    """($/h, accelerator spec taken) from SkyPilot's optimizer on the shipped snapshot, in a child
-    process unless this one already
-    imported `sky` for offline planning: `import_sky_offline()` points SKY_RUNTIME_DIR at launch's
-    offline dir and seeds its enabled-clouds cache, which must not reach a process that goes on to
-    use the SDK (a local API server would start there), nor ~/.sky when `sky` is imported normally."""
+    """($/h, accelerator spec taken) from SkyPilot's optimizer on the shipped snapshot, once per
+    profile per process (`launch up` asks for the price and, for a new volume, the pick: one run of
+    the optimizer, seconds each, serves both)."""
+    key = profile.model_dump_json()
+    if key not in _CHOICES:
+        _CHOICES[key] = _optimize(profile)
+    return _CHOICES[key]
+
+
+def _optimize(profile) -> tuple[float, str]:
+    """The optimizer, in a child process unless this one already imported `sky` for offline
+    planning: `import_sky_offline()` points SKY_RUNTIME_DIR at launch's offline dir and seeds its
+    enabled-clouds cache, which must not reach a process that goes on to use the SDK (a local API
+    server would start there), nor ~/.sky when `sky` is imported normally."""
     from ...catalog import offline_runtime_dir, optimize
 
     if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
