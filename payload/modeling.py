@@ -300,7 +300,15 @@ def check_vision_frozen(cfg, model) -> dict:
 
 
 def prepare_for_method(cfg, model):
-    """Method-specific preparation before the trainer: returns (model, peft_config or None)."""
+    """Method-specific preparation before the trainer: returns (model, peft_config or None).
+
+    QLoRA: nothing is upcast (see `dtype_plan`). peft's `prepare_model_for_kbit_training`, which the
+    payload called until 2026-11-26, cast the embeddings, norms and LM head to fp32, and the
+    activations followed in fp32: the H200 gpu-check measured 96.3 GiB for QLoRA against 83.4 for bf16
+    LoRA at the same shape (bench/results/nvidia-h200-2026-11-26.json#qlora-4bit). TRL 1.16 no longer
+    calls it either: gradient checkpointing and input gradients come from the Trainer's arguments
+    (TRL calls `enable_input_require_grads` for a PEFT model with checkpointing), the base is frozen
+    by peft, and the adapters get their dtype after the trainer is built (`cast_adapters`)."""
     method = cfg.train.method
     vl_language_only = cfg.model.kind == "image_text_to_text" and cfg.train.lora.language_only
     if method == "full":
@@ -308,13 +316,54 @@ def prepare_for_method(cfg, model):
             log.info("full fine-tuning: froze %d vision-tower tensors", freeze_vision(model))
         return model, None
     if method == "qlora":
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=gradient_checkpointing(cfg),
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
+        plan = dtype_plan(method, compute_dtype_name(cfg))
+        log.info("qlora dtypes: %s", ", ".join(f"{k} {v}" for k, v in plan.items()))
     return model, lora_config(cfg, model)
+
+
+KBIT_PREPARATION = "compute-dtype"  # before 2026-11-26: "fp32-upcast" (peft's prepare_model_for_kbit_training)
+
+
+def compute_dtype_name(cfg) -> str:
+    """The dtype of the unquantized weights and of mixed precision: `model.dtype` resolved (`auto`:
+    bf16 where the GPU has it, fp16 on a T4, fp32 on CPU). It decides the adapters' dtype (fp16
+    mixed precision needs fp32 adapters) whatever `train.quantization.compute_dtype` says."""
+    return str(resolve_dtype(cfg.model)).replace("torch.", "")
+
+
+def dtype_plan(method: str, compute: str, zero3: bool = False) -> dict[str, str]:
+    """Which parts of the model hold which dtype while training (a plain table, no torch).
+
+    - block linears: NF4/int8 for qlora (bitsandbytes dequantizes to `compute` per matmul), else `compute`;
+    - embeddings, norms, LM head, vision tower: `compute` (never upcast: fp32 norms make every
+      activation after them fp32, the memory the H200 row measured);
+    - adapters: qlora under bf16 in bf16, as TRL 1.16 casts them for a quantized model (QLoRA paper
+      section 3); under fp16 in fp32, because AMP's GradScaler refuses to unscale fp16 gradients;
+      lora: peft's default fp32 (`autocast_adapter_dtype`), bf16 under ZeRO-3 (TRL's choice there:
+      ZeRO-3 gathers parameters of one dtype).
+    """
+    if method == "full":
+        return {"all": compute}
+    plan = {"block_linears": "nf4" if method == "qlora" else compute, "embeddings": compute,
+            "norms": compute, "lm_head": compute, "vision": compute}
+    if method == "qlora":
+        plan["adapters"] = "float32" if compute == "float16" else compute
+    else:
+        plan["adapters"] = compute if zero3 and compute != "float16" else "float32"
+    return plan
+
+
+def cast_adapters(cfg, model) -> None:
+    """Give the trainable adapter tensors their `dtype_plan` dtype (after the trainer is built: TRL
+    casts a quantized model's adapters to bf16 whatever the compute dtype). Only QLoRA is cast."""
+    import torch
+
+    if cfg.train.method != "qlora":
+        return
+    want = getattr(torch, dtype_plan("qlora", compute_dtype_name(cfg))["adapters"])
+    for name, p in model.named_parameters():
+        if p.requires_grad and "lora_magnitude_vector" not in name and p.dtype != want:
+            p.data = p.data.to(want)
 
 
 def deepspeed_config(ds) -> dict:

@@ -190,6 +190,7 @@ def setup(run: Run, build=None) -> None:
     )
     run.trainer.launch_run = run
     observe.quiet_trainer(run.trainer)
+    modeling.cast_adapters(cfg, run.trainer.model)  # QLoRA adapters per modeling.dtype_plan
     run.counts = modeling.check_vision_frozen(cfg, run.trainer.model)
 
 
