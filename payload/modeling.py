@@ -79,16 +79,58 @@ def checkpointing_decision(cfg) -> tuple[int, str]:
 _CKPT_DECISIONS: dict[str, tuple[int, str]] = {}
 
 
-def use_liger(cfg) -> bool:
-    """`train.liger`: `auto` is on with a CUDA GPU and the optional liger-kernel package."""
+def use_liger(cfg, model=None) -> bool:
+    """`train.liger`: `auto` is on with a CUDA GPU, the optional liger-kernel package, and a Liger patch
+    for this model type that imports and applies (`liger_probe`); otherwise off, with one log line
+    saying why. `true` fails with the reason instead. Decided once per config when the model is given
+    (train.setup, before the trainer applies Liger); later calls without it return that decision."""
     setting = cfg.train.liger
+    key = cfg.config_hash()
+    if model is None and key in _LIGER_DECISIONS:
+        return _LIGER_DECISIONS[key]
     installed = importlib.util.find_spec("liger_kernel") is not None
     if setting is True and not installed:
         raise PayloadError("train.liger is true but the liger-kernel package is not installed; "
                            "pip install liger-kernel, or set train.liger: auto")
     if setting is True and not on_gpu():
         raise PayloadError("train.liger needs a CUDA GPU (Triton kernels); set train.liger: auto")
-    return bool(setting) and installed and on_gpu()
+    wanted = bool(setting) and installed and on_gpu()
+    if model is None or not wanted:
+        return wanted
+    model_type = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+    why = liger_probe(model_type)
+    if why and setting is True:
+        raise PayloadError(f"train.liger is true but {why}; set train.liger: auto (off where it fails) or false")
+    if why:
+        log.info("liger: off (train.liger auto): %s", why)
+    _LIGER_DECISIONS[key] = why is None
+    return why is None
+
+
+_LIGER_DECISIONS: dict[str, bool] = {}
+# What the trainer applies: TRL 1.16 turns Liger's fused linear cross-entropy off (it has its own fused LM head)
+LIGER_CONFIG = {"fused_linear_cross_entropy": False}
+
+
+def liger_probe(model_type: str) -> str | None:
+    """Why Liger cannot patch `model_type` here (None: its patch imports and applies). Applies the
+    class-level patch with the trainer's kernel config, which the trainer then applies to the
+    instance anyway; any exception (liger-kernel 0.8.5 with transformers 5.23 fails to import its
+    Qwen3-VL output class) becomes the reason."""
+    import inspect
+
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+        apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+        if apply is None:
+            return f"liger-kernel has no patch for model type {model_type}"
+        params = inspect.signature(apply).parameters
+        apply(**{k: v for k, v in LIGER_CONFIG.items() if k in params})
+    except Exception as e:  # noqa: BLE001 - whatever breaks, `auto` must not turn it into a crashed run
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"liger-kernel's {model_type} patch failed ({type(e).__name__}: {first[:200]})"
+    return None
 
 
 def base_model_path(cfg) -> str:

@@ -173,6 +173,8 @@ def setup(run: Run, build=None) -> None:
         train_records, run.val_records = trainset.ensure_data(cfg, tokenizer_of(processing))
     model, run.attn = modeling.load_model(cfg, path, dtype)
     model, peft_config = modeling.prepare_for_method(cfg, model)
+    if args.use_liger_kernel != modeling.use_liger(cfg, model):  # `auto`: off where its patch fails
+        args = dataclasses.replace(args, use_liger_kernel=False)
     if getattr(cfg, "init_adapter", None) is not None:  # a later stage: train on from the previous adapter
         model, peft_config = start_from_adapter(cfg, model)
     vl = cfg.model.kind == "image_text_to_text"
