@@ -36,6 +36,7 @@ class ModelDims:
     tied: bool
     vision_params: float = 0.0
     source: str = ""
+    qk_norm: bool = False  # Qwen3's per-head RMSNorm on q and k (Qwen2.5 has none)
 
     @property
     def module_shapes(self) -> dict[str, tuple[int, int]]:
@@ -99,7 +100,13 @@ def dims_from_config(data: dict, source: str = "config.json") -> ModelDims:
         heads=heads, kv_heads=text.get("num_key_value_heads") or heads,
         head_dim=text.get("head_dim") or text["hidden_size"] // heads, vocab=text["vocab_size"],
         tied=bool(tied), vision_params=vparams, source=source,
+        qk_norm=str(text.get("model_type") or data.get("model_type") or "").startswith("qwen3"),
     )
+
+
+def known_dims(key: str, source: str = "") -> ModelDims:
+    """ModelDims of a KNOWN_QWEN row ("qwen3/8")."""
+    return ModelDims(*KNOWN_QWEN[key], source=source or f"known shape {key}", qk_norm=key.startswith("qwen3"))
 
 
 def dims_from_name(name: str) -> Optional[ModelDims]:
@@ -112,10 +119,10 @@ def dims_from_name(name: str) -> Optional[ModelDims]:
         "qwen2.5" if re.search(r"qwen2\.?5", base) else None)
     key = f"{family}/{size.group(1)}"
     if key in KNOWN_QWEN:
-        return ModelDims(*KNOWN_QWEN[key], source=f"known shape {key}")
+        return known_dims(key)
     want = float(size.group(1)) * 1e9
     nearest = min(KNOWN_QWEN, key=lambda k: abs(math.log(ModelDims(*KNOWN_QWEN[k]).params / want)))
-    d = ModelDims(*KNOWN_QWEN[nearest])
+    d = known_dims(nearest)
     scale = want / d.params  # keep the nearest shape, scale the depth to the named size
     return ModelDims(**{**asdict(d), "layers": max(1, round(d.layers * scale)),
                         "source": f"{size.group(1)}B from the name, shape of {nearest}"})
@@ -124,8 +131,29 @@ def dims_from_name(name: str) -> Optional[ModelDims]:
 # ---------------------------------------------------------------------------------- GPU memory
 
 
+@dataclass(frozen=True)
+class Kernels:
+    """How a run computes, as far as its memory goes: what a `make gpu-check` row records
+    (attn_used, liger, padding_free) and what the config alone cannot say (`kernels_of`)."""
+
+    attention: str = "sdpa"  # flash_attention_2 | flex_attention | sdpa | eager
+    liger: bool = False
+    padding_free: bool = False  # packed or padding-free: each batch is one flattened row of B x S tokens
+    padded_len: Optional[int] = None  # padded batches: the longest row they pad to (default max_seq_length)
+    kbit_upcast: bool = False  # qlora prepared by peft's prepare_model_for_kbit_training (payload before 2026-11-26)
+
+
+def kernels_of(cfg, **given) -> Kernels:
+    """Kernels from the config: the first listed attention, Liger only when `true` (`auto` is decided
+    on the GPU: off counts more memory), padding-free when packing (or `train.padding_free: true`)."""
+    t = cfg.train
+    free = bool(t.packing) or getattr(t, "padding_free", False) is True
+    base = dict(attention=cfg.model.attn_implementation[0], liger=t.liger is True, padding_free=free)
+    return Kernels(**{**base, **{k: v for k, v in given.items() if v is not None}})
+
+
 def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims: Optional[ModelDims] = None,
-                           fused_lm_head: bool = True) -> dict:
+                           fused_lm_head: bool = True, kernels: Optional[Kernels] = None) -> dict:
     """Peak GPU memory per GPU, in GiB (2**30 bytes, as torch and nvidia-smi count), by component.
 
     P = parameters, N = `num_gpus` (all GPUs of the job), B = per-device batch, S = max_seq_length,
@@ -139,35 +167,57 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
                  ZeRO-2 shards the 14 B of grads+optimizer over N, ZeRO-3 all 16 B; offload_optimizer
                  moves the 12 B to CPU, offload_params the 2 B. ZeRO-3 adds a working set: 3 x the
                  largest gathered unit (a block or the embedding) x 2 B (current + prefetch + grads).
-    activations  checkpointing on: L x B x S x H x 2 B (each block's bf16 input) + 2 x one block
-                 recomputed in backward, B x S x (4H + 4Q + 4K + 4I [+ 5H + Q + I copies when LoRA
-                 dropout > 0]) x 2 B; off: L x that block set; every n-th layer: the checkpointed
-                 layers' inputs + the other layers' block sets. Flash/SDPA attention assumed (no
-                 S^2). `gradient_checkpointing: auto` is resolved first (`choose_checkpointing`).
-    logits       the payload (TRL >= 1.16 SFTTrainer) never materializes the B x S x V logits: its
+    activations  T = the tokens of a batch as the model sees them: B x S in one flattened row when
+                 padding-free or packed (`Kernels.padding_free`), else B rows padded to the longest
+                 record of the batch (`Kernels.padded_len`, default S: a whole epoch meets the
+                 longest record). Checkpointing on: L x T x H x 2 B (each block's bf16 input) + 2 x
+                 one block recomputed in backward, T x (4H + 4Q + 4K + 4I [+ 5H + Q + I copies when
+                 LoRA dropout > 0] [+ 2(Q + K): Qwen3's q/k RMSNorm keeps fp32 copies]) x 2 B; off:
+                 L x that block set; every n-th layer: the checkpointed layers' inputs + the other
+                 layers' block sets. Corrections, each named with the bench/results row that shows it:
+                 - Liger (RMSNorm keeps its bf16 input, not an fp32 copy; SwiGLU recomputes silu):
+                   - (2H + Q + K + I) x 2 B per token (lora-bf16-flex: 80.7 GiB estimated vs 75.4);
+                 - sdpa/eager given a mask (padding, or a flattened row's block-diagonal mask):
+                   transformers repeats k and v to every head, + 2(Q - K) x 2 B per token, and each
+                   layer keeps a rows x length^2 bf16 mask for backward (lora-bf16-sdpa vs
+                   lora-bf16-flex: 7.9 GiB apart measured; modelled 3.4 + 4.5 at 8,192 tokens);
+                 - padded batches: T from the longest row, not S (lora-bf16-vl and lora-fp16 padded
+                   to 1,790 tokens in their 15 steps: estimated 34.6 GiB at S vs 19.8 measured);
+                 - QLoRA prepared with peft's fp32 upcast (`Kernels.kbit_upcast`, the payload before
+                   2026-11-26): activations x 1.30 and fp32 embeddings/norms/LM head (qlora-4bit:
+                   96.3 GiB measured, 79.8 estimated without it). The payload no longer upcasts.
+                 Flash/flex attention keep no S^2. `gradient_checkpointing: auto` is resolved first.
+    logits       the payload (TRL >= 1.16 SFTTrainer) never materializes the T x V logits: its
                  fused LM head scores tiles of 4096 tokens x 32768 vocab (2 B each) and keeps per
                  token the scored hidden state (2 B x H), its fp32 gradient (4 B x H) and the cast
                  back (2 B x H); a trainable LM head (full) adds an fp32 gradient accumulator and its
-                 cast, 6 B x V x H. `fused_lm_head=False` (a plain transformers Trainer): B x S x V x
+                 cast, 6 B x V x H. `fused_lm_head=False` (a plain transformers Trainer): T x V x
                  10 B (bf16 logits, fp32 upcast for the loss, fp32 log-softmax/grad).
-    overhead     1.5 GiB (CUDA context, NCCL, cuBLAS workspace) + 5 % (allocator fragmentation).
+    train_state  (lora) fp32 adapters, 16 B each; QLoRA in bf16 keeps bf16 adapters (payload.modeling.
+                 dtype_plan, as TRL does): 8 B each.
+    overhead     1.5 GiB (CUDA context, NCCL, cuBLAS workspace) + 5 % (allocator fragmentation); with
+                 unfused logits + half the logits term (freed logits blocks stay cached: the three
+                 baseline rows reserve 2.7-5.3 GiB more than they allocate).
 
-    Assumptions: sequences padded (or packed) to S, no CPU-offloaded activations, no Liger kernels,
-    vision-tower activations ignored. It is an estimate for a go/no-go before paying: expect the
-    real peak within about +-20 %; `make gpu-check` (bench/gpu_check.py) measures it against a GPU.
+    `kernels` (attention, Liger, padding-free, padded length, QLoRA upcast) defaults to what the
+    config says (`kernels_of`: `liger: auto` counts as off). No CPU-offloaded activations, vision-
+    tower activations ignored (no image row measured yet). An estimate for a go/no-go before
+    paying: tests/test_memory_measured.py holds it within +-15 % of every GPU row in bench/results/.
     """
     dims = dims or dims_from_name(cfg.model.name_or_path)
     if dims is None:
         return {"known": False, "detail": f"unknown size of `{cfg.model.name_or_path}`"}
     t, n = cfg.train, max(1, int(num_gpus))
     ds = t.deepspeed
-    every, why = choose_checkpointing(cfg, gpu_mem_gb, n, dims)
-    comp = _components(cfg, dims, n, every, fused_lm_head)
+    k = kernels or kernels_of(cfg)
+    every, why = choose_checkpointing(cfg, gpu_mem_gb, n, dims, k)
+    comp = _components(cfg, dims, n, every, fused_lm_head, k)
     total = sum(comp.values()) / GIB
     out = {
         "known": True, "model": cfg.model.name_or_path, "params_b": round(dims.params / 1e9, 2),
         "shape_source": dims.source, "method": t.method, "num_gpus": n,
         "zero_stage": ds.zero_stage if ds else None, "batch": t.per_device_batch_size, "seq": t.max_seq_length,
+        "kernels": asdict(k),
         "gradient_checkpointing": every > 0, "checkpoint_every_n_layers": every,
         "gradient_checkpointing_reason": why,
         "components_gb": {k: round(v / GIB, 2) for k, v in comp.items()},
@@ -225,7 +275,7 @@ PARTIAL_EVERY_N = (4, 3, 2)  # `auto` tries checkpointing every 4th, 3rd, 2nd la
 
 
 def choose_checkpointing(cfg, gpu_mem_gb: Optional[float], num_gpus: int,
-                         dims: Optional[ModelDims] = None) -> tuple[int, str]:
+                         dims: Optional[ModelDims] = None, kernels: Optional[Kernels] = None) -> tuple[int, str]:
     """(every_n_layers, why) for `train.gradient_checkpointing`: 0 = off, 1 = every decoder layer,
     n = every n-th layer (transformers' `every_n_layers`: the others keep their activations, so less
     is recomputed). `auto` takes the least checkpointing whose estimate needs at most 85 % of the
@@ -239,7 +289,8 @@ def choose_checkpointing(cfg, gpu_mem_gb: Optional[float], num_gpus: int,
     if dims is None:
         return 1, "auto: model size unknown, on to be safe"
     n, limit = max(1, int(num_gpus)), AUTO_CHECKPOINTING_FRACTION * gpu_mem_gb
-    need = {k: sum(_components(cfg, dims, n, k, True).values()) / GIB for k in (0, *PARTIAL_EVERY_N, 1)}
+    kern = kernels or kernels_of(cfg)
+    need = {k: sum(_components(cfg, dims, n, k, True, kern).values()) / GIB for k in (0, *PARTIAL_EVERY_N, 1)}
     where = f"{limit:.1f} GiB (85% of {gpu_mem_gb:.1f})"
     if need[0] <= limit:
         return 0, f"auto: off, ~{need[0]:.1f} GiB without it fits {where}"
@@ -256,26 +307,38 @@ def choose_gradient_checkpointing(cfg, gpu_mem_gb: Optional[float], num_gpus: in
     return every > 0, why
 
 
-def _components(cfg, dims: ModelDims, n: int, every: int, fused_lm_head: bool) -> dict:
+def _components(cfg, dims: ModelDims, n: int, every: int, fused_lm_head: bool, k: Kernels) -> dict:
     ds = cfg.train.deepspeed
     comp = {
-        "weights": _weights_bytes(cfg, dims, n),
-        "train_state": _train_state_bytes(cfg, dims, n),
-        "activations": _activation_bytes(cfg, dims, every),
-        "logits": _logits_bytes(cfg, dims, fused_lm_head),
+        "weights": _weights_bytes(cfg, dims, n, k),
+        "train_state": _train_state_bytes(cfg, dims, n, k),
+        "activations": _activation_bytes(cfg, dims, every, k),
+        "logits": _logits_bytes(cfg, dims, fused_lm_head, k),
     }
     if ds and ds.zero_stage == 3:
         comp["zero3_working"] = 3 * max(dims.block_params, dims.vocab * dims.hidden) * 2
     comp["overhead"] = 1.5 * GIB + 0.05 * sum(comp.values())
+    if not fused_lm_head:  # the allocator keeps freed logits blocks cached: reserved ~ allocated + half of them
+        comp["overhead"] += 0.5 * comp["logits"]  # (the three baseline rows of the H200 table: +2.7 to +5.3 GiB)
     return comp
+
+
+def _rows(cfg, k: Kernels) -> tuple[int, int]:
+    """(rows, tokens per row) of a batch as the model sees it: one flattened row of B x S tokens when
+    padding-free (or packed), else B rows padded to the longest (`padded_len`, at most S)."""
+    t = cfg.train
+    if k.padding_free:
+        return 1, t.per_device_batch_size * t.max_seq_length
+    return t.per_device_batch_size, min(k.padded_len or t.max_seq_length, t.max_seq_length)
 
 
 FUSED_TOKEN_TILE, FUSED_VOCAB_TILE = 4096, 32768  # trl/kernels/chunked_logprob.py, trl/trainer/utils.py
 
 
-def _logits_bytes(cfg, dims: ModelDims, fused: bool) -> float:
+def _logits_bytes(cfg, dims: ModelDims, fused: bool, k: Kernels) -> float:
     t = cfg.train
-    tokens = t.per_device_batch_size * t.max_seq_length
+    rows, length = _rows(cfg, k)
+    tokens = rows * length
     if not fused:
         return tokens * dims.vocab * 10
     per = 4 if cfg.model.dtype == "float32" else 2
@@ -292,26 +355,29 @@ def lora_trainable_params(cfg, dims: ModelDims) -> int:
     return dims.layers * sum(cfg.train.lora.r * sum(shapes[m]) for m in names)
 
 
-def _weights_bytes(cfg, dims: ModelDims, n: int) -> float:
+def _weights_bytes(cfg, dims: ModelDims, n: int, k: Kernels) -> float:
     t = cfg.train
     if t.method == "full":
         return 0.0  # counted in train_state (16 B/param)
     per = 4 if cfg.model.dtype == "float32" else 2
     if t.method == "qlora":
-        w = 0.55 * dims.linear_params + per * (dims.params - dims.linear_params)
+        rest = 4 if k.kbit_upcast else per  # the upcast cast embeddings, LM head, norms, vision to fp32
+        w = 0.55 * dims.linear_params + rest * (dims.params - dims.linear_params)
     else:
         w = per * dims.params
     return w / n if t.deepspeed and t.deepspeed.zero_stage == 3 else w
 
 
-def _train_state_bytes(cfg, dims: ModelDims, n: int) -> float:
+def _train_state_bytes(cfg, dims: ModelDims, n: int, k: Kernels) -> float:
     t, ds = cfg.train, cfg.train.deepspeed
     if t.method == "full":
         weights, grads, optim = 2 * dims.params, 2 * dims.params, 12 * dims.params
     else:
         trainable = lora_trainable_params(cfg, dims)
-        optim_b = 2 if t.optimizer == "paged_adamw_8bit" else 8
-        weights, grads, optim = 4 * trainable, 4 * trainable, optim_b * trainable
+        # fp32 adapters, except QLoRA in bf16 (payload.modeling.dtype_plan): bf16 weight, grad and AdamW m, v
+        per = 2 if t.method == "qlora" and cfg.model.dtype == "bfloat16" and not k.kbit_upcast else 4
+        optim_b = 2 if t.optimizer == "paged_adamw_8bit" else 2 * per
+        weights, grads, optim = per * trainable, per * trainable, optim_b * trainable
     if ds:
         optim = 0 if ds.offload_optimizer else optim / n
         grads /= n
@@ -320,16 +386,35 @@ def _train_state_bytes(cfg, dims: ModelDims, n: int) -> float:
     return weights + grads + optim
 
 
-def _activation_bytes(cfg, dims: ModelDims, every: int) -> float:
+# Activations kept by a layer whose batch was upcast to fp32 by prepare_model_for_kbit_training, per the
+# same layer in bf16: the qlora-4bit row (94.9 GiB allocated) against lora-bf16-sdpa (81.8), same shape,
+# batch, attention and Liger, with the weights' difference (4-bit blocks, fp32 embeddings) taken out.
+KBIT_UPCAST_ACTIVATIONS = 1.30
+
+
+def _activation_bytes(cfg, dims: ModelDims, every: int, k: Kernels) -> float:
     t = cfg.train
-    tokens = t.per_device_batch_size * t.max_seq_length
+    rows, length = _rows(cfg, k)
+    tokens = rows * length
     h, i = dims.hidden, dims.intermediate
     q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     per_token = 4 * h + 4 * q + 4 * kv + 4 * i
     if t.method != "full" and t.lora.dropout > 0:
         per_token += 5 * h + q + i  # PEFT applies dropout per adapted linear: one input copy each
+    if dims.qk_norm:
+        per_token += 2 * (q + kv)  # q_norm/k_norm keep an fp32 copy of q and k (eager RMSNorm)
+    if k.liger:  # Liger's RMSNorm keeps its bf16 input, not an fp32 copy; its SwiGLU recomputes silu(gate)
+        per_token -= 2 * h + (q + kv if dims.qk_norm else 0) + i
+    masked = k.attention in ("sdpa", "eager")
+    if masked:  # transformers repeats k and v to every head when sdpa gets a mask (no enable_gqa)
+        per_token += 2 * (q - kv)
     block = tokens * per_token * 2
+    # sdpa/eager get a dense mask per layer (padding, or the block-diagonal mask of a flattened row) and
+    # keep it for backward: rows x length^2 x 2 B (bf16)
+    mask = rows * length * length * 2 if masked else 0
+    if k.kbit_upcast:
+        block *= KBIT_UPCAST_ACTIVATIONS
     if every <= 0:
-        return dims.layers * block
+        return dims.layers * (block + mask)
     kept = dims.layers - math.ceil(dims.layers / every)  # layers that keep all their activations
-    return (dims.layers - kept) * tokens * h * 2 + kept * block + 2 * block
+    return (dims.layers - kept) * tokens * h * 2 + kept * (block + mask) + 2 * block + mask
