@@ -22,10 +22,13 @@ The model (one formula, every input named):
 - Anchors, in order of preference (SOURCES: what each range is made from):
   1. the user's own finished runs on the same GPU, method and model (launcher/calibration.py):
      median, range = the runs' min-max widened x/÷1.1 ("calibrated from N runs");
-  2. `make gpu-check` results (throughput.MEASURED): spread x/÷1.15 (one steady-state measurement);
+  2. `make gpu-check` results (throughput.MEASURED, cited as bench/results/<file>.json#<mode>): spread
+     x/÷1.15 (one steady-state measurement); one of the same method, at the same size (within x1.5)
+     and precision (fp16 rows for GPUs without bf16) is used before any runbook figure, carried to
+     the planned GPU;
   3. runbook measurements (RUNBOOK_ANCHORS): spread x/÷1.41, the spread runbook 000's own "2-4 h" states;
   4. nothing near: peak x 35% MFU (a typical bf16 fine-tune on a datacenter GPU; assumption), x/÷2.
-  The anchor needing the fewest carries wins (GPU 1, method 1, size 2).
+  Otherwise the anchor needing the fewest carries wins (GPU 1, method 1, size 2).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from .throughput import CPU_TINY_TOKENS_PER_S, GPUS, MEASURED
+from .throughput import CPU_TINY_TOKENS_PER_S, GPUS, MEASURED, measured_precision, precision_of
 
 SIZE_EXPONENT = 0.9
 QLORA_MFU_RATIO = 0.7
@@ -54,6 +57,7 @@ class Anchor:
     tokens_per_s: float
     source: str
     kind: str = "runbook"  # "runs" | "gpu-check" | "runbook"
+    precision: str = "bf16"  # "fp16": measured in fp16 mixed precision (GPUs without bf16)
 
 
 # Runbook measurements, tokens/s/GPU at the model size they were measured at.
@@ -126,8 +130,8 @@ def carry(a: Anchor, gpu: str, method: str, size_b: float) -> Throughput:
 
 def anchors() -> list[Anchor]:
     """gpu-check measurements first (throughput.MEASURED), then the runbooks."""
-    measured = [Anchor(g, m, size, rate, f"measured {cite}", "gpu-check")
-                for (g, m), (rate, size, cite) in MEASURED.items() if g in GPUS]
+    measured = [Anchor(key[0], key[1], size, rate, f"measured {cite}", "gpu-check", measured_precision(cite))
+                for key, (rate, size, cite) in MEASURED.items() if key[0] in GPUS]
     return measured + list(RUNBOOK_ANCHORS)
 
 
@@ -146,10 +150,16 @@ def estimate(gpu: Optional[str], method: str, size_b: Optional[float], calibrate
         t = estimate("A100-80GB", method, size_b)
         return Throughput(t.low / 2, t.mid, t.high * 2, f"no figure for {gpu}; A100-80GB used: {t.source}",
                           "assumption", t.mfu)
-    rank = {"gpu-check": 0, "runbook": 1}
-    best = min(anchors(), key=lambda a: (sum(CARRY_COST[c] for c in _carries(a, gpu, method, size_b)),
-                                         rank[a.kind], abs(math.log(size_b / a.size_b))))
-    return carry(best, gpu, method, size_b)
+    rank = {"runbook": 0, "gpu-check": 1}  # at equal carries the runbook's real workload (images, real data)
+
+    def cost(a: Anchor) -> tuple:
+        return sum(CARRY_COST[c] for c in _carries(a, gpu, method, size_b)), rank[a.kind], abs(math.log(size_b / a.size_b))
+
+    # a gpu-check measurement of this method at this size (within x1.5) and precision, carried to this
+    # GPU, comes before any runbook figure; otherwise the anchor needing the fewest carries
+    measured = [a for a in anchors() if a.kind == "gpu-check" and a.method == method
+                and a.precision == precision_of(gpu) and "size" not in _carries(a, gpu, method, size_b)]
+    return carry(min(measured or anchors(), key=cost), gpu, method, size_b)
 
 
 def _assumed(gpu: str, method: str, size_b: float, known: bool) -> Throughput:

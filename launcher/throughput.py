@@ -39,11 +39,31 @@ def decode_steps_per_s(accelerator: Optional[str], size_b: Optional[float]) -> f
     return rate * (2.0 / size_b if size_b else 1.0)
 CPU_TINY_TOKENS_PER_S = 25000.0
 
-# Figures measured by `make gpu-check` (bench/gpu_check.py), speed_model's first anchors. One entry per
-# (accelerator, method): (payload tokens/s/GPU, size of the model measured in billions, citation
-# "bench/results/<gpu>-<date>.json#<mode>"). None measured yet (no GPU run committed); e.g.
-#   ("H100-SXM", "lora"): (3100.0, 8.19, "bench/results/nvidia-h100-80gb-hbm3-2026-12-01.json#lora-bf16-sdpa"),
-MEASURED: dict[tuple[str, str], tuple[float, float, str]] = {}
+# Figures measured by `make gpu-check` (bench/gpu_check.py), speed_model's first anchors. Key: (accelerator,
+# method[, mode]) -> (payload tokens/s/GPU, size of the model measured in billions, citation
+# "bench/results/<gpu>-<date>.json#<mode>"); the mode in the key lets one method have several sizes.
+# A mode named *fp16* ran in fp16 mixed precision (the T4 path): it anchors GPUs without bf16
+# (NO_BF16), the others anchor the rest. tests/test_memory_measured.py checks each against its file.
+H200_2026_11_26 = "bench/results/nvidia-h200-2026-11-26.json"
+MEASURED: dict[tuple, tuple[float, float, str]] = {
+    # Qwen3-8B, batch 2 x 4096 packed, sdpa (the attention today's profiles list first), Liger on
+    ("H200", "lora", "lora-bf16-sdpa"): (4290.1, 8.19, f"{H200_2026_11_26}#lora-bf16-sdpa"),
+    # the same with peft's fp32 upcast (the payload no longer upcasts: expect it faster and smaller)
+    ("H200", "qlora", "qlora-4bit"): (5274.4, 8.19, f"{H200_2026_11_26}#qlora-4bit"),
+    # Qwen3-VL-2B on text records, padded batches of 2, Liger off
+    ("H200", "lora", "lora-bf16-vl"): (2635.0, 2.02, f"{H200_2026_11_26}#lora-bf16-vl"),
+    ("H200", "lora", "lora-fp16"): (2417.4, 2.02, f"{H200_2026_11_26}#lora-fp16"),
+}
+NO_BF16 = {"T4", "V100", "V100-32GB"}  # fp16 mixed precision with loss scaling
+
+
+def measured_precision(citation: str) -> str:
+    """"fp16" for a gpu-check mode that trained in fp16 (its name says so), else "bf16"."""
+    return "fp16" if "fp16" in citation.rsplit("#", 1)[-1] else "bf16"
+
+
+def precision_of(accelerator: Optional[str]) -> str:
+    return "fp16" if accelerator in NO_BF16 else "bf16"
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,24 @@ def test_qlora_without_the_upcast_is_estimated_below_bf16_lora():
     assert est(q, True) / q["measured_peak_gb"] == pytest.approx(1.0, abs=0.15)
 
 
+def test_planning_figures_are_the_committed_measurements():
+    """launcher/throughput.py MEASURED: each entry is a payload row of the file it cites, on that GPU."""
+    from gpu_flops import gpu_key
+    from gpu_report import CATALOG_NAME
+
+    from launcher.throughput import MEASURED
+
+    assert MEASURED
+    for key, (rate, size, cite) in MEASURED.items():
+        path, mode = cite.split("#")
+        data = json.loads((REPO / path).read_text())
+        row = next(r for r in data["rows"] if r["mode"] == mode and r["role"] == "payload")
+        assert row["status"] == "ok" and (rate, size) == (row["tokens_per_s"], row["params_b"]), cite
+        assert CATALOG_NAME[gpu_key(data["device"])] == key[0], cite
+        method = "full" if mode.startswith("full") else "qlora" if mode.startswith("qlora") else "lora"
+        assert key[1] == method, cite
+
+
 # ----------------------------------------------------------------------------- what a row describes
 
 

@@ -239,7 +239,10 @@ def check_gpu_memory(cfg, dims: Optional[ModelDims], env) -> tuple[Check, dict]:
     if not est.get("known"):
         return Check("gpu_memory", "warn", f"model size unknown for `{cfg.model.name_or_path}`: not estimated"), est
     comps = ", ".join(f"{k} {v:g}" for k, v in est["components_gb"].items())
-    detail = f"~{est['total_gb']:g} GiB per GPU x {n} ({comps})"
+    k = est.get("kernels") or {}
+    how = (f"; {k.get('attention')}, Liger {'on' if k.get('liger') else 'off'}, "
+           + ("padding-free" if k.get("padding_free") else f"padded to {cfg.train.max_seq_length}")) if k else ""
+    detail = f"~{est['total_gb']:g} GiB per GPU x {n} ({comps}{how})"
     if mem is None:
         return Check("gpu_memory", "ok", f"{detail}; no GPU visible, not compared"), est
     detail += f" vs {mem:.1f} GiB ({source})"
