@@ -153,7 +153,8 @@ def estimate(gpu: Optional[str], method: str, size_b: Optional[float], calibrate
     rank = {"runbook": 0, "gpu-check": 1}  # at equal carries the runbook's real workload (images, real data)
 
     def cost(a: Anchor) -> tuple:
-        return sum(CARRY_COST[c] for c in _carries(a, gpu, method, size_b)), rank[a.kind], abs(math.log(size_b / a.size_b))
+        carries = sum(CARRY_COST[c] for c in _carries(a, gpu, method, size_b))
+        return carries, rank[a.kind], abs(math.log(size_b / a.size_b))
 
     # a gpu-check measurement of this method at this size (within x1.5) and precision, carried to this
     # GPU, comes before any runbook figure; otherwise the anchor needing the fewest carries
