@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
+from .boundary import inside
 from .profile import REPO_ROOT
 
 PAYLOAD_DIR = "payload"
@@ -78,14 +79,10 @@ def _add_data(up: Upload, source, profile) -> None:
 
 
 def repo_relative(value: str) -> Optional[str]:
-    """`value` as a clean path inside the repo (relative paths are relative to it), else None."""
-    p = Path(value).expanduser()
-    p = p if p.is_absolute() else REPO_ROOT / p
-    try:
-        rel = Path(os.path.normpath(p)).relative_to(REPO_ROOT)
-    except ValueError:
-        return None
-    return rel.as_posix() if rel.parts else None
+    """`value` as a clean path inside the repo (relative paths are relative to it), else None: the
+    boundary rule (launcher/boundary.py `inside`: `..`, absolute paths and links out of the repo, at
+    any level, are outside) with the repo as its root."""
+    return inside(REPO_ROOT, value)
 
 
 def _tree(top: Path, suffixes: tuple[str, ...]) -> dict[str, Path]:
