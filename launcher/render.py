@@ -224,12 +224,12 @@ def render_profile(name: str, price_of: Callable[[Profile], float]) -> dict[Path
     (`launch render` passes launcher.catalog.plan_price: pricing needs the rendered task, so it lives
     above this module)."""
     path = resolve_profile_path(name)
+    p = load_profile(str(path))  # its own problems first
     if not in_clusters(path):
         raise ProfileError([f"{name}: only the profiles in clusters/ render into sky/ (the committed renders CI "
                             "checks; a file from elsewhere would overwrite the one its `name:` names): copy it to "
                             "clusters/ (`launch init NAME --from PROFILE` makes one), or see its task with "
                             f"`launch up {name} --dry-run`, which renders it for the run and writes nothing"])
-    p = load_profile(str(path))
     task, config = render_text(p, price_of(p))
     return {task_path(p.name): task, config_path(p.name): config}
 
