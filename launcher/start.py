@@ -79,7 +79,8 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         raise BackendError("--backend ssh needs --host user@host[:port]")
     if backend == "local":
         _require_training_extras()
-    run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse, explicit_new=force_new)
+    run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse, explicit_new=force_new,
+                              reserve=not dry_run)
     entry = experiment.check_resume(run, p, profile, new_sets, allow) if resuming else \
         experiment.start_entry((*sets, *rehearsal))
     source = "registry"
@@ -171,8 +172,10 @@ def load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
     return load_checked(profile, backend, overrides=tuple(sets))[0]
 
 
-def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explicit_new: bool = False):
-    """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile."""
+def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explicit_new: bool = False,
+              reserve: bool = True):
+    """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile. A dry
+    run (`reserve` False) names the id the run would get without reserving it in the registry."""
     from . import registry
     from .errors import BackendError
 
@@ -200,7 +203,9 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
                                     f"one (continue it instead with `launch up {p.name} --resume {latest.id}`)"))
     from .rehearse import run_id_prefix
 
-    return registry.Run(id=registry.new_run_id(run_id_prefix(p.name) if rehearse else p.name), profile=p.name,
+    prefix = run_id_prefix(p.name) if rehearse else p.name
+    run_id = registry.new_run_id(prefix) if reserve else f"{prefix}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return registry.Run(id=run_id, profile=p.name,
                         backend=backend,
                         config_hash=p.config_hash(), budget_usd=p.budget.max_usd), False
 

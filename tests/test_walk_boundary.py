@@ -36,13 +36,14 @@ def demo_copy(tmp_path: Path, old: str = "", new: str = "", extra: str = "") -> 
 
 
 def started_nothing(tmp_path: Path) -> None:
-    """No run recorded in the walk's LAUNCH_HOME, no run directory made."""
+    """No run recorded (nor a run id reserved) in the walk's LAUNCH_HOME, no run directory made."""
     home = tmp_path / "user-launch-home"
     db = home / "runs.db"
     if db.exists():
         with sqlite3.connect(db) as con:
             tables = [t for (t,) in con.execute("select name from sqlite_master where type='table'")]
-            assert all(con.execute(f"select count(*) from {t}").fetchone()[0] == 0 for t in tables if t == "runs")
+            assert all(con.execute(f"select count(*) from {t}").fetchone()[0] == 0 for t in tables
+                       if t in ("runs", "run_ids"))
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
 
 
