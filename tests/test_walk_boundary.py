@@ -201,16 +201,18 @@ def test_json_output_is_strict_even_for_a_run_recorded_with_an_infinite_budget(t
 
 
 def test_a_profile_by_path_never_writes_the_committed_sky_files(tmp_path):
-    """A copy of sonia-h100 with another LoRA rank, named `sonia-h100` like the committed one."""
+    """Copies named like committed profiles: `render` refuses, `up --dry-run` on SkyPilot renders for
+    the run and writes nothing (sky/ byte-identical, no run id reserved)."""
+    sky = {p: p.read_bytes() for p in (REPO / "sky").rglob("*") if p.is_file()}
     text = (REPO / "clusters" / "sonia-h100.yaml").read_text()
     assert "    r: 32" in text
-    profile = tmp_path / "sonia-copy.yaml"
-    profile.write_text(text.replace("    r: 32", "    r: 16"))
-    sky = {p: p.read_bytes() for p in (REPO / "sky").rglob("*") if p.is_file()}
-    r = launch(tmp_path, "render", str(profile))
-    assert_one_line_error(r, "only the profiles in clusters/ render into sky/", f"launch up {profile} --dry-run")
-    r = launch(tmp_path, "up", str(profile), "--dry-run")
+    sonia = tmp_path / "sonia-copy.yaml"
+    sonia.write_text(text.replace("    r: 32", "    r: 16"))
+    r = launch(tmp_path, "render", str(sonia))
+    assert_one_line_error(r, "only the profiles in clusters/ render into sky/", f"launch up {sonia} --dry-run")
+    demo = demo_copy(tmp_path, "max_usd: 1.00", "max_usd: 2.00")  # the cheapest task SkyPilot parses
+    r = launch(tmp_path, "up", str(demo), "--backend", "skypilot", "--dry-run")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "nothing started" in r.stdout and "a per-run copy" in r.stdout
+    assert "nothing started" in r.stdout and "a per-run copy" in r.stdout and "parsed by SkyPilot" in r.stdout
     assert {p: p.read_bytes() for p in (REPO / "sky").rglob("*") if p.is_file()} == sky
     started_nothing(tmp_path)
