@@ -99,6 +99,14 @@ def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
             hints.append(missing_file_hint(src) if problem.startswith(f"{rel} not found") else "")
         else:
             present.append(f"{rel} ({human_size(size)})")
+    for loc, file in _reward_files(data):
+        problem = outside_problem(file, on_this_machine, "reward file")
+        target = Path(file) if PurePosixPath(file).is_absolute() else REPO_ROOT / file
+        if problem is None and not target.is_file():
+            problem = f"{file} not found (looked for {target}); put the reward module there or fix the path"
+        if problem:
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+            hints.append("")
     if problems and present:
         problems[-1] += f" (present: {', '.join(present)})"
     return [p + h for p, h in zip(problems, hints)], present
@@ -114,6 +122,20 @@ def _source_lists(data: dict) -> list[tuple[tuple, list]]:
         sources = d.get("sources") if isinstance(d, dict) else None
         if isinstance(sources, list):
             out.append((prefix, sources))
+    return out
+
+
+def _reward_files(data: dict) -> list[tuple[tuple, str]]:
+    """(key, file) of every user reward `FILE.py:FUNCTION` in the profile's GRPO stages."""
+    out = []
+    stages = data.get("stages") if isinstance(data.get("stages"), list) else []
+    for j, st in enumerate(stages):
+        grpo = st.get("grpo") if isinstance(st, dict) else None
+        rewards = grpo.get("rewards") if isinstance(grpo, dict) else None
+        for k, spec in enumerate(rewards if isinstance(rewards, list) else []):
+            file = spec.rpartition(":")[0] if isinstance(spec, str) else ""
+            if file.endswith(".py"):
+                out.append((("stages", j, "grpo", "rewards", k), file))
     return out
 
 

@@ -171,3 +171,17 @@ def test_the_boundary_rule(tmp_path):
     assert inside(root, "d/out/root/d/f") == "d/out/root/d/f"  # out and back in: the file is the repo's
     for outside in ("../x", "d/../../x", "/etc/hostname", "d/out", "d/out/x", "loop", ".", ""):
         assert inside(root, outside) is None, outside
+
+
+def test_a_user_reward_module_travels_when_it_is_inside_the_repo(repo, tmp_path):
+    (repo / "data" / "reward.py").write_text("def score(*a, **k): return [0.0]\n")
+    (repo / "data" / "linked.py").symlink_to(tmp_path / "home-secret")
+    grpo = SimpleNamespace(rewards=["number_match", "data/reward.py:score", "data/linked.py:f", "../x.py:f",
+                                    "my_pkg.rewards:f"])
+    p = _profile(("data/a.jsonl", None))
+    p.stages = [SimpleNamespace(grpo=None), SimpleNamespace(grpo=grpo)]
+    up = uploads.upload_plan(p, repo / "sky/config/mine.yaml", "sky/config/mine.yaml")
+    assert {f for f in up.files if f.startswith("data/")} == {"data/a.jsonl", "data/reward.py"}
+    assert up.not_uploaded == [("data/linked.py", "reward module outside the repo: the machine must have it at "
+                                                  "that path"),
+                               ("../x.py", "reward module outside the repo: the machine must have it at that path")]

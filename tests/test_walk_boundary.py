@@ -113,6 +113,20 @@ def test_an_image_root_out_of_the_repo_is_refused(tmp_path):
                           f"{profile}:", "data.sources.1.image_root: ../elsewhere is outside the repo")
 
 
+def test_a_reward_module_out_of_the_repo_is_refused(tmp_path, in_repo, outside):
+    (outside / "reward.py").write_text("def score(*a, **k): return [0.0]\n")
+    (in_repo / "reward.py").symlink_to(outside / "reward.py")
+    rel = f"{in_repo.relative_to(REPO)}/reward.py"
+    text = (REPO / "clusters" / "spatial-vl-t4.yaml").read_text()
+    old = "rewards: [number_match, format]"
+    assert old in text
+    profile = tmp_path / "spatial.yaml"
+    profile.write_text(text.replace(old, f"rewards: [number_match, {rel}:score, ../r.py:score]"))
+    r = launch(tmp_path, "validate", str(profile))
+    assert_one_line_error(r, f"stages.2.grpo.rewards.1: {rel} leads out of the repo through a symbolic link",
+                          "stages.2.grpo.rewards.2: ../r.py is outside the repo")
+
+
 # ------------------------------------------------------------------------------------------- secrets
 
 # One made-up token of each shape (never a real one); the variable names say nothing secret.
