@@ -28,19 +28,31 @@ def shown_path(path: Path):
         return path
 
 
-def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optional[int]]:
-    """(problem, size) of one data.sources[].path as the run will read it (from the workdir)."""
+def outside_problem(rel: str, on_this_machine: bool, what: str = "file") -> Optional[str]:
+    """Why a local path a profile names (a data file, an image root) cannot be used, by the boundary
+    rule (launcher/boundary.py: inside the repo by every route, links included), else None. On the
+    local backend an absolute path is read where it lies (nothing is uploaded); elsewhere only what is
+    inside the repo travels."""
     p = PurePosixPath(rel)
     if p.is_absolute():
-        if not on_this_machine:
-            return (f"{rel} is an absolute path on this machine, which is not uploaded; put the file "
-                    "under data/ and give its path from the repo root, e.g. data/my.jsonl"), None
-        target = Path(rel)
-    else:
-        if not p.parts or ".." in p.parts or repo_relative(rel) is None:
-            return (f"{rel} is outside the repo, which is all that is uploaded to the machine; move it "
-                    "under data/"), None
-        target = REPO_ROOT / rel
+        if on_this_machine:
+            return None
+        return (f"{rel} is an absolute path on this machine, which is not uploaded; put the {what} under "
+                "data/ and give its path from the repo root, e.g. data/my.jsonl")
+    if not p.parts or ".." in p.parts:
+        return f"{rel} is outside the repo, which is all that is uploaded to the machine; move it under data/"
+    if repo_relative(rel) is None:
+        return (f"{rel} leads out of the repo through a symbolic link (to {(REPO_ROOT / rel).resolve()}); a link "
+                f"out of the repo is never followed or uploaded: copy the {what} under data/ instead of linking it")
+    return None
+
+
+def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optional[int]]:
+    """(problem, size) of one data.sources[].path as the run will read it (from the workdir)."""
+    problem = outside_problem(rel, on_this_machine)
+    if problem:
+        return problem, None
+    target = Path(rel) if PurePosixPath(rel).is_absolute() else REPO_ROOT / rel
     if not target.exists():
         return f"{rel} not found (looked for {target}); put the file there or fix the path", None
     if not target.is_file():
@@ -70,6 +82,13 @@ def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
         on_this_machine = infra == "local" or infra == ["local"]
     problems, present, hints = [], [], []
     for prefix, i, src in ((pre, i, src) for pre, sources in _source_lists(data) for i, src in enumerate(sources)):
+        images = src.get("image_root") if isinstance(src, dict) else None
+        problem = outside_problem(images, on_this_machine, "image directory") \
+            if isinstance(images, str) and images not in ("", ".") else None
+        if problem:
+            loc = (*prefix, "data", "sources", i, "image_root")
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+            hints.append("")
         rel = src.get("path") if isinstance(src, dict) else None
         if not isinstance(rel, str) or not rel:
             continue
@@ -80,6 +99,14 @@ def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
             hints.append(missing_file_hint(src) if problem.startswith(f"{rel} not found") else "")
         else:
             present.append(f"{rel} ({human_size(size)})")
+    for loc, file in _reward_files(data):
+        problem = outside_problem(file, on_this_machine, "reward file")
+        target = Path(file) if PurePosixPath(file).is_absolute() else REPO_ROOT / file
+        if problem is None and not target.is_file():
+            problem = f"{file} not found (looked for {target}); put the reward module there or fix the path"
+        if problem:
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+            hints.append("")
     if problems and present:
         problems[-1] += f" (present: {', '.join(present)})"
     return [p + h for p, h in zip(problems, hints)], present
@@ -95,6 +122,20 @@ def _source_lists(data: dict) -> list[tuple[tuple, list]]:
         sources = d.get("sources") if isinstance(d, dict) else None
         if isinstance(sources, list):
             out.append((prefix, sources))
+    return out
+
+
+def _reward_files(data: dict) -> list[tuple[tuple, str]]:
+    """(key, file) of every user reward `FILE.py:FUNCTION` in the profile's GRPO stages."""
+    out = []
+    stages = data.get("stages") if isinstance(data.get("stages"), list) else []
+    for j, st in enumerate(stages):
+        grpo = st.get("grpo") if isinstance(st, dict) else None
+        rewards = grpo.get("rewards") if isinstance(grpo, dict) else None
+        for k, spec in enumerate(rewards if isinstance(rewards, list) else []):
+            file = spec.rpartition(":")[0] if isinstance(spec, str) else ""
+            if file.endswith(".py"):
+                out.append((("stages", j, "grpo", "rewards", k), file))
     return out
 
 

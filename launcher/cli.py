@@ -194,9 +194,9 @@ def plan(profile, as_json, rehearse=False, compare=False):
 
         print_compare(compare_options(p, result), as_json)
     elif as_json:
-        import json
+        from .units import json_text
 
-        click.echo(json.dumps({**result.to_dict(), "data_problems": data_problems}, indent=2))
+        click.echo(json_text({**result.to_dict(), "data_problems": data_problems}))
     else:
         print_plan(p, result)
     from rich.text import Text

@@ -13,6 +13,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from launcher.boundary import PASSED_BY_NAME, inside, secret_refusal, secret_shape
 from launcher.cloud_names import bucket_name_problem, volume_name_problem
 from payload.config import (
     ConfigError,
@@ -193,30 +194,36 @@ class EstimateConfig(Strict):
 
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SECRET_ENV_RE = re.compile(r"^(HF_TOKEN|WANDB_API_KEY)$|_(TOKEN|KEY|SECRET)$|PASSWORD", re.IGNORECASE)
-SECRETS_BY_NAME = ("secrets stay in your environment and are passed by name at launch (HF_TOKEN, "
-                   "WANDB_API_KEY), never written to a profile, a task or the run registry")
+SECRET_ENV_RE = re.compile(r"^(HF_TOKEN|WANDB_API_KEY)$|_(TOKEN|KEY|SECRET|PAT)$|PASSWORD|CREDENTIAL", re.IGNORECASE)
+SECRETS_BY_NAME = (f"secrets stay in your environment and are passed by name at launch ({', '.join(PASSED_BY_NAME)}), "
+                   "never written to a profile, a task or the run registry")
 
 
-def check_env_name(name: str) -> str:
-    """An extra environment variable's name (profile `envs:`, `launch up --env`), or ValueError with the fix."""
+def check_env(name: str, value: object = "") -> str:
+    """An extra environment variable (profile `envs:`, `launch up --env`): its name, or ValueError with
+    the fix. A secret is refused by its name or by its value's shape (launcher/boundary.py); the
+    message names the variable, never the value."""
     if not ENV_NAME_RE.fullmatch(name):
         raise ValueError(f"`{name}` is not an environment variable name (letters, digits, `_`; not a digit first)")
     if SECRET_ENV_RE.search(name):
         raise ValueError(f"`{name}` looks like a secret: {SECRETS_BY_NAME}")
     if name.upper().startswith(("LAUNCH_", "SKYPILOT_")):
         raise ValueError(f"`{name}` is set by launch/SkyPilot for every run: pick another name")
+    refusal = secret_refusal(name, value)
+    if refusal:
+        raise ValueError(refusal)
     return name
 
 
 def parse_env_items(items: tuple[str, ...]) -> dict[str, str]:
-    """`--env KEY=VALUE` options as a mapping; ValueError naming the bad one."""
+    """`--env KEY=VALUE` options as a mapping; ValueError naming the bad one (never echoing a secret)."""
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"`{item}`: expected KEY=VALUE")
-        out[check_env_name(name)] = value
+            shown = name if ENV_NAME_RE.fullmatch(name) and not secret_shape(name) else "an item"
+            raise ValueError(f"`{shown}`: expected KEY=VALUE")
+        out[check_env(name, value)] = value
     return out
 
 
@@ -232,8 +239,8 @@ class Profile(RunConfig):
     @field_validator("envs")
     @classmethod
     def _env_names(cls, v: dict) -> dict:
-        for name in v:
-            check_env_name(name)
+        for name, value in v.items():
+            check_env(name, value)
         return {k: str(x) for k, x in v.items()}
 
     @model_validator(mode="after")
@@ -256,21 +263,31 @@ class ProfileError(ConfigError):
 
 
 def profile_names() -> list[str]:
-    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml") if in_clusters(p))
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
+    """A profile's file: a path to a .yaml file as given, else `clusters/<name>.yaml`, where the name
+    must stay inside clusters/ (the boundary rule: `../x` or a link out of clusters/ is no profile name)."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
     candidate = CLUSTERS_DIR / f"{name_or_path}.yaml"
-    if candidate.exists():
+    if candidate.exists() and in_clusters(candidate):
         return candidate
     names = profile_names()
     close = difflib.get_close_matches(name_or_path, names, n=1, cutoff=0.5)
     hint = f"did you mean `{close[0]}`? " if close else ""
     raise ProfileError([f"no profile `{name_or_path}`: {hint}known profiles: {', '.join(names)} "
                         f"(or give a path to a .yaml file)"])
+
+
+def in_clusters(path: Path) -> bool:
+    """Whether a profile file is one of clusters/ by the boundary rule (launcher/boundary.py: directly
+    in clusters/, and no link leads out of it). Only those render into the committed sky/; a profile
+    from anywhere else is rendered for its run, never over a committed render."""
+    rel = inside(CLUSTERS_DIR, Path(path).absolute())
+    return rel is not None and "/" not in rel and Path(path).is_file()
 
 
 def load_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> Profile:
@@ -299,7 +316,7 @@ def load_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> Profile:
         problems += _semantic_checks(profile, shown, lines)
     if problems:
         raise ProfileError(problems)
-    if profile.name != path.stem and path.parent == CLUSTERS_DIR:
+    if profile.name != path.stem and in_clusters(path):
         raise ProfileError([f"{shown}:{line_for(lines, ('name',)) or 1}: name: `{profile.name}` must "
                             f"match the file name `{path.stem}`"])
     return profile

@@ -15,7 +15,8 @@ import yaml
 from payload.config import dump_run_config
 from payload.errors import RETRYABLE_EXIT_CODES
 
-from .profile import REPO_ROOT, Profile, load_profile, profile_names
+from .boundary import inside
+from .profile import REPO_ROOT, Profile, ProfileError, in_clusters, load_profile, profile_names, resolve_profile_path
 
 SKY_DIR = REPO_ROOT / "sky"
 CONFIG_DIR = SKY_DIR / "config"
@@ -222,7 +223,13 @@ def render_profile(name: str, price_of: Callable[[Profile], float]) -> dict[Path
     """{sky/<name>.yaml: task, sky/config/<name>.yaml: config}, the envs priced by `price_of(profile)`
     (`launch render` passes launcher.catalog.plan_price: pricing needs the rendered task, so it lives
     above this module)."""
-    p = load_profile(name)
+    path = resolve_profile_path(name)
+    p = load_profile(str(path))  # its own problems first
+    if not in_clusters(path):
+        raise ProfileError([f"{name}: only the profiles in clusters/ render into sky/ (the committed renders CI "
+                            "checks; a file from elsewhere would overwrite the one its `name:` names): copy it to "
+                            "clusters/ (`launch init NAME --from PROFILE` makes one), or see its task with "
+                            f"`launch up {name} --dry-run`, which renders it for the run and writes nothing"])
     task, config = render_text(p, price_of(p))
     return {task_path(p.name): task, config_path(p.name): config}
 
@@ -248,8 +255,13 @@ def stale(rendered: dict[Path, str]) -> list[tuple[Path, str]]:
 
 
 def write(rendered: dict[Path, str]) -> list[Path]:
+    """Write the rendered files that changed; each must lie inside sky/ by the boundary rule (a sky/
+    or sky/config/ that is a link out of the repo is refused, not written through)."""
     written = []
     for path, text in rendered.items():
+        if inside(SKY_DIR, path) is None:
+            raise ProfileError([f"{path}: outside sky/ (a link out of the repo?); launch render writes only "
+                                f"into {SKY_DIR}: make sky/ and sky/config/ plain directories"])
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             tmp = path.with_suffix(".tmp")

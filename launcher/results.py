@@ -181,7 +181,9 @@ def eval_(run_id, split, dest, as_json):
     with console().status(f"evaluating {run.id} on {split or 'the final split'}..."):
         result = evaluate.main(cfg, split, str(adapter), out_dir=out)
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        from .units import json_text
+
+        click.echo(json_text(result))
         return
     scores = ", ".join(f"{k} {result[k]:.4f}" for k in ("cer", "wer", "exact_match") if result.get(k) is not None)
     console().print(literal("[green]✓[/] ", f"{run.id} {result['split']}: {result['n']} samples, {scores}"))

@@ -79,14 +79,16 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         raise BackendError("--backend ssh needs --host user@host[:port]")
     if backend == "local":
         _require_training_extras()
-    run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse, explicit_new=force_new)
+    run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse, explicit_new=force_new,
+                              reserve=not dry_run)
     entry = experiment.check_resume(run, p, profile, new_sets, allow) if resuming else \
         experiment.start_entry((*sets, *rehearsal))
     source = "registry"
     if not resuming:
         run.price_per_hour, source = price_for(p, backend)
-    # cloud: sky/ stays the profile's render; --set and a rehearsal's cuts render into the run's directory
-    per_run = any(not item.startswith("budget.") for item in (*sets, *rehearsal))
+    # cloud: sky/ stays the profile's render; --set, a rehearsal's cuts and a profile from outside
+    # clusters/ (never over the committed render its `name:` names) render into the run's directory
+    per_run = any(not item.startswith("budget.") for item in (*sets, *rehearsal)) or not from_clusters(profile)
     if dry_run:
         return _dry_run(p if per_run or backend != "skypilot" else load_profile(profile), run, backend, source,
                         per_run)
@@ -170,8 +172,10 @@ def load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
     return load_checked(profile, backend, overrides=tuple(sets))[0]
 
 
-def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explicit_new: bool = False):
-    """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile."""
+def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explicit_new: bool = False,
+              reserve: bool = True):
+    """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile. A dry
+    run (`reserve` False) names the id the run would get without reserving it in the registry."""
     from . import registry
     from .errors import BackendError
 
@@ -199,7 +203,9 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
                                     f"one (continue it instead with `launch up {p.name} --resume {latest.id}`)"))
     from .rehearse import run_id_prefix
 
-    return registry.Run(id=registry.new_run_id(run_id_prefix(p.name) if rehearse else p.name), profile=p.name,
+    prefix = run_id_prefix(p.name) if rehearse else p.name
+    run_id = registry.new_run_id(prefix) if reserve else f"{prefix}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return registry.Run(id=run_id, profile=p.name,
                         backend=backend,
                         config_hash=p.config_hash(), budget_usd=p.budget.max_usd), False
 
@@ -223,14 +229,7 @@ def render_for_run(p, run, backend: str, price_source: str, per_run: bool = Fals
     from .state import private_dir, state_dir, write_private
 
     if backend == "skypilot" and not per_run:
-        # sky/ is committed and CI runs `launch render --check`: render it with the offline price, as
-        # `launch render` does. A live price reaches the run through LAUNCH_PRICE_PER_HOUR instead.
-        price = run.price_per_hour
-        if price_source in ("runpod-api", "registry"):
-            from .backends.skypilot import hourly_price
-
-            price = hourly_price(p, live=False)[0]
-        task_text, config_text = render_text(p, price)
+        task_text, config_text = render_text(p, _committed_price(p, run, price_source))
         write({task_path(p.name): task_text, config_path(p.name): config_text})
         return task_path(p.name), config_path(p.name)
     task_text, config_text = render_text(p, run.price_per_hour)
@@ -238,32 +237,49 @@ def render_for_run(p, run, backend: str, price_source: str, per_run: bool = Fals
     return write_private(d / "task.yaml", task_text), write_private(d / f"{p.name}.yaml", config_text)
 
 
+def from_clusters(profile: str) -> bool:
+    """Whether `profile` (a name or a path) is one of clusters/, whose render is the committed sky/."""
+    from .profile import in_clusters, resolve_profile_path
+
+    return in_clusters(resolve_profile_path(profile))
+
+
+def _committed_price(p, run, price_source: str) -> float:
+    """sky/ is committed and CI runs `launch render --check`: it is rendered with the offline price, as
+    `launch render` does. A live price reaches the run through LAUNCH_PRICE_PER_HOUR instead."""
+    if price_source in ("runpod-api", "registry"):
+        from .backends.skypilot import hourly_price
+
+        return hourly_price(p, live=False)[0]
+    return run.price_per_hour
+
+
 def _dry_run(p, run, backend: str, price_source: str, per_run: bool = False) -> None:
-    """`up --dry-run`: the task rendered (cloud: the committed sky/ file, as `launch render` writes
-    it; otherwise, or with --set overrides, into a temp dir), parsed by SkyPilot for the skypilot
-    backend, and the upload list."""
+    """`up --dry-run`: the task rendered as `launch up` would render it (cloud: as the committed sky/
+    file, said whether that is up to date; otherwise, or with --set overrides, a per-run copy) into a
+    temp dir that is removed (a dry run writes nothing), parsed by SkyPilot for the skypilot backend,
+    and the upload list."""
+    import shutil
     import tempfile
 
     import yaml
 
-    from .render import render_text
+    from .render import render_text, task_path
     from .uploads import print_dry_run
 
     if backend == "skypilot" and not per_run:
-        task_yaml, config_yaml = render_for_run(p, run, backend, price_source)
-        from .catalog import import_sky_offline
-
-        config = yaml.safe_load(task_yaml.read_text())
-        config.pop("workdir", None)
-        import_sky_offline().Task.from_yaml_config(config)  # SkyPilot's parser: schema errors raise
-        checked = f"{task_yaml.relative_to(Path.cwd()) if task_yaml.is_relative_to(Path.cwd()) else task_yaml}, parsed by SkyPilot"
+        task_text, config_text = render_text(p, _committed_price(p, run, price_source))
+        committed = task_path(p.name)
+        fresh = committed.exists() and committed.read_text() == task_text
+        checked = f"sky/{committed.name} ({'up to date' if fresh else 'stale: `launch up` re-renders it'})"
     else:
-        d = Path(tempfile.mkdtemp(prefix="launch-dry-run-"))
         task_text, config_text = render_text(p, run.price_per_hour)
+        checked = f"rendered from {p.name}'s profile for the {backend} backend (a per-run copy)"
+    d = Path(tempfile.mkdtemp(prefix="launch-dry-run-"))
+    try:
         task_yaml, config_yaml = d / "task.yaml", d / f"{p.name}.yaml"
         task_yaml.write_text(task_text)
         config_yaml.write_text(config_text)
-        checked = f"rendered from {p.name}'s profile for the {backend} backend (a per-run copy)"
         if backend == "skypilot":
             from .catalog import import_sky_offline
 
@@ -271,10 +287,6 @@ def _dry_run(p, run, backend: str, price_source: str, per_run: bool = False) -> 
             config.pop("workdir", None)
             import_sky_offline().Task.from_yaml_config(config)  # SkyPilot's parser: schema errors raise
             checked += ", parsed by SkyPilot"
-    try:
         print_dry_run(p, backend, run.id, task_yaml, config_yaml, checked)
     finally:
-        if backend != "skypilot" or per_run:
-            import shutil
-
-            shutil.rmtree(task_yaml.parent, ignore_errors=True)
+        shutil.rmtree(d, ignore_errors=True)

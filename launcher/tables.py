@@ -15,7 +15,7 @@ are shown and how each may shrink:
 
 from __future__ import annotations
 
-import json
+from .units import json_text
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -52,7 +52,7 @@ def print_table(rows: list[dict], columns: list[Column], as_json: bool = False, 
     """`rows` as a table that fits `console` (launcher.ui.console(), the one Console), or as JSON
     (`json_value` when given, else the rows)."""
     if as_json:
-        click.echo(json.dumps(rows if json_value is None else json_value, indent=2, default=str))
+        click.echo(json_text(rows if json_value is None else json_value))
         return
     cells = [[col.cell(r) for col in columns] for r in rows]
     shown = _shown(console, columns, cells, title)

@@ -33,3 +33,22 @@ def duration(seconds) -> str:
 def hours(h) -> str:
     """`45 min` under an hour, else `2.4 h`."""
     return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+
+
+def json_text(value, indent: int = 2) -> str:
+    """Every `--json` output: strict JSON (RFC 8259), so any JSON reader takes it. A number that is not
+    finite (an infinite budget recorded by an older version, a NaN loss) is written `null`, never
+    Python's `Infinity`/`NaN`; anything else that is not JSON (a path, a datetime) as its text."""
+    import json
+    import math
+
+    def strict(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: strict(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [strict(v) for v in x]
+        return x
+
+    return json.dumps(strict(value), indent=indent, default=str, allow_nan=False)

@@ -1,10 +1,12 @@
 """What goes to the GPU machine: an allowlist, not a denylist.
 
-Exactly three kinds of files are uploaded as the task's workdir, at their repo-relative paths:
+Exactly these files are uploaded as the task's workdir, at their repo-relative paths, each inside the
+repo by the boundary rule (launcher/boundary.py: no `..`, no link out of the repo at any level):
 - the payload's code: `payload/**/{*.py, *.sh, *.txt, *.lock, *.jinja}` (no caches, dotfiles or symlinks);
 - the resolved run config, at the path the task's LAUNCH_CONFIG names (`sky/config/<profile>.yaml`);
 - the local data files the profile names (`data.sources[].path`), plus the image files under a
-  source's `image_root` (or beside the data file, for vision-language models).
+  source's `image_root` (or beside the data file, for vision-language models);
+- the user reward modules a GRPO stage names (`grpo.rewards: [FILE.py:FUNCTION]`).
 
 Nothing else travels: a `.env`, a key file or a notebook beside a profile stays home. The local and
 ssh backends copy this list; for SkyPilot, `stage_workdir` builds a directory holding exactly this
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
+from .boundary import inside
 from .profile import REPO_ROOT
 
 PAYLOAD_DIR = "payload"
@@ -51,21 +54,35 @@ def upload_plan(profile, config_yaml: Path, config_rel: str) -> Upload:
     for source in getattr(getattr(profile, "data", None), "sources", None) or []:
         if source.path:
             _add_data(up, source, profile)
+    for stage in getattr(profile, "stages", None) or []:
+        for spec in (stage.grpo.rewards if stage.grpo else []):
+            module = spec.rpartition(":")[0]
+            if module.endswith(".py"):  # a user reward FILE.py:FUNCTION, loaded from the workdir
+                _add_file(up, module, "reward module")
     up.files[PurePosixPath(config_rel).as_posix()] = Path(config_yaml)
     up.files = dict(sorted(up.files.items()))
     return up
 
 
-def _add_data(up: Upload, source, profile) -> None:
-    rel = repo_relative(source.path)
+def _add_file(up: Upload, named: str, what: str) -> Optional[str]:
+    """A file the profile names, uploaded at its repo path when it is inside the repo by the boundary
+    rule; its repo path, or None (said in `not_uploaded`)."""
+    rel = repo_relative(named)
     if rel is None:
-        up.not_uploaded.append((source.path, "outside the repo: the machine must have it at that path"))
+        up.not_uploaded.append((named, " ".join(filter(None, (what, "outside the repo: the machine must have it "
+                                                                      "at that path")))))
+        return None
+    if not (REPO_ROOT / rel).is_file():
+        up.not_uploaded.append((named, "not found here"))
+        return None
+    up.files[rel] = REPO_ROOT / rel
+    return rel
+
+
+def _add_data(up: Upload, source, profile) -> None:
+    rel = _add_file(up, source.path, "")
+    if rel is None:
         return
-    path = REPO_ROOT / rel
-    if not path.is_file():
-        up.not_uploaded.append((source.path, "not found here"))
-        return
-    up.files[rel] = path
     images = source.image_root
     if images is None and getattr(profile.model, "kind", None) == "image_text_to_text":
         images = str(PurePosixPath(rel).parent)
@@ -78,14 +95,10 @@ def _add_data(up: Upload, source, profile) -> None:
 
 
 def repo_relative(value: str) -> Optional[str]:
-    """`value` as a clean path inside the repo (relative paths are relative to it), else None."""
-    p = Path(value).expanduser()
-    p = p if p.is_absolute() else REPO_ROOT / p
-    try:
-        rel = Path(os.path.normpath(p)).relative_to(REPO_ROOT)
-    except ValueError:
-        return None
-    return rel.as_posix() if rel.parts else None
+    """`value` as a clean path inside the repo (relative paths are relative to it), else None: the
+    boundary rule (launcher/boundary.py `inside`: `..`, absolute paths and links out of the repo, at
+    any level, are outside) with the repo as its root."""
+    return inside(REPO_ROOT, value)
 
 
 def _tree(top: Path, suffixes: tuple[str, ...]) -> dict[str, Path]:

@@ -319,6 +319,8 @@ def format_validation_errors(err, path, lines, root=None) -> list[str]:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(root or RunConfig, loc)
+        elif e["type"] == "finite_number":  # Strict: .inf, .nan, 1e400
+            msg = "must be a finite number (not .inf, .nan or beyond 1e308); give a plain number"
         where = f"{path}:{line}" if line else str(path)
         out.append(f"{where}: {key}: {msg}")
     return out

@@ -40,9 +40,11 @@ def shown(value: str) -> str:
 
 
 class Strict(BaseModel):
-    """Base: unknown keys are errors (typos must never be silently ignored)."""
+    """Base: unknown keys are errors (typos must never be silently ignored), and so is a number that is
+    not finite (`.inf`, `.nan`, `1e400`): no key of a run (a budget, a price, a rate, a ratio, a weight)
+    means anything at infinity, and JSON cannot carry one."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------------------- data

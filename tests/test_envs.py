@@ -139,3 +139,54 @@ def test_skypilot_dry_run_with_set_leaves_sky_alone(monkeypatch):
     assert r.exit_code == 0, r.output
     assert "parsed by SkyPilot" in " ".join(r.output.split())
     assert {p: p.read_text() for p in committed} == committed
+
+
+# One made-up value of each token shape launcher/boundary.py knows (none is a real token).
+TOKEN_EXAMPLES = [
+    "hf_" + "aB3" * 12, "api_org_" + "Xy7" * 10, "ghp_" + "k9L" * 12, "gho_" + "k9L" * 12, "ghs_" + "k9L" * 12,
+    "github_pat_11ABCDEFG0" + "x" * 20 + "_" + "Y" * 40, "0123456789abcdef" * 2 + "89abcdef",
+    "local-" + "ab" * 20, "rpa_" + "ZX12" * 8, "AKIAABCDEFGHIJKLMNOP", "ASIA1234567890ABCDEF",
+    "sk-" + "a1" * 20, "sk-proj-" + "Q" * 40, "AIza" + "S" * 35,
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA", '{"type": "service_account", "private_key_id": "1"}',
+    "xoxb-" + "1234567890-abcdef", "glpat-" + "Ab" * 10, "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig",
+    "https://user:hf_" + "Ab1" * 12 + "@huggingface.co/x",  # inside a URL it is still a token
+]
+
+
+def test_every_known_token_shape_has_an_example_here():
+    from launcher.boundary import SECRET_SHAPES
+
+    matched = {what for v in TOKEN_EXAMPLES for what, pattern, _ in SECRET_SHAPES if pattern.search(v)}
+    assert matched == {what for what, _, _ in SECRET_SHAPES}
+
+
+@pytest.mark.parametrize("value", TOKEN_EXAMPLES)
+def test_a_token_shaped_value_is_refused_by_env_and_envs_naming_only_the_variable(tmp_path, value):
+    from launcher.profile import parse_env_items
+
+    with pytest.raises(ValueError) as e:
+        parse_env_items((f"BUILD_NOTE={value}",))
+    assert str(e.value).startswith("`BUILD_NOTE`'s value looks like ") and value not in str(e.value)
+    path = profile_with_envs(tmp_path, f"  BUILD_NOTE: {json.dumps(value)}\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    (line,) = e.value.problems
+    assert f"{path}:" in line and "envs" in line
+    assert "`BUILD_NOTE`'s value looks like" in line and value not in line
+
+
+@pytest.mark.parametrize("value", ["INFO", "1", "expandable_segments:True", "sk-learn", "hf_transfer",
+                                   "0123456789ab", "https://huggingface.co/Qwen/Qwen3-8B", "AKIA", "/workspace/x"])
+def test_ordinary_values_pass(value):
+    from launcher.profile import parse_env_items
+
+    assert parse_env_items((f"NOTE={value}",)) == {"NOTE": value}
+
+
+def test_an_item_without_equals_is_not_echoed_when_it_is_a_token():
+    from launcher.profile import parse_env_items
+
+    token = "ghp_" + "k9L" * 12
+    with pytest.raises(ValueError) as e:
+        parse_env_items((token,))
+    assert token not in str(e.value) and "expected KEY=VALUE" in str(e.value)

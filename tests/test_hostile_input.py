@@ -360,3 +360,42 @@ def test_loss_plot_title_with_dollars_and_mathtext(tmp_path):
     metrics.write_text("".join(json.dumps({"step": s, "loss": 2.0 / s}) + "\n" for s in range(1, 6)))
     out = plot_losses(metrics, tmp_path / "loss.png", title="run $5 budget, $x^{$ \\frac{")
     assert out is not None and out.stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------ non-finite numbers
+
+
+def _float_keys(model, prefix=()) -> list[tuple]:
+    """Every float key of the profile schema (sections as found in the demo profile's shape)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    out = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        args = [ann, *typing.get_args(ann)]
+        if float in args:
+            out.append((*prefix, name))
+        sub = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if sub is not None and name not in ("stages", "runtime"):
+            out += _float_keys(sub, (*prefix, name))
+    return out
+
+
+def test_the_schema_has_float_keys_to_check():
+    from launcher.profile import Profile
+
+    keys = {".".join(k) for k in _float_keys(Profile)}
+    assert {"budget.max_usd", "budget.price_per_hour", "train.learning_rate", "train.epochs",
+            "train.checkpoints.save_every_minutes"} <= keys
+
+
+@pytest.mark.parametrize("key", [".".join(k) for k in _float_keys(__import__("launcher.profile").profile.Profile)])
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1e400"])
+def test_no_float_key_takes_a_non_finite_number(key, value):
+    from launcher.profile import ProfileError, load_profile
+
+    with pytest.raises(ProfileError) as e:
+        load_profile("local-demo", overrides=(f"{key}={value}",))
+    assert any(f": {key}: must be a finite number" in line for line in e.value.problems), e.value.problems

@@ -139,3 +139,49 @@ def test_up_dry_run_lists_the_upload_and_starts_nothing(tmp_path):
     assert "nothing started" in r.output and "setup (preflight), then run (data, train, post)" in r.output
     assert registry.all_runs() == []
     assert not (tmp_path / "launch-home" / "local").exists() and not (tmp_path / "launch-home" / "rendered").exists()
+
+
+def test_a_data_path_that_leads_out_of_the_repo_by_any_route_is_not_uploaded(repo, tmp_path):
+    """A link to a file outside, a path through a linked directory, `..`: each stays home."""
+    (repo / "data" / "link.jsonl").symlink_to(tmp_path / "outside.jsonl")
+    (repo / "data" / "linkdir").symlink_to(tmp_path, target_is_directory=True)
+    (repo / "data" / "inner.jsonl").symlink_to(repo / "data" / "a.jsonl")  # a link inside the repo is fine
+    p = _profile(("data/link.jsonl", None), ("data/linkdir/outside.jsonl", None), ("data/../../outside.jsonl", None),
+                 ("data/inner.jsonl", None), ("data/a.jsonl", "data/linkdir"))
+    up = uploads.upload_plan(p, repo / "sky/config/mine.yaml", "sky/config/mine.yaml")
+    assert {f for f in up.files if f.startswith("data/")} == {"data/inner.jsonl", "data/a.jsonl"}
+    assert [named for named, _ in up.not_uploaded] == ["data/link.jsonl", "data/linkdir/outside.jsonl",
+                                                       "data/../../outside.jsonl", "data/linkdir"]
+    assert all(f.resolve().is_relative_to(repo) for f in up.files.values())
+
+
+def test_the_boundary_rule(tmp_path):
+    from launcher.boundary import inside
+
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_text("x")
+    (root / "d" / "out").symlink_to(tmp_path)
+    (root / "d" / "in").symlink_to(root / "d" / "f")
+    (root / "loop").symlink_to(root / "loop")
+    (tmp_path / "via").symlink_to(root, target_is_directory=True)
+    assert inside(root, "d/f") == "d/f" and inside(root, str(root / "d/f")) == "d/f"
+    assert inside(root, "d/in") == "d/in" and inside(root, "d/./x/../f") == "d/f"
+    assert inside(tmp_path / "via", "d/f") == "d/f"  # the root itself reached through a link
+    assert inside(root, "d/out/root/d/f") == "d/out/root/d/f"  # out and back in: the file is the repo's
+    for outside in ("../x", "d/../../x", "/etc/hostname", "d/out", "d/out/x", "loop", ".", ""):
+        assert inside(root, outside) is None, outside
+
+
+def test_a_user_reward_module_travels_when_it_is_inside_the_repo(repo, tmp_path):
+    (repo / "data" / "reward.py").write_text("def score(*a, **k): return [0.0]\n")
+    (repo / "data" / "linked.py").symlink_to(tmp_path / "home-secret")
+    grpo = SimpleNamespace(rewards=["number_match", "data/reward.py:score", "data/linked.py:f", "../x.py:f",
+                                    "my_pkg.rewards:f"])
+    p = _profile(("data/a.jsonl", None))
+    p.stages = [SimpleNamespace(grpo=None), SimpleNamespace(grpo=grpo)]
+    up = uploads.upload_plan(p, repo / "sky/config/mine.yaml", "sky/config/mine.yaml")
+    assert {f for f in up.files if f.startswith("data/")} == {"data/a.jsonl", "data/reward.py"}
+    assert up.not_uploaded == [("data/linked.py", "reward module outside the repo: the machine must have it at "
+                                                  "that path"),
+                               ("../x.py", "reward module outside the repo: the machine must have it at that path")]
