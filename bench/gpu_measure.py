@@ -96,7 +96,7 @@ def load_cfg(spec: dict, offload: bool = False):
     m = gpu_modes.mode(spec["mode"])
     body = gpu_modes.run_config_dict(
         m, model_dir=spec["model_dir"], kind=gpu_modes.SHAPES[spec["shape"]]["kind"], data_path=spec["data_path"],
-        volume=spec["volume"], run_id=f"{spec['mode']}-{spec['role']}", steps=spec["steps"], batch=spec["batch"],
+        volume=spec["volume"], run_id=spec.get("run_id") or f"{spec['mode']}-{spec['role']}", steps=spec["steps"], batch=spec["batch"],
         seq=spec["seq"], smoke=spec["smoke"], offload=offload)
     return RunConfig.model_validate(body)
 
