@@ -34,6 +34,7 @@ def smoke(workdir, out, *args):
     return proc, jpath, res, {(r["mode"], r["role"]): r for r in res["rows"]}
 
 
+@pytest.mark.timeout(900)  # ~1 min alone; minutes on a loaded 2-core machine
 def test_smoke_runs_every_mode_in_its_own_process_and_writes_the_table(tmp_path):
     proc, jpath, res, rows = smoke(tmp_path / "w", tmp_path / "results", "--modes", ",".join(gpu_modes.MODE_NAMES))
     assert res["env"]["versions"]["trl"] and not res["env"]["problems"]
