@@ -215,6 +215,7 @@ def merge(paths: list[str], out: Path) -> int:
             return 1
         rows.update({(r["mode"], r["role"]): r for r in data["rows"]})
         first["peak_source"] = first.get("peak_source") or data.get("peak_source")
+        first["date"] = max(first["date"], data["date"])  # named by the newest: never over an older table
         first["command"] += " ; " + data["command"]
     first["rows"] = list(rows.values())
     jpath, mpath = gpu_report.write(first, out)
