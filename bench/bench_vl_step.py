@@ -3,6 +3,7 @@ TRL's SFTTrainer) on a tiny Qwen3-VL model with images at runbook 002's sizes, u
 
     .venv/bin/python bench/bench_vl_step.py                      # workers 0 (before) and 2 (after)
     .venv/bin/python bench/bench_vl_step.py --steps 8 --workers 0,4 --size 1024x800
+    .venv/bin/python bench/bench_vl_step.py --text                # sonia: text records, VL model, seq 4096
 
 Data as `make gpu-check`'s images mode (bench/gpu_data.py): well-log-header-like PNG pages of
 1024x800 px (800 vision tokens: Qwen3-VL merges 32x32 px into one) + a ~100-token transcription,
@@ -43,7 +44,7 @@ PARTS = [
 
 def build(work: Path, size: tuple[int, int], records: int) -> tuple[str, str]:
     from gpu_child import vl_image_processor
-    from gpu_data import write_image_records
+    from gpu_data import write_image_records, write_records
 
     from payload.tiny import build_tiny_tokenizer, materialize_shape
 
@@ -51,6 +52,7 @@ def build(work: Path, size: tuple[int, int], records: int) -> tuple[str, str]:
     data = work / "data" / "mix.jsonl"
     im = gpu_modes.IMAGES
     write_image_records(Path(gpu_modes.images_path(str(data))), tok, records, size, im["text_tokens"], im["distinct"])
+    write_records(data, tok, records, 4096)
     model = materialize_shape(work / "model", "qwen3_vl", gpu_modes.shape_dims("tiny-qwen3-vl"), None,
                               device="cpu", dtype="float32")
     vl_image_processor().save_pretrained(str(model))
@@ -66,13 +68,14 @@ def part_times(stats: pstats.Stats) -> dict:
     return out
 
 
-def measure(model: str, data: str, work: Path, workers: int, steps: int, batch: int, top: int = 0) -> dict:
+def measure(model: str, data: str, work: Path, workers: int, steps: int, batch: int, top: int = 0,
+            mode: str = "lora-bf16-images") -> dict:
     import gpu_measure
 
     from payload import train
     from payload.config import RunConfig
 
-    m = gpu_modes.mode("lora-bf16-images")
+    m = gpu_modes.mode(mode)
     body = gpu_modes.run_config_dict(m, model_dir=model, kind="image_text_to_text", data_path=data,
                                      volume=str(work / "runs"), run_id=f"w{workers}-{time.time_ns()}", steps=steps,
                                      batch=batch, seq=4096, smoke=True)
@@ -112,6 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--records", type=int, default=64)
     ap.add_argument("--workers", default="0,2", help="dataloader workers to compare (0 = before)")
     ap.add_argument("--top", type=int, default=0, help="also print the N functions with most own time")
+    ap.add_argument("--text", action="store_true",
+                    help="text records at runbook 000's lengths (seq 4096) instead of images: sonia's VL path")
     a = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -124,12 +129,12 @@ def main(argv=None) -> int:
         work = Path(tmp)
         model, data = build(work, size, a.records)
         for w in (int(x) for x in a.workers.split(",")):
-            r = measure(model, data, work, w, a.steps, a.batch, a.top)
+            r = measure(model, data, work, w, a.steps, a.batch, a.top, "lora-bf16-vl" if a.text else "lora-bf16-images")
             out.append(r)
             parts = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r["main_process_s_per_step"].items())
             print(f"workers {w}: {r['step_s'] * 1000:.0f} ms/step ({r['tokens_per_step']:.0f} tokens/step); "
                   f"main process per step: {parts}", flush=True)
-    print(json.dumps({"size": list(size), "batch": a.batch, "runs": out}))
+    print(json.dumps({"data": "text" if a.text else "images", "size": list(size), "batch": a.batch, "runs": out}))
     return 0
 
 
