@@ -86,6 +86,18 @@ def test_full_zero3_is_wired_as_a_payload_run():
     assert ds["zero_optimization"]["stage"] == 3 and "offload_optimizer" not in ds["zero_optimization"]
     assert gpu_modes.skip_reason(m, cuda=True, have=lambda p: True) is None
 
+    # ZeRO-3 leaves each parameter a 0-element shard (its size in ds_numel): the trainable count the
+    # payload checks after building the trainer read 0 and refused the run ("no trainable parameters")
+    import torch
+
+    model = torch.nn.Module()
+    model.lm = torch.nn.Linear(4, 4)
+    for p in model.parameters():
+        p.ds_numel = p.numel()
+        p.data = torch.empty(0)
+    counts = modeling.check_vision_frozen(cfg, model)
+    assert counts["trainable_params"] == counts["total_params"] == 16 + 4
+
 
 def test_a_crashed_or_hung_run_is_a_row_with_a_reason(tmp_path):
     crashed = gpu_check.run_child({"role": "baseline", "mode": "no-such-mode"}, tmp_path, timeout=120)
