@@ -97,6 +97,7 @@ def run_baseline(spec: dict, result: dict) -> None:
     meter = gpu_measure.step_meter(spec["warmup"])
     trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_list(rows), data_collator=collate,
                       callbacks=[meter])
+    gpu_measure.track_longest(trainer, result)
     t = time.perf_counter()
     trainer.train()
     result["train_s"] = round(time.perf_counter() - t, 1)
@@ -106,5 +107,6 @@ def run_baseline(spec: dict, result: dict) -> None:
     result.update({"attn_used": model.config._attn_implementation, "gradient_checkpointing": True,
                    "real_token_fraction": round(collate.real / collate.slots, 4) if collate.slots else None,
                    "trainable_params": trainable, "losses": losses,
+                   **({"kbit_preparation": "fp32-upcast"} if cfg.train.method == "qlora" else {}),  # peft's
                    "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None})
     gpu_measure.flops(result, cfg, [len(r["input_ids"]) for r in rows], trainable, result.get("device"))

@@ -48,7 +48,7 @@ def prepare(spec: dict) -> dict:
         out["device"] = torch.cuda.get_device_name(0)
         out["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / gpu_measure.GIB, 1)
     tok = build_tiny_tokenizer(None)
-    out["data"] = write_records(Path(spec["data_path"]), tok, spec["records"], spec["seq"])
+    out["data"] = write_records(Path(spec["data_path"]), tok, spec["records"], spec["seq"], text="cycle")
     if spec.get("images"):
         im = gpu_modes.IMAGES
         out["data"]["images"] = write_image_records(
@@ -125,6 +125,7 @@ def run_payload(spec: dict, result: dict) -> None:
         train.setup(run)
         run.trainer.args.include_num_input_tokens_seen = "non_padding"
         run.trainer.add_callback(meter)
+        gpu_measure.track_longest(run.trainer, result)
         lengths = record_lengths(run.trainer.train_dataset, spec, cfg)
         train.load_checkpoint(run)
         train.train(run)
@@ -138,6 +139,8 @@ def run_payload(spec: dict, result: dict) -> None:
                        "trainable_params": summary.get("trainable_params"),
                        "first_loss": summary.get("first_loss"), "last_loss": summary.get("final_loss"),
                        "losses": losses(cfg.run_dir),
+                       **({"kbit_preparation": getattr(modeling, "KBIT_PREPARATION", "fp32-upcast")}
+                          if cfg.train.method == "qlora" else {}),
                        "checkpoint_save_s": round(sum(run.control.save_history), 2) if run.control else None})
         gpu_measure.flops(result, cfg, lengths, summary.get("trainable_params") or 0, result.get("device"))
     finally:

@@ -37,23 +37,34 @@ def tokens_per_word(tokenizer, rnd: random.Random) -> float:
     return len(tokenizer(sample, add_special_tokens=False)["input_ids"]) / 2000
 
 
-def write_records(path: Path, tokenizer, n: int, max_length: int, seed: int = 42) -> dict:
-    """Write `n` user/assistant records whose chat-template length follows the mix; returns stats."""
+def write_records(path: Path, tokenizer, n: int, max_length: int, seed: int = 42, text: str = "random") -> dict:
+    """Write `n` user/assistant records whose chat-template length follows the mix; returns stats
+    (the data description a result file keeps). `text="cycle"`: the learnable records the harness
+    trains on now; `"random"` (the default): the random-word records of the tables committed before
+    2026-11-27, rebuilt exactly (tests/test_memory_measured.py rebuilds their batches)."""
     rnd = random.Random(seed)
     per_word = tokens_per_word(tokenizer, rnd)
-    overhead = chat_len(tokenizer, [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}])
+    pair = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
+    # those tables counted the template's overhead as 2 tokens (the length of the dict that
+    # transformers 5 returns), not its 12: kept for them, counted right for the learnable records
+    overhead = chat_len(tokenizer, pair) if text == "cycle" else 2
     targets = lengths(n, max_length, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for target in targets:
             words = max(2, int((target - overhead) / per_word))
             q = max(1, words // 10)
-            rec = {"messages": [{"role": "user", "content": " ".join(rnd.choice(WORDS) for _ in range(q))},
-                                {"role": "assistant",
-                                 "content": " ".join(cycle_words(rnd.randrange(len(CYCLE)), words - q))}]}
+            if text == "cycle":
+                rec = {"messages": [{"role": "user", "content": " ".join(rnd.choice(WORDS) for _ in range(q))},
+                                    {"role": "assistant",
+                                     "content": " ".join(cycle_words(rnd.randrange(len(CYCLE)), words - q))}]}
+            else:
+                words_ = [rnd.choice(WORDS) for _ in range(words)]
+                rec = {"messages": [{"role": "user", "content": " ".join(words_[:q])},
+                                    {"role": "assistant", "content": " ".join(words_[q:])}]}
             f.write(json.dumps(rec) + "\n")
     return {"records": n, "target_mean_tokens": round(sum(targets) / n, 1), "max_length": max_length,
-            "tokens_per_word": round(per_word, 3), "assistant_text": "a fixed word cycle (learnable)"}
+            "tokens_per_word": round(per_word, 3), "text": text}
 
 
 def header_image(size: tuple[int, int], lines: list[str], seed: int):

@@ -37,7 +37,7 @@ def smoke(workdir, out, *args):
 @pytest.mark.timeout(900)  # ~1 min alone; minutes on a loaded 2-core machine
 def test_smoke_runs_every_mode_in_its_own_process_and_writes_the_table(tmp_path):
     proc, jpath, res, rows = smoke(tmp_path / "w", tmp_path / "results", "--modes", ",".join(gpu_modes.MODE_NAMES))
-    assert res["env"]["versions"]["trl"] and not res["env"]["problems"]
+    assert res["env"]["versions"]["trl"] and not res["env"]["problems"] and res["data"]["text"] == "cycle"
     for mode in gpu_modes.SMOKE_MODES:  # text (packed, padding-free), vision-language (unpacked), images
         for role in ("payload", "baseline") if mode != "lora-bf16-images" else ("payload",):
             r = rows[(mode, role)]
@@ -48,6 +48,7 @@ def test_smoke_runs_every_mode_in_its_own_process_and_writes_the_table(tmp_path)
             # the loss at every step of 4 (>= 4 log points), falling on the learnable synthetic data
             steps, losses = zip(*r["losses"])
             assert steps == (1, 2, 3, 4) and losses[-1] < losses[0] - 0.05, r["losses"]
+            assert r["longest_row_tokens"] > 0  # what the estimator test reads for padded rows
     images = rows[("lora-bf16-images", "payload")]  # one 320x256 image (80 tokens) + ~140 text tokens a record
     assert images["tokens_per_step"] > 2 * 80 + 2 * 100 and images["context_tokens"] > 180
     assert ("lora-bf16-images", "baseline") not in rows
