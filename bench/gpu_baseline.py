@@ -67,12 +67,12 @@ def training_args(cfg, spec: dict, dtype):
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     return TrainingArguments(
-        output_dir=str(Path(spec["volume"]) / "baseline-out"), per_device_train_batch_size=t.per_device_batch_size,
+        output_dir=str(Path(spec["volume"]) / "baseline-out" / spec.get("run_id", "run")), per_device_train_batch_size=t.per_device_batch_size,
         gradient_accumulation_steps=1, max_steps=t.max_steps, learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler, warmup_steps=0, optim=t.optimizer, max_grad_norm=t.max_grad_norm,
         bf16=dtype == torch.bfloat16 and gpu, fp16=dtype == torch.float16 and gpu, use_cpu=not gpu,
         **{ckpt: True, f"{ckpt}_kwargs": {"use_reentrant": False}},
-        logging_steps=t.max_steps, save_strategy="no", report_to="none", disable_tqdm=True, seed=t.seed,
+        logging_steps=t.logging_steps, save_strategy="no", report_to="none", disable_tqdm=True, seed=t.seed,
         dataloader_num_workers=0, remove_unused_columns=False, include_num_input_tokens_seen="non_padding",
         deepspeed=modeling.deepspeed_config(t.deepspeed) if t.deepspeed else None,
     )
@@ -97,13 +97,16 @@ def run_baseline(spec: dict, result: dict) -> None:
     meter = gpu_measure.step_meter(spec["warmup"])
     trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_list(rows), data_collator=collate,
                       callbacks=[meter])
+    gpu_measure.track_longest(trainer, result)
     t = time.perf_counter()
     trainer.train()
     result["train_s"] = round(time.perf_counter() - t, 1)
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    losses = [[h.get("step"), h["loss"]] for h in trainer.state.log_history if "loss" in h]
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     result.update(meter.figures())
     result.update({"attn_used": model.config._attn_implementation, "gradient_checkpointing": True,
                    "real_token_fraction": round(collate.real / collate.slots, 4) if collate.slots else None,
-                   "trainable_params": trainable, "last_loss": losses[-1] if losses else None})
+                   "trainable_params": trainable, "losses": losses,
+                   **({"kbit_preparation": "fp32-upcast"} if cfg.train.method == "qlora" else {}),  # peft's
+                   "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None})
     gpu_measure.flops(result, cfg, [len(r["input_ids"]) for r in rows], trainable, result.get("device"))

@@ -38,6 +38,8 @@ import gpu_env  # noqa: E402
 import gpu_modes  # noqa: E402
 import gpu_report  # noqa: E402
 
+from payload import layout  # noqa: E402
+
 IMPORT_NAMES = {"flash-attn": "flash_attn", "bitsandbytes": "bitsandbytes", "deepspeed": "deepspeed"}
 
 
@@ -52,14 +54,16 @@ def parse(argv):
     p.add_argument("--batch", type=int, default=2, help="per-device batch (runbook 000: 2)")
     p.add_argument("--seq", type=int, help="max sequence length (default 4096; smoke 256)")
     p.add_argument("--records", type=int, help="synthetic records (default 1200; smoke 48)")
-    p.add_argument("--budget-s", type=float, help="stop starting runs past this (default 540 s; smoke 300)")
+    p.add_argument("--budget-s", type=float, help="stop starting runs past this (default 540 s; smoke 600)")
     p.add_argument("--mode-timeout", type=float, default=420, help="seconds one run may take")
+    p.add_argument("--baselines", default="all",
+                   help="modes whose plain-Trainer baseline runs: all (default), none, or a comma-separated list")
     p.add_argument("--workdir", help="models, data, runs (default: a temp dir)")
     p.add_argument("--out", help="results folder (default bench/results; smoke: WORKDIR/results)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="combine result files into one table")
     a = p.parse_args(argv)
     for k, gpu, smoke in (("steps", 15, 4), ("warmup", 4, 1), ("seq", 4096, 256), ("records", 1200, 48),
-                          ("budget_s", 540.0, 300.0)):
+                          ("budget_s", 540.0, 600.0)):
         if getattr(a, k) is None:
             setattr(a, k, smoke if a.smoke else gpu)
     if a.warmup >= a.steps:
@@ -113,6 +117,9 @@ class Check:
         if a.smoke:
             for m in self.modes:
                 m["shape"] = gpu_modes.SMOKE_SHAPE[m["shape"]]
+        # every invocation trains fresh runs (a reused run id is a resume to the payload); the built
+        # models and data in --workdir are reused
+        self.stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.results = {"date": dt.date.today().isoformat(), "smoke": a.smoke, "steps": a.steps,
                         "warmup": a.warmup, "batch": a.batch, "seq": a.seq,
                         "command": "python bench/gpu_check.py " + shlex.join(argv), "rows": []}
@@ -136,7 +143,20 @@ class Check:
         a = self.a
         return {"role": role, "mode": m["name"], "shape": m["shape"], "model_dir": self.models[m["shape"]]["path"],
                 "data_path": str(self.work / "data" / "mix.jsonl"), "volume": str(self.work / "runs"),
-                "steps": a.steps, "warmup": a.warmup, "batch": a.batch, "seq": a.seq, "smoke": a.smoke}
+                "run_id": self.run_id(m, role), "steps": a.steps, "warmup": a.warmup, "batch": a.batch,
+                "seq": a.seq, "smoke": a.smoke, "images": self.image_size() if m.get("images") else None}
+
+    def run_id(self, m: dict, role: str) -> str:
+        return f"{m['name']}-{role}-{self.stamp}"
+
+    def image_size(self) -> list[int]:
+        return list(gpu_modes.IMAGES["smoke_size" if self.a.smoke else "size"])
+
+    def roles(self, m: dict) -> list[str]:
+        """The payload, and its own baseline unless it shares one, has none, or --baselines leaves it out."""
+        wanted = self.a.baselines.split(",")
+        own = not m.get("baseline_of") and m.get("baseline", True)
+        return ["payload"] + (["baseline"] if own and ("all" in wanted or m["name"] in wanted) else [])
 
     def run(self) -> int:
         cuda = self.environment()
@@ -148,25 +168,25 @@ class Check:
         shapes = sorted({m["shape"] for m in todo})
         prep = run_child({"role": "prepare", "shapes": shapes, "models_dir": str(self.work / "models"),
                           "data_path": str(self.work / "data" / "mix.jsonl"), "records": self.a.records,
-                          "seq": self.a.seq}, self.work / "logs", max(30.0, self.left()))
+                          "seq": self.a.seq, "images": self.image_size() if any(m.get("images") for m in todo)
+                          else None}, self.work / "logs", max(30.0, self.left()))
         if prep.get("status") != "ok":
             print(f"gpu-check: preparing models and data failed: {prep.get('reason')}", file=sys.stderr)
             return 1
         self.models = prep["models"]
         self.results.update({k: prep.get(k) for k in ("device", "gpu_memory_gb", "data", "models")})
         for m in todo:
-            roles = ["payload"] + ([] if m.get("baseline_of") else ["baseline"])
-            for role in roles:
+            for role in self.roles(m):
                 budget = min(self.a.mode_timeout, self.left() - 5)
                 if budget < 30:
                     self.add({"mode": m["name"], "role": role, "status": "not run",
                               "reason": f"time budget of {self.a.budget_s:.0f} s spent; run it with --modes"}, m)
                     continue
                 print(f"gpu-check: {m['name']} {role} ...", flush=True)
-                run_dir = self.work / "runs" / f"{m['name']}-{role}"
-                shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts fresh (no resume)
-                self.add(run_child(self.spec(m, role), self.work / "logs", budget), m)
-                shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints: a full 2B one is ~30 GB
+                spec = self.spec(m, role)
+                self.add(run_child(spec, self.work / "logs", budget), m)
+                for done in (layout.run_dir(spec["volume"], spec["run_id"]), Path(spec["volume"]) / "baseline-out"):
+                    shutil.rmtree(done, ignore_errors=True)  # checkpoints: a full 2B one is ~30 GB
         jpath, mpath = self.save()
         report(self.results, jpath, mpath)
         return 0
@@ -195,6 +215,7 @@ def merge(paths: list[str], out: Path) -> int:
             return 1
         rows.update({(r["mode"], r["role"]): r for r in data["rows"]})
         first["peak_source"] = first.get("peak_source") or data.get("peak_source")
+        first["date"] = max(first["date"], data["date"])  # named by the newest: never over an older table
         first["command"] += " ; " + data["command"]
     first["rows"] = list(rows.values())
     jpath, mpath = gpu_report.write(first, out)

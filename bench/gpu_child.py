@@ -36,7 +36,7 @@ def one_line(e: BaseException) -> str:
 
 def prepare(spec: dict) -> dict:
     """Tokenizer, data, and the models at the shapes asked for (built on the GPU when there is one)."""
-    from gpu_data import write_records
+    from gpu_data import write_image_records, write_records
 
     from payload.tiny import build_tiny_tokenizer, materialize_shape
 
@@ -48,15 +48,39 @@ def prepare(spec: dict) -> dict:
         out["device"] = torch.cuda.get_device_name(0)
         out["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / gpu_measure.GIB, 1)
     tok = build_tiny_tokenizer(None)
-    out["data"] = write_records(Path(spec["data_path"]), tok, spec["records"], spec["seq"])
+    out["data"] = write_records(Path(spec["data_path"]), tok, spec["records"], spec["seq"], text="cycle")
+    if spec.get("images"):
+        im = gpu_modes.IMAGES
+        out["data"]["images"] = write_image_records(
+            Path(gpu_modes.images_path(spec["data_path"])), tok, im["records"], tuple(spec["images"]),
+            im["text_tokens"], im["distinct"])
     out["models"] = {}
     for shape in spec["shapes"]:
         t = time.perf_counter()
-        dest = materialize_shape(Path(spec["models_dir"]) / shape, gpu_modes.SHAPES[shape]["arch"],
+        arch = gpu_modes.SHAPES[shape]["arch"]
+        dest = materialize_shape(Path(spec["models_dir"]) / shape, arch,
                                  gpu_modes.shape_dims(shape), gpu_modes.vision_of(shape),
                                  device="cuda" if on_gpu else "cpu", dtype="bfloat16" if on_gpu else "float32")
+        if arch == "qwen3_vl":
+            vl_image_processor().save_pretrained(str(dest))  # images at their real size, as Qwen3-VL-2B's
         out["models"][shape] = {"path": str(dest), "seconds": round(time.perf_counter() - t, 1)}
     return out
+
+
+def vl_image_processor():
+    """Qwen3-VL-2B's image processor settings (patch 16, 2x2 merge, its pixel limits): the torchvision
+    one where torchvision is installed, as the real model loads, else the PIL one."""
+    import importlib.util
+
+    from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as pil
+
+    kw = dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+              **gpu_modes.VL_PIXELS)
+    if importlib.util.find_spec("torchvision") is not None:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+        return Qwen2VLImageProcessor(**kw)
+    return pil.Qwen2VLImageProcessorPil(**kw)
 
 
 # ------------------------------------------------------------------------------------ estimate
@@ -67,7 +91,17 @@ def prepare(spec: dict) -> dict:
 
 def record_lengths(ds, spec: dict, cfg) -> list[int]:
     """Token length of every training record: from TRL's prepared dataset, or (vision-language
-    datasets are tokenized on the fly) by tokenizing the records as the baseline does."""
+    datasets are tokenized on the fly) by tokenizing the records as the baseline does; an image
+    counts its vision tokens (the language model's FLOPs; the vision tower's are not counted)."""
+    if gpu_modes.mode(spec["mode"]).get("images"):
+        from gpu_data import chat_len, image_tokens
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
+        rows = [json.loads(x) for x in Path(gpu_modes.images_path(spec["data_path"])).read_text().splitlines()]
+        instr = gpu_modes.IMAGES["instruction"]  # + <|vision_start|>, the image's tokens, <|vision_end|>
+        return [chat_len(tok, [{"role": "user", "content": instr}, {"role": "assistant", "content": r["text"]}])
+                + 2 + image_tokens(tuple(spec["images"])) for r in rows]
     if "seq_lengths" in ds.column_names:
         return [x for row in ds["seq_lengths"] for x in row]
     if "input_ids" in ds.column_names:
@@ -91,6 +125,7 @@ def run_payload(spec: dict, result: dict) -> None:
         train.setup(run)
         run.trainer.args.include_num_input_tokens_seen = "non_padding"
         run.trainer.add_callback(meter)
+        gpu_measure.track_longest(run.trainer, result)
         lengths = record_lengths(run.trainer.train_dataset, spec, cfg)
         train.load_checkpoint(run)
         train.train(run)
@@ -103,10 +138,21 @@ def run_payload(spec: dict, result: dict) -> None:
                        "real_token_fraction": summary.get("real_token_fraction"),
                        "trainable_params": summary.get("trainable_params"),
                        "first_loss": summary.get("first_loss"), "last_loss": summary.get("final_loss"),
+                       "losses": losses(cfg.run_dir),
+                       **({"kbit_preparation": getattr(modeling, "KBIT_PREPARATION", "fp32-upcast")}
+                          if cfg.train.method == "qlora" else {}),
                        "checkpoint_save_s": round(sum(run.control.save_history), 2) if run.control else None})
         gpu_measure.flops(result, cfg, lengths, summary.get("trainable_params") or 0, result.get("device"))
     finally:
         train.cleanup(run)
+
+
+def losses(run_dir: Path) -> list[list]:
+    """[step, loss] at every log point of the payload's metrics.jsonl."""
+    from payload import layout, observe
+
+    return [[r.get("step"), r["loss"]] for r in observe.read_metrics(run_dir / layout.METRICS)
+            if r.get("loss") is not None]
 
 
 def single_process_group() -> None:

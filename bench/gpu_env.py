@@ -1,5 +1,5 @@
 """The GPU check's environment: use what the machine has where it meets the payload's minimums
-(payload/versions.py), install the rest from wheels carried beside the repo (`.whl/`, `.whl-bnb/`;
+(payload/versions.py), install the rest from wheels carried beside the repo (`.whl/**`, `.whl-bnb/`;
 `bench/gpu_wheels.py` downloads them), and say exactly which versions ran. `--smoke` (CPU, CI)
 installs nothing.
 
@@ -36,7 +36,7 @@ def wheels(root: Path) -> dict[str, Path]:
     """{normalized distribution name: wheel path} of the wheel folders at the repo root."""
     out = {}
     for d in WHEEL_DIRS:
-        for w in sorted((root / d).glob("*.whl")):
+        for w in sorted((root / d).rglob("*.whl")):  # .whl/core, .whl/ds: carried apart or together
             out[norm(w.name.split("-")[0])] = w
     return out
 

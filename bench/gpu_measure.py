@@ -53,6 +53,21 @@ def step_meter(warmup: int):
 
     return StepMeter()
 
+def track_longest(trainer, result: dict) -> None:
+    """`longest_row_tokens`: the longest batch row any step trained (a padded batch's peak memory is at
+    its longest; a padding-free one is a single row of the batch's tokens), seen where the batch
+    reaches the model, so also when dataloader workers collate."""
+    step = trainer.training_step
+
+    def measured(model, inputs, *args, **kwargs):
+        ids = inputs.get("input_ids")
+        if ids is not None:
+            result["longest_row_tokens"] = max(result.get("longest_row_tokens", 0), int(ids.shape[-1]))
+        return step(model, inputs, *args, **kwargs)
+
+    trainer.training_step = measured
+
+
 def context_length(lengths) -> float:
     """sum(l^2)/sum(l): the mean attention context of a trained token (causal, per record)."""
     total = sum(lengths)
@@ -96,7 +111,7 @@ def load_cfg(spec: dict, offload: bool = False):
     m = gpu_modes.mode(spec["mode"])
     body = gpu_modes.run_config_dict(
         m, model_dir=spec["model_dir"], kind=gpu_modes.SHAPES[spec["shape"]]["kind"], data_path=spec["data_path"],
-        volume=spec["volume"], run_id=f"{spec['mode']}-{spec['role']}", steps=spec["steps"], batch=spec["batch"],
+        volume=spec["volume"], run_id=spec.get("run_id") or f"{spec['mode']}-{spec['role']}", steps=spec["steps"], batch=spec["batch"],
         seq=spec["seq"], smoke=spec["smoke"], offload=offload)
     return RunConfig.model_validate(body)
 

@@ -69,10 +69,11 @@ def markdown(results: dict) -> str:
         f"Peak for MFU: {results.get('peak_source')}.", "",
         "Memory: allocated / measured peak GiB (torch's peak reserved + CUDA memory outside torch); "
         "estimate = payload/memory.py; ratio = estimate / measured peak. Speed = real (non-pad) tokens/s; "
-        "baseline = plain transformers Trainer, same model/data/batch/seq, padded batches, checkpointing on.", "",
-        "| mode | payload tok/s | MFU | mem GiB | est GiB (ratio) | ckpt / liger / pad-free | "
+        "baseline = plain transformers Trainer, same model/data/batch/seq, padded batches, checkpointing on. "
+        "loss: the payload's training loss at its log points, first -> last (n points).", "",
+        "| mode | payload tok/s | MFU | mem GiB | est GiB (ratio) | ckpt / liger / pad-free | attn | loss | "
         "baseline tok/s | MFU | mem GiB | est GiB (ratio) | speedup | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in pair(results["rows"]):
         b = r["baseline"]
@@ -80,12 +81,19 @@ def markdown(results: dict) -> str:
             f"| {r['mode']} | {_f(r.get('tokens_per_s'))} | {_f(r.get('mfu'), '{:.1%}')} | {_gb(r)} | "
             f"{_f(r.get('estimate_gb'), '{:.1f}')} ({_f(r.get('estimate_ratio'), '{:.2f}')}) | "
             f"{_yn(r.get('gradient_checkpointing'))} / {_yn(r.get('liger'))} / {_yn(r.get('padding_free'))} | "
-            f"{_f(b.get('tokens_per_s'))} | {_f(b.get('mfu'), '{:.1%}')} | {_gb(b)} | "
+            f"{r.get('attn_used') or '-'} | {loss_path(r)} | {_f(b.get('tokens_per_s'))} | {_f(b.get('mfu'), '{:.1%}')} | {_gb(b)} | "
             f"{_f(b.get('estimate_gb'), '{:.1f}')} ({_f(b.get('baseline_estimate_ratio') or r.get('baseline_estimate_ratio'), '{:.2f}')}) | "
             f"{_f(r.get('speedup'), '{:.2f}x')} | {_status(r)}; baseline {_status(b) if b else 'shared/none'} |")
     lines += ["", "Targets: payload LoRA bf16 >= 1.5x the baseline's real tokens/s; MFU >= 40% on the 8B "
               "shape at seq 4096; estimate within +-15% of the measured peak (ratio 0.85-1.15).", ""]
     return "\n".join(lines)
+
+
+def loss_path(r: dict) -> str:
+    pts = r.get("losses") or []
+    if len(pts) < 2:
+        return _f(r.get("last_loss"), "{:.3f}")
+    return f"{pts[0][1]:.3f} -> {pts[-1][1]:.3f} ({len(pts)})"
 
 
 def _yn(x) -> str:

@@ -1,14 +1,15 @@
 """Download the wheels the GPU check needs on a machine without network (Python 3.12, manylinux x86_64).
 
-    make gpu-wheels            # .whl/ (everything but bitsandbytes) and .whl-bnb/ (bitsandbytes)
+    make gpu-wheels            # .whl/core/, .whl/ds/ (deepspeed) and .whl-bnb/ (bitsandbytes)
     .venv/bin/python bench/gpu_wheels.py --python 3.12
 
 The device machine (see /work/.library/device/KINDS.md) has torch 2.11, transformers 5.17, peft,
 accelerate, pyarrow, pandas, huggingface-hub, ninja, msgpack, einops..., and no trl, datasets,
 pydantic, deepspeed, bitsandbytes or liger-kernel. Each wheel is fetched with `--no-deps`, so every
 missing dependency is named here; `bench/gpu_env.py` there installs only what is missing or too old
-and reports any requirement still unmet. A device call carries at most 64 MiB (repo included), so
-bitsandbytes (~41 MiB) lives in its own folder, carried only for the qlora mode.
+and reports any requirement still unmet. A device call carries at most 64 MiB (repo included):
+bitsandbytes (~41 MiB) lives in `.whl-bnb/`, carried only for the qlora mode, and deepspeed (~2 MiB)
+in `.whl/ds/`, so that `.whl/core` + `.whl-bnb` + the repo fit one call (bench/README.md).
 
 deepspeed is a source distribution on PyPI: it is built here into a pure-Python wheel
 (DS_BUILD_OPS=0, ops compile just in time on the GPU machine, which has nvcc and ninja).
@@ -38,8 +39,8 @@ CORE = [
     "transformers==5.23.0",         # the pinned version; 5.17 (there) lacks VL assistant-only loss (5.18)
     "peft==0.21.2",                 # the tested version, whatever peft the machine has
     "liger-kernel==0.8.5",          # optional (train.liger: auto); needs triton (there)
-    "hjson==3.1.0",                 # deepspeed's one dependency missing there
 ]
+DS = ["hjson==3.1.0"]               # deepspeed's one dependency missing there
 BUILT = ["deepspeed==0.19.8"]       # sdist only: built into a py3-none-any wheel here
 BNB = ["bitsandbytes==0.50.2"]      # qlora only
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
@@ -69,28 +70,46 @@ def mib(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.glob("*.whl")) / 2**20
 
 
+def repo_mib() -> float:
+    """What a device call carries of the repo: tracked files and untracked ones git does not ignore."""
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                         check=True).stdout.decode()
+    return sum((ROOT / f).stat().st_size for f in out.split("\0") if f and (ROOT / f).is_file()) / 2**20
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="example: .venv/bin/python bench/gpu_wheels.py --python 3.12")
     ap.add_argument("--python", default="3.12", help="the GPU machine's Python (default 3.12)")
     ap.add_argument("--no-bnb", action="store_true", help="skip bitsandbytes (.whl-bnb/)")
+    ap.add_argument("--sizes", action="store_true", help="only print the carried sizes of the wheels already here")
     a = ap.parse_args(argv)
-    core, bnb = ROOT / ".whl", ROOT / ".whl-bnb"
-    for folder in (core, bnb):
+    if a.sizes:
+        print(sizes())
+        return 0
+    core, ds, bnb = ROOT / ".whl" / "core", ROOT / ".whl" / "ds", ROOT / ".whl-bnb"
+    for folder in (ROOT / ".whl", bnb):
         shutil.rmtree(folder, ignore_errors=True)  # one version of each: two would stop the install
-        folder.mkdir()
+    for folder in (core, ds, bnb):
+        folder.mkdir(parents=True)
     download(CORE, core, a.python)
-    build(BUILT, core)
+    download(DS, ds, a.python)
+    build(BUILT, ds)
     if not a.no_bnb:
         download(BNB, bnb, a.python)
-    repo = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file() and ".git" not in p.parts
-               and ".venv" not in p.parts and not p.parts[len(ROOT.parts)].startswith(".whl")) / 2**20
-    total = mib(core) + mib(bnb) + repo
-    print(f".whl/ {mib(core):.1f} MiB ({len(list(core.glob('*.whl')))} wheels), .whl-bnb/ {mib(bnb):.1f} MiB, "
-          f"repo ~{repo:.1f} MiB: {total:.1f} of the {LIMIT_MIB} MiB a device call carries")
-    if total > LIMIT_MIB:
-        print("too much for one call: carry .whl-bnb only in the qlora call (bench/README.md)")
+    print(sizes())
     return 0
+
+
+def sizes() -> str:
+    """The two device calls' carries (bench/README.md) against the limit."""
+    core, ds, bnb, repo = mib(ROOT / ".whl" / "core"), mib(ROOT / ".whl" / "ds"), mib(ROOT / ".whl-bnb"), repo_mib()
+    lines = [f".whl/core {core:.1f} MiB, .whl/ds {ds:.1f} MiB, .whl-bnb {bnb:.1f} MiB, repo {repo:.1f} MiB"]
+    for name, total in (("call 1 carry [.whl/core, .whl-bnb]", core + bnb + repo),
+                        ("call 2 carry [.whl]", core + ds + repo)):
+        lines.append(f"{name}: {total:.1f} of the {LIMIT_MIB} MiB a device call carries"
+                     + ("" if total <= LIMIT_MIB else "  TOO MUCH"))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

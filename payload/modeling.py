@@ -328,9 +328,12 @@ def freeze_vision(model) -> int:
 
 def check_vision_frozen(cfg, model) -> dict:
     """Assert nothing under the vision tower trains (VL + language_only). Returns param counts."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    vision_trainable = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and is_vision_param(n))
+    def numel(p) -> int:  # under ZeRO-3 a parameter is a 0-element shard; ds_numel is its size
+        return getattr(p, "ds_numel", p.numel())
+
+    trainable = sum(numel(p) for p in model.parameters() if p.requires_grad)
+    total = sum(numel(p) for p in model.parameters())
+    vision_trainable = sum(numel(p) for n, p in model.named_parameters() if p.requires_grad and is_vision_param(n))
     counts = {"trainable_params": trainable, "total_params": total, "vision_trainable_params": vision_trainable}
     if cfg.model.kind == "image_text_to_text" and cfg.train.lora.language_only and vision_trainable:
         raise RuntimeError(f"vision tower must be frozen but {vision_trainable} of its parameters are trainable")

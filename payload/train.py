@@ -255,6 +255,7 @@ def sft_config(cfg, has_eval: bool, dtype):
     # transformers renamed gradient_checkpointing to activation_checkpointing (the old name warns) and
     # added `every_n_layers` with it; before that, checkpointing is every layer or none
     every, _why = modeling.checkpointing_decision(cfg)
+    workers = dataloader_workers(cfg, gpu)
     names = {f.name for f in dc.fields(SFTConfig)}
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     ckpt_kwargs = {"use_reentrant": False}
@@ -291,7 +292,7 @@ def sft_config(cfg, has_eval: bool, dtype):
         greater_is_better=best_metric(cfg)[1] if has_eval else None,
         report_to=tracking.report_to(cfg) or "none",
         disable_tqdm=True,
-        dataloader_num_workers=0,
+        dataloader_num_workers=workers,  # not persistent: see dataloader_workers
         max_length=t.max_seq_length,
         packing=t.packing,
         packing_strategy="bfd",
@@ -300,6 +301,22 @@ def sft_config(cfg, has_eval: bool, dtype):
         ddp_find_unused_parameters=None if vl else False,
         deepspeed=modeling.deepspeed_config(t.deepspeed) if t.deepspeed else None,
     )
+
+
+VL_LOADER_WORKERS = 4  # per rank; bench/bench_vl_step.py measures what the collation costs
+
+
+def dataloader_workers(cfg, gpu: bool) -> int:
+    """Vision-language batches are made on the fly by TRL's collator (images decoded, resized and cut
+    into patches, the chat template tokenized): on a GPU that runs in dataloader worker processes,
+    beside the step, instead of in the main process between steps. The sampler stays in the main
+    process, so the batches are the same; the workers start again each epoch (not persistent) so the
+    main process draws from its RNG as without workers, and dropout stays the same. Text batches are
+    tokenized beforehand: no workers; none on CPU either (no GPU step to overlap with)."""
+    if not gpu or cfg.model.kind != "image_text_to_text":
+        return 0
+    per_rank = (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(0, min(VL_LOADER_WORKERS, per_rank - 1))
 
 
 # ------------------------------------------------------------------------------------ resume / train

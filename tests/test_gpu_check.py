@@ -25,33 +25,79 @@ from payload.memory import KNOWN_QWEN, ModelDims  # noqa: E402
 from train_fixtures import train_env  # noqa: E402,F401  (fixture)
 
 
-def test_smoke_runs_every_mode_in_its_own_process_and_writes_the_table(tmp_path):
-    out = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--smoke", "--workdir", str(tmp_path / "w"),
-                           "--out", str(out), "--modes", ",".join(gpu_modes.MODE_NAMES)],
-                          cwd=REPO, capture_output=True, text=True, timeout=240)
+def smoke(workdir, out, *args):
+    proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--smoke", "--workdir", str(workdir),
+                           "--out", str(out), *args], cwd=REPO, capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [jpath] = out.glob("cpu-*-smoke.json")
     res = json.loads(jpath.read_text())
-    rows = {(r["mode"], r["role"]): r for r in res["rows"]}
-    assert res["env"]["versions"]["trl"] and not res["env"]["problems"]
-    for mode in gpu_modes.SMOKE_MODES:  # text (packed, padding-free) and vision-language (unpacked)
-        for role in ("payload", "baseline"):
+    return proc, jpath, res, {(r["mode"], r["role"]): r for r in res["rows"]}
+
+
+@pytest.mark.timeout(900)  # ~1 min alone; minutes on a loaded 2-core machine
+def test_smoke_runs_every_mode_in_its_own_process_and_writes_the_table(tmp_path):
+    proc, jpath, res, rows = smoke(tmp_path / "w", tmp_path / "results", "--modes", ",".join(gpu_modes.MODE_NAMES))
+    assert res["env"]["versions"]["trl"] and not res["env"]["problems"] and res["data"]["text"] == "cycle"
+    for mode in gpu_modes.SMOKE_MODES:  # text (packed, padding-free), vision-language (unpacked), images
+        for role in ("payload", "baseline") if mode != "lora-bf16-images" else ("payload",):
             r = rows[(mode, role)]
             assert r["status"] == "ok", r
             assert r["tokens_per_s"] > 0 and r["measured_steps"] == 3 and r["flops_per_token_g"] > 0
             assert r["estimate_gb"] > 0 and r["peak_rss_gb"] > 0 and r["mfu"] is None
             assert "no CUDA device" in r["gpu_memory_note"] and r.get("measured_peak_gb") is None
+            # the loss at every step of 4 (>= 4 log points), falling on the learnable synthetic data
+            steps, losses = zip(*r["losses"])
+            assert steps == (1, 2, 3, 4) and losses[-1] < losses[0] - 0.05, r["losses"]
+            assert r["longest_row_tokens"] > 0  # what the estimator test reads for padded rows
+    images = rows[("lora-bf16-images", "payload")]  # one 320x256 image (80 tokens) + ~140 text tokens a record
+    assert images["tokens_per_step"] > 2 * 80 + 2 * 100 and images["context_tokens"] > 180
+    assert ("lora-bf16-images", "baseline") not in rows
     assert rows[("lora-bf16-sdpa", "payload")]["padding_free"] is True
     assert rows[("lora-bf16-sdpa", "payload")]["real_token_fraction"] == 1.0
     assert rows[("lora-bf16-sdpa", "baseline")]["real_token_fraction"] < 1.0  # padded batches
     assert rows[("lora-bf16-sdpa", "payload")]["gradient_checkpointing_reason"] == "auto: off on CPU"
     for name in set(gpu_modes.MODE_NAMES) - set(gpu_modes.SMOKE_MODES):
         assert rows[(name, "payload")]["status"] == "skipped", rows[(name, "payload")]
-    assert "needs a CUDA GPU" in rows[("full-zero3", "payload")]["reason"]
+    assert "needs a CUDA GPU" in rows[("full-zero3", "payload")]["reason"]  # deepspeed: the GPU run counts
     md = jpath.with_suffix(".md").read_text()
     assert all(f"| {m} |" in md for m in gpu_modes.MODE_NAMES) and "Smoke run" in md
     assert "lora-bf16-sdpa" in proc.stdout and "wrote" in proc.stdout
+
+    # a second invocation in the same --workdir trains fresh runs (it was refused as a changed-config
+    # resume of the first); models and data are reused
+    _proc, _j, _res, again = smoke(tmp_path / "w", tmp_path / "again", "--modes", "lora-bf16-sdpa",
+                                   "--baselines", "none")
+    assert again[("lora-bf16-sdpa", "payload")]["status"] == "ok", again
+    assert again[("lora-bf16-sdpa", "payload")]["measured_steps"] == 3 and len(again) == 1
+    assert not list((tmp_path / "w" / "runs" / "runs").iterdir())  # run dirs removed after each run
+
+
+def test_full_zero3_is_wired_as_a_payload_run():
+    """ZeRO-3 cannot run here (no deepspeed on CPU): the config the GPU run trains with is checked
+    instead - full fine-tune, DeepSpeed stage 3, optimizer offload only when asked."""
+    from payload import modeling
+
+    m = gpu_modes.mode("full-zero3")
+    body = gpu_modes.run_config_dict(m, model_dir="/m", kind="image_text_to_text", data_path="/d/mix.jsonl",
+                                     volume="/v", run_id="r", steps=15, batch=2, seq=4096, smoke=False)
+    cfg = RunConfig.model_validate(body)
+    assert cfg.train.method == "full" and cfg.train.deepspeed.zero_stage == 3
+    assert cfg.train.learning_rate == 2e-5 and cfg.train.logging_steps == 3
+    ds = modeling.deepspeed_config(cfg.train.deepspeed)
+    assert ds["zero_optimization"]["stage"] == 3 and "offload_optimizer" not in ds["zero_optimization"]
+    assert gpu_modes.skip_reason(m, cuda=True, have=lambda p: True) is None
+
+    # ZeRO-3 leaves each parameter a 0-element shard (its size in ds_numel): the trainable count the
+    # payload checks after building the trainer read 0 and refused the run ("no trainable parameters")
+    import torch
+
+    model = torch.nn.Module()
+    model.lm = torch.nn.Linear(4, 4)
+    for p in model.parameters():
+        p.ds_numel = p.numel()
+        p.data = torch.empty(0)
+    counts = modeling.check_vision_frozen(cfg, model)
+    assert counts["trainable_params"] == counts["total_params"] == 16 + 4
 
 
 def test_a_crashed_or_hung_run_is_a_row_with_a_reason(tmp_path):
