@@ -69,7 +69,8 @@ def canonicalize(obj: Any, fmt: str, images: ImageContext, instruction: str = ""
                  instruction_as: str = "user") -> list[dict]:
     """Validate one raw record and return its messages `[{role, content}, ...]` (not yet transformed)."""
     if not isinstance(obj, dict):
-        raise RecordError("wrong type", f"record is {tname(obj)}, expected an object")
+        shape = "; a JSONL file holds one object per line" if isinstance(obj, list) else ""
+        raise RecordError("wrong type", f"record is {tname(obj)}, expected an object{shape}")
     if fmt == "auto":
         fmt = detect_format(obj)
     if fmt == "messages":
@@ -183,10 +184,12 @@ def from_prompt_record(obj: dict, fmt: str, images: ImageContext) -> list[dict]:
 
 
 def from_messages(obj: dict, images: ImageContext) -> list[dict]:
-    key = "messages" if "messages" in obj else "conversations"
+    key = "messages" if "messages" in obj or "conversations" not in obj else "conversations"
     msgs = obj.get(key)
     if msgs is None:
-        raise RecordError("missing key", f"no '{key}' list")
+        keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
+        raise RecordError("missing key", f"no '{key}' list (found keys: {keys}); messages records need "
+                          "'messages' (or ShareGPT 'conversations'), or set the source's format/columns")
     if isinstance(msgs, str):  # CSV / Parquet cells holding the list as JSON text
         try:
             msgs = json.loads(msgs)
