@@ -69,8 +69,7 @@ def canonicalize(obj: Any, fmt: str, images: ImageContext, instruction: str = ""
                  instruction_as: str = "user") -> list[dict]:
     """Validate one raw record and return its messages `[{role, content}, ...]` (not yet transformed)."""
     if not isinstance(obj, dict):
-        shape = "; a JSONL file holds one object per line" if isinstance(obj, list) else ""
-        raise RecordError("wrong type", f"record is {tname(obj)}, expected an object{shape}")
+        raise RecordError("wrong type", f"record is {tname(obj)}, expected an object")
     if fmt == "auto":
         fmt = detect_format(obj)
     if fmt == "messages":
