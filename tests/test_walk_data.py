@@ -30,7 +30,7 @@ BAD = {
     "missing field": ("nofield.jsonl", (json.dumps({"prompt": "hi", "reply": "yo"}) + "\n").encode() * 3,
                       "nofield.jsonl:1: missing key (no 'messages' list (found keys: prompt, reply)"),
     "wrong type": ("wrongtype.jsonl", (json.dumps({"messages": 42}) + "\n").encode() * 3,
-                   "wrongtype.jsonl:1: wrong type ('messages' is an int, expected a list of turns)"),
+                   "wrongtype.jsonl:1: wrong type ('messages' is a number, expected a list of turns)"),
     "top-level array": ("array.jsonl", ("[" + ", ".join(_chat(i) for i in range(3)) + "]\n").encode(),
                         "array.jsonl:1: wrong type (record is a list, expected an object)"),
 }
@@ -58,8 +58,8 @@ def test_validate_names_every_kind_of_unreadable_data_with_its_line(tmp_path):
     r = launch(tmp_path, "validate", str(path))
     assert_one_line_error(r, *(f"{tmp_path}/{what}" for _, _, what in BAD.values()))
     errors = _errors(r)
-    assert len(errors) == len(BAD), errors  # every source's problem at once, one line each
-    for i, line in enumerate(errors):  # where in the profile, which key
+    assert errors[0] == f"✗ {len(BAD)} problems in the profile:" and len(errors) == len(BAD) + 1, errors
+    for i, line in enumerate(errors[1:]):  # every source's problem at once: where in the profile, which key
         assert line.startswith(f"✗ {path}:") and f": data.sources.{i}.path: s{i}: " in line, line
 
 
@@ -67,7 +67,7 @@ def test_up_and_plan_refuse_unreadable_data_before_anything_starts(tmp_path):
     name, content, what = BAD["invalid JSON"]
     path = profile_with(tmp_path, {name: content})
     r = launch(tmp_path, "up", str(path), "--backend", "local")
-    assert_one_line_error(r, f"data.sources.0.path: s0: 1 of 2 records invalid", f"{tmp_path}/{what}",
+    assert_one_line_error(r, "data.sources.0.path: s0: 1 of 3 records invalid", f"{tmp_path}/{what}",
                           "fix the file")
     runs = tmp_path / "user-launch-home" / "runs.db"
     if runs.exists():  # the registry may exist; no run was recorded in it
