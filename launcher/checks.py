@@ -128,6 +128,10 @@ def record_report(path: Path, p: Profile, overrides: tuple[str, ...] = ()) -> tu
     """(problems, checked) for the records of the profile's local sources (its `data:` and each
     stage's own): the payload's data-stage check (`check_sample`) on the first SAMPLE_RECORDS of each,
     problems as `file:line: key: the data stage's line`, checked as `path: N records read ...`."""
+    blocks = [((), p.data)] + [(("stages", j), st.data) for j, st in enumerate(p.stages) if st.data is not None]
+    blocks = [(prefix, block) for prefix, block in blocks if not all(s.hf_dataset for s in block.sources)]
+    if not blocks:  # hub datasets only: read on the machine (`launch data preview` says so)
+        return [], []
     import tempfile
 
     from payload.data.pipeline import SAMPLE_RECORDS, check_sample
@@ -136,11 +140,8 @@ def record_report(path: Path, p: Profile, overrides: tuple[str, ...] = ()) -> tu
     for item in overrides:
         apply_override(data, lines, item)
     shown = shown_path(path)
-    blocks = [((), p.data)] + [(("stages", j), st.data) for j, st in enumerate(p.stages) if st.data is not None]
     problems, checked = [], []
     for prefix, block in blocks:
-        if all(s.hf_dataset for s in block.sources):
-            continue
         with tempfile.TemporaryDirectory(prefix="launch-data-check-") as tmp:
             stats, found = check_sample(block, tmp, base_dir=REPO_ROOT)
         for i, line in found:
