@@ -1,7 +1,11 @@
 """Everything checkable before money, checked before money: `validate`, `plan` and `up` load a
 profile through `load_checked`, which reports the profile's config problems and its local data
 files (missing, unreadable, empty, or where the upload will not take them) in one report, before
-any credential, price lookup or SDK call.
+any credential, price lookup or SDK call. Once the files are there, their records are read the way
+the run's data stage reads them (`record_report`: the payload's own check, the one `launch data
+preview` runs, on the first SAMPLE_RECORDS of each local source): data the trainer would refuse
+(binary, invalid JSON, missing or mistyped fields, a top-level array of lists...) is refused here
+with the data stage's own line (file:line, what, fix), before anything starts or is rented.
 
 The profile loader itself (`load_profile`) stays free of file-system checks: `render --all` and the
 shipped-profile tests must work on a checkout without anyone's private data.
@@ -154,7 +158,58 @@ def check_profile(name_or_path: str, backend: Optional[str] = None,
     data_problems, present = data_file_report(path, None if backend is None else backend == "local", overrides)
     if problems:
         raise ProfileError(problems + data_problems)
+    if not data_problems:  # every file is there: its records, as the data stage will read them
+        record_problems, present = record_report(path, profile, overrides)
+        if record_problems:
+            raise ProfileError(record_problems)
     return profile, present, data_problems
+
+
+def record_report(path: Path, p: Profile, overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """(problems, checked) for the records of the profile's local sources (its `data:` and each
+    stage's own): the payload's data-stage check (`check_sample`) on the first SAMPLE_RECORDS of each,
+    problems as `file:line: key: the data stage's line`, checked as `path: N records read ...`."""
+    blocks = [((), p.data)] + [(("stages", j), st.data) for j, st in enumerate(p.stages) if st.data is not None]
+    blocks = [(prefix, block) for prefix, block in blocks if not all(s.hf_dataset for s in block.sources)]
+    if not blocks:  # hub datasets only: read on the machine (`launch data preview` says so)
+        return [], []
+    import tempfile
+
+    from payload.data.pipeline import SAMPLE_RECORDS, check_sample
+
+    data, lines = load_yaml_with_lines(path)
+    for item in overrides:
+        apply_override(data, lines, item)
+    shown = shown_path(path)
+    problems, checked = [], []
+    for prefix, block in blocks:
+        with tempfile.TemporaryDirectory(prefix="launch-data-check-") as tmp:
+            stats, found = check_sample(block, tmp, base_dir=REPO_ROOT)
+        for i, line in found:
+            loc = (*prefix, "data", "sources") + ((i, "path") if i is not None else ())
+            key = ".".join(map(str, loc))
+            first = f" (the first {SAMPLE_RECORDS:,} records were read)" if i is not None and \
+                stats["sources"].get(block.sources[i].name, {}).get("in", 0) >= SAMPLE_RECORDS else ""
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {key}: {line}{first}")
+        for s in block.sources:
+            st = stats["sources"].get(s.name)
+            if st is not None and not found:
+                checked.append(_checked_line(s.path, st, SAMPLE_RECORDS))
+    return problems, checked
+
+
+def _checked_line(rel: str, st: dict, limit: int) -> str:
+    """`path (size): N records read like the data step, D dropped (first: file:line: why)`."""
+    size = ""
+    for target in (REPO_ROOT / rel, Path(rel)):
+        if target.is_file():
+            size = f" ({human_size(target.stat().st_size)})"
+            break
+    first = "the first " if st["in"] >= limit else ""
+    line = f"{rel}{size}: {first}{st['in']:,} records read like the run's data step, {st['dropped']:,} dropped"
+    if st["problems"]:
+        line += f" (first: {st['problems'][0]['where']}: {st['problems'][0]['reason']})"
+    return line
 
 
 def load_checked(name_or_path: str, backend: Optional[str] = None,

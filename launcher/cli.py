@@ -71,6 +71,7 @@ def command_example(cmd) -> str:
 
 def user_error_lines(e: Exception):
     from payload.config import ConfigError
+    from payload.errors import PayloadError  # a payload step run here (eval, chat): its one line
 
     from .errors import BackendError
     from .catalog import PlanError
@@ -80,7 +81,7 @@ def user_error_lines(e: Exception):
         n = len(e.problems)
         head = [f"{n} problem{'s' if n > 1 else ''} in the profile:"] if n > 1 else []
         return head + list(e.problems)
-    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError)):
+    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError, PayloadError)):
         return [str(e)]
     if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
         return [f"disk full: {e.filename or ''} - free space or set LAUNCH_HOME to a larger disk"]

@@ -115,10 +115,16 @@ def _tokenizer(model: str):
 
 
 def estimate_from_files(p, base_dir: Path) -> Optional[Counted]:
-    """count_local, or None when the pipeline refuses the data (the plan falls back to file sizes)."""
+    """count_local, or None when a file cannot be read here (the plan falls back to file sizes).
+    Data the run's data stage refuses (past the sample `validate` reads) is refused: one line."""
     from payload.errors import PayloadError
+
+    from .profile import ProfileError
 
     try:
         return count_local(p, base_dir)
-    except (PayloadError, OSError, ValueError, KeyError):
+    except PayloadError as e:
+        raise ProfileError([f"{p.name}: {e} (read in full to count its tokens; the run's data step would "
+                            "refuse it the same way)"]) from None
+    except (OSError, ValueError, KeyError):
         return None

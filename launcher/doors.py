@@ -25,6 +25,8 @@ PAYLOAD_DOORS: dict[str, str] = {
                              "tokens exactly as the machine will (max_records, filters, dedup, split)",
     "payload.data.preview": "`launch data preview`: the first training examples from the data step itself and "
                             "TRL's tokenization, so what is shown is what is trained",
+    "payload.money": "the one money formatter (`$0.0042` below a cent), shared with the machine's budget "
+                     "messages, so `launch status` and the run's own lines write dollars alike",
     "payload.memory": "the GPU-memory estimator, so `plan` and `validate` say 'fits' with the machine's numbers",
     "payload.checksums": "streamed sha256 and the regular-file walk, to verify fetched artifacts as the "
                          "machine hashed them",

@@ -138,18 +138,33 @@ def local_config(run, dest: Path):
 
     rd = _local_run_dir(run)
     if rd is not None:
+        _require_adapter(run, rd / "outputs" / "adapter", fetched=True)
         return load_run_config(rd / "config.yaml", env={}), rd / "outputs" / "adapter", rd
-    from .errors import BackendError
-
     target = Path(dest) / run.id
     adapter = target / "adapter"
     config = _config_for(run)
-    if not adapter.is_dir():
-        raise BackendError(f"no fetched adapter for {run.id} at {adapter}: run `launch down {run.id} "
-                           "--fetch-artifacts` first (or give --dest)")
+    _require_adapter(run, adapter, fetched=target.is_dir())
     cfg = load_run_config(config, env={})
     rt = cfg.runtime.model_copy(update={"volume": str(target.resolve() / ".eval"), "run_id": run.id})
     return cfg.model_copy(update={"runtime": rt}), adapter, target
+
+
+def _require_adapter(run, adapter: Path, fetched: bool) -> None:
+    """One line naming the real fix when `adapter` is not there: fetch it, or (a run that ended
+    before training saved one) resume or restart the run."""
+    from .errors import BackendError
+
+    if adapter.is_dir() and any(adapter.iterdir()):
+        return
+    if not fetched:
+        raise BackendError(f"no fetched adapter for {run.id} at {adapter}: run `launch down {run.id} "
+                           "--fetch-artifacts` first (or give --dest)")
+    if run.active:
+        raise BackendError(f"{run.id} has no adapter yet: it is {run.state}, and training writes the adapter "
+                           f"when it ends; follow it with `launch logs {run.id} --follow`")
+    raise BackendError(f"{run.id} has no adapter: it ended {run.state} before training saved one (see `launch "
+                       f"logs {run.id}`); continue it with `launch up {run.profile} --resume {run.id}` or start a "
+                       f"new run with `launch up {run.profile}`")
 
 
 def _config_for(run) -> Path:

@@ -75,12 +75,22 @@ def _row(run) -> dict:
            "history": (run.handle or {}).get("history") or [], "provenance": (run.handle or {}).get("provenance")}
     if st:
         row.update(step=st.step, max_steps=st.max_steps, loss=st.loss, eval_loss=st.eval_loss,
-                   eta_s=st.eta_s, projected_cost_usd=st.projected_cost_usd)
+                   **projection(run, st, billed_usd))
         if isinstance(st.extra.get("stage"), dict):  # a run with stages: which one trains (name, index, of)
             row["stage"] = st.extra["stage"]
         if isinstance(st.extra.get("budget_warning"), str):  # the payload passed budget.warn_fraction
             row["budget_warning"] = st.extra["budget_warning"]
     return row
+
+
+def projection(run, st, billed_usd: float) -> dict:
+    """ETA and projected total of a run that is training now (none for one that ended, whatever its
+    last status.json said): what it billed so far plus the remaining training time at its price, so
+    projected >= spent (the payload's own projection counts training seconds only, no setup)."""
+    if run.state != "running" or st.eta_s is None:
+        return {"eta_s": None, "projected_cost_usd": None}
+    spent = max(billed_usd, st.cost_usd or 0.0)
+    return {"eta_s": st.eta_s, "projected_cost_usd": round(spent + st.eta_s * run.price_per_hour / 3600.0, 6)}
 
 
 # ----------------------------------------------------------------------------------- logs
@@ -168,6 +178,9 @@ def status(run_id, all_, as_json):
     from . import registry
     from .ui import print_status
 
+    if as_json and not run_id and not registry.all_runs():
+        click.echo("[]")  # no runs yet: an empty list for scripts, not an error
+        return
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
     rows = []
     for run in runs:

@@ -190,8 +190,10 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
         from .experiment import resume_target
 
         old = resume_target(p.name, resume)
-        if old.state == "completed":
-            raise BackendError(f"run {old.id} already completed; use --new for a fresh run")
+        if old.state == "completed" and not _trains_further(old, p):
+            raise BackendError(f"run {old.id} already completed; to train it further resume it with more steps "
+                               f"(`launch up {p.name} --resume {old.id} --set train.max_steps=N`, N above the "
+                               f"{_trained(old)} it trained), or start a fresh run with --new")
         old.state, old.reason = "starting", None
         return old, True
     if not force_new:
@@ -208,6 +210,22 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
     return registry.Run(id=run_id, profile=p.name,
                         backend=backend,
                         config_hash=p.config_hash(), budget_usd=p.budget.max_usd), False
+
+
+def _trained(run) -> str:
+    cfg = (run.handle or {}).get("config") or {}
+    steps, epochs = cfg.get("train.max_steps"), cfg.get("train.epochs")
+    return f"{steps} steps" if steps else f"{epochs} epoch(s)" if epochs else "steps"
+
+
+def _trains_further(run, p) -> bool:
+    """A completed run resumed with more training (train.max_steps, else train.epochs, above what it
+    was started with) continues from its last checkpoint to the new end (README: Runs are experiments)."""
+    cfg = (run.handle or {}).get("config") or {}
+    steps, epochs = cfg.get("train.max_steps"), cfg.get("train.epochs")
+    if p.train.max_steps:
+        return isinstance(steps, int) and p.train.max_steps > steps
+    return steps is None and isinstance(epochs, (int, float)) and p.train.epochs > epochs
 
 
 def price_for(p, backend: str) -> tuple[float, str]:

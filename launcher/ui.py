@@ -21,20 +21,35 @@ def err_console():
     return Console(stderr=True, highlight=False)
 
 
+def printable(value) -> str:
+    """User or remote text made safe for a terminal: control characters (ESC, BEL, CR, bidi overrides...)
+    shown as `\\x1b`-style escapes instead of acting on the terminal; newlines and tabs kept. Every
+    helper below that prints such text (esc, literal, cell) goes through here."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else _escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
 def esc(value) -> str:
     """User or remote text for use inside a markup string: shown exactly, never read as markup."""
     from rich.markup import escape
 
-    return escape(str(value))
+    return escape(printable(value))
 
 
 def literal(markup: str, *texts):
-    """Our own markup (e.g. `[red]✗[/] `) followed by `texts` printed exactly as given."""
+    """Our own markup (e.g. `[red]✗[/] `) followed by `texts` printed exactly as given (control
+    characters escaped: `printable`)."""
     from rich.text import Text
 
     out = Text.from_markup(markup)
     for t in texts:
-        out.append(str(t))
+        out.append(printable(t))
     return out
 
 
@@ -42,7 +57,7 @@ def cell(value):
     """A table cell holding user or remote text (rich would read a plain `str` cell as markup)."""
     from rich.text import Text
 
-    return value if isinstance(value, Text) else Text("-" if value is None else str(value))
+    return value if isinstance(value, Text) else Text("-" if value is None else printable(value))
 
 
 def hints(*commands: str) -> None:

@@ -1,5 +1,6 @@
 """How sizes, dollars and durations are written everywhere launch prints them: one owner each.
-A leaf module (standard library only), so any layer can use it without importing another's."""
+A leaf module (standard library only, and the payload's money formatter, which the machine's budget
+messages use too), so any layer can use it without importing another's."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ def human_size(n: float) -> str:
 
 
 def money(x) -> str:
-    """Dollars, cents shown; sub-cent amounts to four places; `-` when unknown."""
-    if x is None:
-        return "-"
-    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
+    """Dollars, cents shown; sub-cent amounts to four places; `-` when unknown: the payload's
+    formatter (payload/money.py `usd`), so the machine's budget lines and `launch` agree."""
+    from payload.money import usd
+
+    return usd(x)
 
 
 def duration(seconds) -> str:

@@ -9,7 +9,9 @@ estimate is shown, marked `~`).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import sys
 import time
@@ -105,18 +107,74 @@ def _join_runs(rows: list[Stored], runs) -> None:
             row.active_runs = [r.id for r in used if r.active]
 
 
-def collect() -> tuple[list[Stored], Optional[str]]:
-    """(volumes and buckets, a note when SkyPilot could not be asked)."""
-    from . import registry
-    from .backends.skypilot import map_sky_error, sdk
+NOT_ASKED = ("SkyPilot not asked: launch has run nothing on SkyPilot here, so it made no volume or bucket "
+             "(`sky volumes ls` and `sky storage ls` list any made with `sky` directly)")
 
-    runs, note = registry.all_runs(), None
+
+def collect(sky=None) -> tuple[list[Stored], Optional[str]]:
+    """(volumes and buckets, a note when SkyPilot could not be asked). Without a SkyPilot run in the
+    registry launch made nothing there: the (empty) local listing is the answer and no SkyPilot API
+    server is started for it. Else SkyPilot is asked in a `_sky_session`."""
+    from . import registry
+    from .backends.skypilot import map_sky_error
+
+    runs = registry.all_runs()
+    if sky is None and not any(r.backend == "skypilot" for r in runs):
+        return _from_registry(runs), NOT_ASKED
+    note = None
     try:
-        rows = _from_skypilot(sdk(), _declared())
+        with contextlib.ExitStack() as stack:
+            sky = sky or stack.enter_context(_sky_session())
+            rows = _from_skypilot(sky, _declared())
     except Exception as e:  # noqa: BLE001 - SDK errors become one line
         rows, note = _from_registry(runs), f"{map_sky_error(e)}; showing what launch's runs used (unverified)"
     _join_runs(rows, runs)
     return rows, note
+
+
+@contextlib.contextmanager
+def _sky_session():
+    """`sky` for the SDK calls of one command: SkyPilot's own log lines go to stderr (stdout stays the
+    listing, `--json` included), without colour codes unless stderr is a terminal; a local API server
+    that the first call starts (~1.3 GB, it would outlive the command) is stopped again at the end."""
+    from .backends.skypilot import control, sdk
+
+    sky = sdk()
+    before = control.local_api_server_pids()
+    handlers = [h for h in logging.getLogger("sky").handlers if isinstance(h, logging.StreamHandler)]
+    target = sys.stderr if sys.stderr.isatty() else _Plain(sys.stderr)
+    streams = [h.setStream(target) for h in handlers]
+    try:
+        with control.marked_process() as origin:
+            try:
+                yield sky
+            finally:
+                left = control.stop_api_server_we_started(sky, before, origin)
+                if "still runs" in left:
+                    print(left.lstrip("; "), file=sys.stderr)
+    finally:
+        for h, stream in zip(handlers, streams):
+            h.setStream(stream)
+
+
+class _Plain:
+    """A text stream that drops ANSI escape sequences (SkyPilot colours its lines unconditionally)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(strip_ansi(text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
 
 
 def _age(created_at: Optional[float]) -> str:
@@ -183,11 +241,16 @@ def interactive() -> bool:
 
 def delete(name: str, yes: bool) -> Stored:
     """Delete one volume or bucket after saying what is lost and asking (`yes`: don't ask)."""
+    with _sky_session() as sky:
+        return _delete(sky, name, yes)
+
+
+def _delete(sky, name: str, yes: bool) -> Stored:
     from .errors import BackendError
-    from .backends.skypilot import map_sky_error, sdk
+    from .backends.skypilot import map_sky_error
     from .ui import money
 
-    rows, note = collect()
+    rows, note = collect(sky)
     if note:
         raise BackendError(f"cannot delete {name}: {note}")
     row = next((r for r in rows if r.name == name), None)
@@ -204,7 +267,6 @@ def delete(name: str, yes: bool) -> Stored:
         if not interactive():
             raise BackendError(f"not deleting {name} without confirmation: pass --yes to delete from a script")
         click.confirm(question, default=False, abort=True)
-    sky = sdk()
     try:
         sky.get(sky.volumes.delete([name]) if row.kind == "volume" else sky.storage_delete(name))
     except Exception as e:  # noqa: BLE001

@@ -32,6 +32,22 @@ log = logging.getLogger("payload.train")
 WARN_FRACTION = 0.9
 
 
+def usd(x: Optional[float]) -> str:
+    """Dollars as `launch` writes them everywhere (launcher/units.money is this one): cents, with
+    thousands separators; an amount under a cent to four places (`$0.0042`, never `$0.00` for money
+    that was spent), under a hundredth of a cent `<$0.0001`; `-` when unknown."""
+    if x is None:
+        return "-"
+    if 0 < abs(x) < 0.0001:
+        return f"{'-' if x < 0 else ''}<$0.0001"
+    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
+
+
+def resume_hint(profile: str) -> str:
+    """The user's fix for a spent budget: resume the run with a larger one (stored with the run)."""
+    return f"`launch up {profile} --resume --set budget.max_usd=N` with a larger N"
+
+
 class CostTracker:
     """Seconds and dollars of this run so far; `clock` is injectable for tests of the arithmetic."""
 
@@ -73,7 +89,7 @@ class CostTracker:
         if frac is None:
             return False
         if frac >= self.warn_fraction and self.warning is None:
-            self.warning = (f"cost ${self.usd():.4f} is {100 * frac:.0f}% of the ${self.budget:.2f} budget "
+            self.warning = (f"cost {usd(self.usd())} is {100 * frac:.0f}% of the {usd(self.budget)} budget "
                             f"(warning at {100 * self.warn_fraction:.0f}%)")
             log.warning(self.warning)
             if self.write:

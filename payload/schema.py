@@ -40,11 +40,27 @@ def shown(value: str) -> str:
 
 
 class Strict(BaseModel):
-    """Base: unknown keys are errors (typos must never be silently ignored), and so is a number that is
+    """Base: unknown keys are errors (typos must never be silently ignored), so is a number that is
     not finite (`.inf`, `.nan`, `1e400`): no key of a run (a budget, a price, a rate, a ratio, a weight)
-    means anything at infinity, and JSON cannot carry one."""
+    means anything at infinity, and JSON cannot carry one; and so is a boolean where a number belongs
+    (`max_steps: true` would be 1: pydantic takes a bool as an int)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, v, info):
+        if isinstance(v, bool) and info.field_name and _numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"`{str(v).lower()}` is a boolean where a number is expected; write the number")
+        return v
+
+
+def _numeric(annotation) -> bool:
+    """int or float (also inside Optional/Union), and not bool itself."""
+    from typing import get_args
+
+    kinds = set(get_args(annotation)) or {annotation}
+    return bool(kinds & {int, float}) and bool not in kinds
 
 
 # --------------------------------------------------------------------------------------------- data

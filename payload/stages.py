@@ -23,6 +23,7 @@ from pathlib import Path
 
 from payload import layout, lease, observe
 from payload.errors import BudgetExhausted, PayloadError
+from payload.money import resume_hint, usd
 from payload.stage_config import stage_dir_name, stage_run_config
 
 log = logging.getLogger("payload.train")
@@ -69,8 +70,8 @@ def run_stage(cfg, scfg, spent_before: float) -> dict:
     if budget is not None:
         left = budget - spent_before
         if left <= 0:
-            raise BudgetExhausted(f"budget of ${budget:.2f} spent by the stages before {scfg.stage.label} "
-                                  f"(${spent_before:.2f}); raise runtime.budget_usd and rerun to go on")
+            raise BudgetExhausted(f"budget of {usd(budget)} spent by the stages before {scfg.stage.label} "
+                                  f"({usd(spent_before)}); continue with {resume_hint(cfg.runtime.profile)}")
         scfg.runtime.budget_usd = left
     info, last = scfg.stage_info(), scfg.stage_info()["index"] == scfg.stage_info()["of"]
 

@@ -32,7 +32,7 @@ from payload.eval_config import best_metric, export_choice
 from payload.errors import (
     EXIT_BUDGET, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, BudgetExhausted, PayloadError, exit_code_for, one_line,
 )
-from payload.money import CostCallback, CostTracker
+from payload.money import CostCallback, CostTracker, resume_hint, usd
 
 log = logging.getLogger("payload.train")
 STARTED_FROM = "started_from.json"  # in the stage's directory: the adapter it started from and its sha256
@@ -374,9 +374,8 @@ def end_of_training(run: Run) -> tuple[str, Optional[str]]:
         return "stopped", f"stopped by {sig} at step {step} of {total}; {kept}"
     if c.reason == "budget_exhausted":
         return "budget_exhausted", (
-            f"budget of ${cfg.runtime.budget_usd:.2f} reached at step {step} of {total} (spent "
-            f"${run.tracker.usd():.2f}); checkpoint-{step} saved: raise runtime.budget_usd (LAUNCH_BUDGET_USD) "
-            "and rerun to resume")
+            f"budget of {usd(cfg.runtime.budget_usd)} reached at step {step} of {total} (spent "
+            f"{usd(run.tracker.usd())}); checkpoint-{step} saved: continue with {resume_hint(cfg.runtime.profile)}")
     if total and step < total:
         metric = best_metric(cfg)[0].removeprefix("eval_").replace("loss", "eval loss")
         return "completed", f"stopped early at step {step} of {total} (early stopping: {metric} stopped improving)"

@@ -12,7 +12,8 @@ gets expensive, with one line naming the place (`where:line`) and the fix:
   flow collection far ahead and since PyYAML 6.0.4 stops at its own depth limit with its own
   wording), then every level on the event stream (no recursion), and again after alias expansion,
 - aliases: at most `MAX_ALIASES`, and the document expanded through them at most `MAX_NODES` nodes;
-  a recursive alias (`&a [*a]`) is refused.
+  a recursive alias (`&a [*a]`) is refused,
+- duplicate keys: a key given twice in one mapping is refused with both lines (YAML keeps the last).
 
 It returns the data and `{key path tuple: 1-based line}` for error messages. libyaml is used when
 PyYAML has it (about 10x faster; the pure-Python scanner is quadratic in nesting depth).
@@ -77,6 +78,7 @@ def parse_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int]]:
             if node is None:
                 return None, {}
             _check_expansion(node, where)
+            _check_duplicate_keys(node, where)
             data = loader.construct_document(node)
         finally:
             loader.dispose()
@@ -196,6 +198,32 @@ def _check_expansion(root: yaml.Node, where: str) -> None:
         active.add(key)
         stack.append((node, True))
         stack.extend((k, False) for k in kids if id(k) not in size)
+
+
+def _check_duplicate_keys(root: yaml.Node, where: str) -> None:
+    """A key given twice in one mapping (YAML would keep the last one silently) is refused, naming both
+    lines and the key's path. Keys a merge (`<<: *base`) brings in may be overridden: they are not
+    in the mapping's own text."""
+    seen_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    while stack:
+        node, prefix = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple, int] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    here = (k.tag, k.value)
+                    if here in first:
+                        path = ".".join(map(str, prefix + (k.value,)))
+                        raise YamlProblem(f"{where}:{k.start_mark.line + 1}: key `{path}` is given twice (also at "
+                                          f"line {first[here]}); YAML would silently keep the last one: keep one")
+                    first[here] = k.start_mark.line + 1
+                    stack.append((v, prefix + (k.value,)))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, prefix + (i,)) for i, v in enumerate(node.value))
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

@@ -289,8 +289,9 @@ def test_set_with_list_index_works_and_leaves_no_temp_dirs(tmp_path, monkeypatch
     from launcher.start import load_with_overrides
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a temp copy would go
-    other = "payload/samples/demo_alpaca.jsonl"  # `up` checks the data files: an existing one
-    p = load_with_overrides("local-demo", (f"data.sources.0.path={other}", "data.sources.1.split=val"))
+    other = "payload/samples/demo_alpaca.jsonl"  # `up` checks the data files and their records: a real one
+    p = load_with_overrides("local-demo", (f"data.sources.0.path={other}", "data.sources.0.format=alpaca",
+                                           "data.sources.1.split=val"))
     assert p.data.sources[0].path == other and p.data.sources[1].split == "val"
     assert p.data.sources[1].path == "payload/samples/demo_alpaca.jsonl"
     r = invoke("up", "local-demo", "--set", "data.sources.7.path=x.jsonl")

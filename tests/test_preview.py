@@ -144,7 +144,9 @@ def test_preview_bad_data_is_one_line(tmp_path, hub_cache):
     out = CliRunner().invoke(cli, ["data", "preview", "lovecraft-a100-spot", "--set", f"data.sources.0.path={bad}"])
     assert out.exit_code == 1 and "Traceback" not in out.output
     lines = [ln for ln in out.output.splitlines() if ln.strip()]
-    assert lines[0].startswith("✗ lovecraft-a100-spot: ") and "output" in out.output, out.output
+    # the check `validate` and `up` run too: the profile's line, the key, the data stage's file:line
+    assert lines[0].startswith("✗ clusters/lovecraft-a100-spot.yaml:") and "data.sources.0.path: lovecraft: " \
+        in lines[0] and f"{bad}:1: missing key (no 'output'" in lines[0], out.output
 
 
 def test_preview_of_a_missing_file_names_the_key(tmp_path):

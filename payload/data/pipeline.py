@@ -69,6 +69,43 @@ def prepare(data: DataConfig, out_dir, *, tokenizer=None, base_dir=None,
     return dict(stats, cached=False)
 
 
+SAMPLE_RECORDS = 2000  # per source: what `validate`, `plan`, `up` and `data preview` read before any GPU
+
+
+def check_sample(data: DataConfig, out_dir, *, base_dir, tokenizer=None,
+                 limit: int = SAMPLE_RECORDS) -> tuple[dict, list[tuple[Optional[int], str]]]:
+    """The data stage's own record check on the first `limit` records of each local source (Hugging
+    Face datasets are not downloaded), without the cache (no file is hashed): (stats, problems).
+    `problems` holds every source's refusal at once as (index in data.sources or None, one line, as
+    the run's data stage would print it); with none, `out_dir` holds the sample's train/val/test.jsonl."""
+    data = data.model_copy(deep=True)
+    local = [i for i, s in enumerate(data.sources) if not s.hf_dataset]
+    data.sources = [data.sources[i] for i in local]
+    for s in data.sources:
+        s.max_records = min(s.max_records or limit, limit)
+    out, base = Path(out_dir), Path(base_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checker, run, problems = ImageChecker(data.max_image_pixels), _Run(data, tokenizer, lambda _line: None), []
+    writer = SplitWriter(out)
+    try:
+        for i, s in zip(local, data.sources):
+            try:
+                run.source(open_source(s, i, base, out, data.max_record_bytes, checker), writer)
+            except PayloadError as e:
+                problems.append((i, str(e)))
+            except OSError as e:
+                problems.append((i, f"{s.name}: {e.filename or s.path}: {e.strerror or e}; check the file"))
+        if local and not problems:
+            run.check_result()
+    except PayloadError as e:
+        problems.append((None, str(e)))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit()
+    return run.stats("sample"), problems
+
+
 def _build(data: DataConfig, sources: list[Source], out: Path, tokenizer, log) -> dict:
     start_rebuild(out)
     run = _Run(data, tokenizer, log)

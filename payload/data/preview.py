@@ -2,9 +2,9 @@
 
 `launch data preview` (launcher/preview.py) calls these; nothing here re-implements a step:
 
-- the records are the data stage's own output: `prepare` (sources -> transforms -> dedup -> split)
-  writes train.jsonl, read back with `trainset.read_jsonl` and turned into the rows SFTTrainer gets
-  by `trainset.build_dataset`;
+- the records are the data stage's own output: `check_sample` (sources -> transforms -> dedup ->
+  split; the check `launch validate`, `plan` and `up` run too) writes train.jsonl, read back with
+  `trainset.read_jsonl` and turned into the rows SFTTrainer gets by `trainset.build_dataset`;
 - the token view tokenizes those rows with TRL's functions in SFTTrainer's order: the training chat
   template (`get_training_chat_template`) when the tokenizer's has no `{% generation %}` markers,
   `data_utils._tokenize` with `return_assistant_tokens_mask`, then truncation at max_seq_length.
@@ -21,24 +21,19 @@ from typing import Optional
 from payload import layout, trainset
 from payload.errors import PayloadError
 
-from .pipeline import prepare
-
-PREVIEW_MAX_RECORDS = 2000  # per source: the first N train examples come from the first records read
-
+from .pipeline import check_sample
 
 def first_examples(cfg, n: int, work_dir: Path, base_dir: Path, tokenizer=None) -> list[dict]:
-    """Run the data stage on `cfg.data`'s local sources (each read up to PREVIEW_MAX_RECORDS; hub
-    datasets are not downloaded: `hub_sources` names them) into `work_dir` and return the first `n`
-    train records as train.jsonl holds them. Raises PayloadError (one line)."""
-    data = cfg.data.model_copy(deep=True)
-    data.sources = [s for s in data.sources if not s.hf_dataset]
-    if not data.sources:
+    """Run the data stage's record check on `cfg.data`'s local sources (`check_sample`: the first
+    SAMPLE_RECORDS of each; hub datasets are not downloaded: `hub_sources` names them) into `work_dir`
+    and return the first `n` train records as train.jsonl holds them. Raises PayloadError (one line)."""
+    if all(s.hf_dataset for s in cfg.data.sources):
         raise PayloadError("every data source is a Hugging Face dataset, which the preview does not download; "
                            "preview a local sample: --set 'data.sources=[{name: s, path: FILE, format: ...}]'")
-    for s in data.sources:
-        s.max_records = min(s.max_records or PREVIEW_MAX_RECORDS, PREVIEW_MAX_RECORDS)
     out = Path(work_dir) / layout.DATA_DIR
-    prepare(data, out, tokenizer=tokenizer, base_dir=base_dir, log=lambda _line: None)
+    _, problems = check_sample(cfg.data, out, base_dir=base_dir, tokenizer=tokenizer)
+    if problems:
+        raise PayloadError(problems[0][1])
     return trainset.read_jsonl(out / "train.jsonl")[:n]
 
 

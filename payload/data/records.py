@@ -183,10 +183,12 @@ def from_prompt_record(obj: dict, fmt: str, images: ImageContext) -> list[dict]:
 
 
 def from_messages(obj: dict, images: ImageContext) -> list[dict]:
-    key = "messages" if "messages" in obj else "conversations"
+    key = "messages" if "messages" in obj or "conversations" not in obj else "conversations"
     msgs = obj.get(key)
     if msgs is None:
-        raise RecordError("missing key", f"no '{key}' list")
+        keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
+        raise RecordError("missing key", f"no '{key}' list (found keys: {keys}); messages records need "
+                          "'messages' (or ShareGPT 'conversations'), or set the source's format/columns")
     if isinstance(msgs, str):  # CSV / Parquet cells holding the list as JSON text
         try:
             msgs = json.loads(msgs)
