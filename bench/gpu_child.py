@@ -83,9 +83,6 @@ def vl_image_processor():
     return pil.Qwen2VLImageProcessorPil(**kw)
 
 
-# ------------------------------------------------------------------------------------ estimate
-
-
 # ------------------------------------------------------------------------------------ runs
 
 
@@ -143,8 +140,23 @@ def run_payload(spec: dict, result: dict) -> None:
                           if cfg.train.method == "qlora" else {}),
                        "checkpoint_save_s": round(sum(run.control.save_history), 2) if run.control else None})
         gpu_measure.flops(result, cfg, lengths, summary.get("trainable_params") or 0, result.get("device"))
+        ran_with_facts(result, cfg)
     finally:
         train.cleanup(run)
+
+
+def ran_with_facts(result: dict, cfg) -> None:
+    """The estimate is held to the peak of what ran: before training it can only assume the kernels
+    (`estimate_preflight_gb`, what preflight would say); after, it is recomputed with the attention,
+    Liger, padding-free, longest padded row and QLoRA preparation the run recorded."""
+    from payload.memory import Kernels
+
+    free = bool(result.get("padding_free"))
+    kernels = Kernels(attention=result.get("attn_used") or "sdpa", liger=bool(result.get("liger")),
+                      padding_free=free, padded_len=None if free else result.get("longest_row_tokens"),
+                      kbit_upcast=result.get("kbit_preparation") == "fp32-upcast")
+    result["estimate_preflight_gb"] = result.get("estimate_gb")
+    result["estimate_gb"] = gpu_measure.estimate(cfg, True, kernels)["estimate_gb"]
 
 
 def losses(run_dir: Path) -> list[list]:

@@ -91,8 +91,9 @@ def memory(result: dict) -> None:
     })
     result["measured_peak_gb"] = round(result["peak_reserved_gb"] + result["cuda_nontorch_gb"], 2)
 
-def estimate(cfg, fused_lm_head: bool) -> dict:
-    """payload/memory.py's estimate for this run, with checkpointing as the payload decides it."""
+def estimate(cfg, fused_lm_head: bool, kernels=None) -> dict:
+    """payload/memory.py's estimate for this run, with checkpointing as the payload decides it; with
+    `kernels` (payload/memory.py Kernels), for the kernels and batch rows the run actually used."""
     from payload import modeling
     from payload.memory import estimate_gpu_memory_gb
     from payload.preflight import model_dims
@@ -100,7 +101,8 @@ def estimate(cfg, fused_lm_head: bool) -> dict:
     every, why = modeling.checkpointing_decision(cfg)
     if not modeling.on_gpu():  # the estimate for this run as the payload decided it (off on CPU)
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"gradient_checkpointing": every > 0})})
-    est = estimate_gpu_memory_gb(cfg, modeling.gpu_memory_gb(), 1, dims=model_dims(cfg), fused_lm_head=fused_lm_head)
+    est = estimate_gpu_memory_gb(cfg, modeling.gpu_memory_gb(), 1, dims=model_dims(cfg), fused_lm_head=fused_lm_head,
+                                kernels=kernels)
     return {"estimate_gb": est.get("total_gb"), "estimate_components_gb": est.get("components_gb"),
             "gradient_checkpointing": every > 0, "checkpoint_every_n_layers": every,
             "gradient_checkpointing_reason": why}
