@@ -93,3 +93,19 @@ def test_loading_on_cpu_takes_the_first_that_runs_and_says_why(train_env, caplog
     cfg.model.attn_implementation = ["flex_attention", "eager"]
     model, impl, why = modeling.load_model_for(cfg, path, None, PACKED)
     assert impl == "eager" and "flex_attention: needs a CUDA GPU of compute capability 8.0+ (no CUDA GPU)" in why
+
+
+def test_launch_status_says_which_attention_ran_and_why(capsys):
+    """The payload writes `attention` to status.json; `launch status RUN` shows it under the table."""
+    from launcher import experiment, runs
+    from launcher.backends import RemoteStatus
+    from launcher.registry import Run
+
+    run = Run(id="r1", profile="sonia-h100", backend="skypilot", started_at=1000.0, state="running",
+              price_per_hour=6.58, budget_usd=40.0)
+    said = "flex_attention: padding-free batch, flash-attn not installed: flex_attention skips the masked blocks"
+    run._remote = RemoteStatus.from_report("running", {"state": "training", "step": 3, "attention": said})
+    row = runs._row(run)
+    assert row["attention"] == said
+    experiment.print_differences(row)
+    assert f"attention: {said}" in " ".join(capsys.readouterr().out.split())
