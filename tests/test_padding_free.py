@@ -140,3 +140,34 @@ def test_padding_free_and_attention_are_not_math_keys():
     assert not runconfig.changes_math("train.padding_free")
     assert not runconfig.changes_math("model.attn_implementation")
     assert runconfig.changes_math("train.packing") and runconfig.changes_math("model.name_or_path")
+
+
+def test_plan_says_what_packing_would_save():
+    from launcher.plan import DataEstimate
+    from launcher.plan_ranges import packing_note, padding_share
+    from launcher.profile import load_profile
+
+    assert padding_share([10, 30], 2, 42) == pytest.approx(1 / 3) and padding_share([7] * 6, 3, 1) == 0.0
+    demo = load_profile("local-demo")
+
+    def with_train(**kw):
+        return demo.model_copy(update={"train": demo.train.model_copy(update={"per_device_batch_size": 2, **kw})})
+
+    data = DataEstimate(2, 20.0, "counted", lengths=[10, 30])
+    padded = packing_note(with_train(padding_free=False), data, train_hours=3.0, price=2.0)
+    assert padded.startswith("off: padded batches of 2 are ~33% padding; train.packing: true would save ~1.0 h, "
+                             "~$2.00") and "train.padding_free: auto the same time with the same math" in padded
+    free = packing_note(with_train(), data, train_hours=3.0, price=2.0)
+    assert free.startswith("off: padding-free batches, so the ~33% padding of padded batches of 2 costs nothing")
+    assert free.endswith("per-step overhead only, ~0 h of compute")
+    assert packing_note(with_train(packing=True), data, 3.0, 2.0) is None
+    assert "needs the records' lengths" in packing_note(with_train(), DataEstimate(2, 20.0, "estimate"), 3.0, 2.0)
+
+
+def test_launch_plan_has_the_packing_line(tmp_path):
+    from walk import launch
+
+    r = launch(tmp_path, "plan", "local-demo")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
+    assert "Packing off: padding-free batches, so the ~" in out and "~0 h of compute" in out
