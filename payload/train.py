@@ -427,7 +427,7 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
         "run_id": cfg.runtime.run_id, "config_hash": cfg.config_hash(),
         "model": cfg.model.name_or_path, "kind": cfg.model.kind, "method": cfg.train.method,
         "attn_implementation": run.attn, "attn_reason": run.attn_reason,
-        "padding_free": run.padding_free or cfg.train.packing, "steps": st.global_step, "max_steps": st.max_steps,
+        "padding_free": run.padding_free, "steps": st.global_step, "max_steps": st.max_steps,
         "epoch": st.epoch, "best_checkpoint": best.name if best else None,
         "best_eval_loss": ck.read_marker(best).get("eval_loss") if best else None,
         "best_metric": {"key": best_metric(cfg)[0], "value": ck.read_marker(best).get(best_metric(cfg)[0])}
