@@ -32,6 +32,8 @@ class Counted:
     tokens: float
     test_records: int
     how: str
+    lengths: Optional[list] = None
+    """Tokens of each train record (what `launch plan` says packing would save is computed from them)."""
 
 
 def count_local(p, base_dir: Path) -> Counted:
@@ -41,14 +43,13 @@ def count_local(p, base_dir: Path) -> Counted:
     tok, how = _tokenizer(p.model.name_or_path)
     with tempfile.TemporaryDirectory(prefix="launch-plan-data-") as d:
         stats = prepare(p.data, d, base_dir=base_dir, log=lambda line: None)
-        n, tokens = 0, 0.0
+        lengths = []
         with open(Path(d) / "train.jsonl", encoding="utf-8") as f:
             for line in f:
                 if line.strip():
-                    n += 1
-                    tokens += record_tokens(json.loads(line), tok, Path(d), p)
-    return Counted(n, tokens, int(stats["totals"].get("test") or 0),
-                   f"counted like the data step (max_records, filters, split), {how}")
+                    lengths.append(record_tokens(json.loads(line), tok, Path(d), p))
+    return Counted(len(lengths), sum(lengths), int(stats["totals"].get("test") or 0),
+                   f"counted like the data step (max_records, filters, split), {how}", lengths)
 
 
 def record_tokens(rec: Any, tok, where: Path, p) -> float:

@@ -180,12 +180,15 @@ def status_lines(row: dict) -> list[str]:
 
 
 def print_differences(row: dict) -> None:
-    """Under `launch status RUN`'s table: the payload's budget warning, then one line per way the run
-    differs from its profile (`--set` overrides, `--env` additions), what produced it, its history."""
+    """Under `launch status RUN`'s table: the payload's budget warning, the attention kernel it loaded
+    and why, then one line per way the run differs from its profile (`--set` overrides, `--env`
+    additions), what produced it, its history."""
     from .ui import console, literal
 
     if row.get("budget_warning"):
         console().print(literal("[yellow]![/] ", row["budget_warning"]), soft_wrap=True)
+    if row.get("attention"):
+        console().print(literal("  ", "attention: " + row["attention"]), soft_wrap=True)
     if row.get("overrides"):
         console().print(literal("  ", "differs from profile: " + ", ".join(row["overrides"])), soft_wrap=True)
     if row.get("envs"):

@@ -12,7 +12,7 @@ Phase figures and where they come from (assumptions are called so; measured ones
   tokens counted by the payload's own pipeline (data_count.py)
 - training: tokens / (effective tokens/s/GPU x GPUs): a low-mid-high range from speed_model.py (the user's
   own runs first, calibration.py), network between nodes included (throughput.py); plan_ranges.py
-  adds the range, eval by generation, spot notes and the budget check
+  adds the range, eval by generation, spot notes, the budget check and what packing would save
 - checkpoint saves: size / nodes at 200 MB/s per node (FIELD-NOTES: RunPod volumes 200-400 MB/s)
 - merge: 15 min per 65 GB of model (runbook 000); MLX export ~1 min; full weights written at 200 MB/s
 - upload (push_to_hub): 54 MB/s (runbook 000: 65 GB in ~20 min)
@@ -56,6 +56,7 @@ class DataEstimate:
     tokens_per_record: float
     source: str
     test_records: Optional[int] = None
+    lengths: Optional[list] = None
 
 
 @dataclass
@@ -108,6 +109,7 @@ class Plan:
     """{hours: {low, mid, high}, usd: {low, mid, high}} (launcher/plan_ranges.py)."""
     spot_note: Optional[str] = None
     budget_note: Optional[str] = None
+    packing: Optional[str] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,7 +128,7 @@ def estimate_data(p: Profile) -> DataEstimate:
         counted = estimate_from_files(p, REPO_ROOT)
         if counted is not None and counted.records:
             return DataEstimate(counted.records, counted.tokens / counted.records, counted.how,
-                                counted.test_records)
+                                counted.test_records, counted.lengths)
         test = 0
         for s, path in zip(p.data.sources, paths):
             n = _count_records(path)
@@ -378,7 +380,7 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
             "total_hours": round(alt_h, 3), "total_usd": round(alt_h * alternative.price_per_hour, 4),
         }
         plan.spot_note = plan_ranges.spot_note(plan.use_spot, price, plan.total_usd, plan.alternative)
-    plan.budget_note = plan_ranges.over_budget(plan)
+    plan.budget_note, plan.packing = plan_ranges.over_budget(plan), plan_ranges.packing_note(p, data, train_h, price)
     return plan
 
 

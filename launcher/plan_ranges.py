@@ -77,3 +77,37 @@ def over_budget(plan) -> Optional[str]:
     return (f"planned ~${plan.total_usd:,.2f}{rng} is over the budget cap ${plan.budget_usd:,.2f}: the run stops "
             f"at the cap with a resumable checkpoint; raise budget.max_usd or shorten the run")
 
+
+
+def padding_share(lengths: list, batch: int, seed: int) -> float:
+    """Share of padding in padded batches of `batch` records, in a seeded random order (the Trainer's)."""
+    import random
+
+    order = list(lengths)
+    random.Random(seed).shuffle(order)
+    padded = sum(len(order[i:i + batch]) * max(order[i:i + batch]) for i in range(0, len(order), batch))
+    return 1.0 - sum(order) / padded if padded else 0.0
+
+
+def packing_note(p, data, train_hours: float, price: float) -> Optional[str]:
+    """One line: what `train.packing` would save for this profile, from the counted record lengths."""
+    from .profile import total_gpus
+    from .units import hours, money
+
+    t = p.train
+    if t.packing:
+        return None
+    if not data.lengths:
+        return "off; what it would save needs the records' lengths (counted from local data files only)"
+    lengths = [min(x, t.max_seq_length) for x in data.lengths]
+    share = padding_share(lengths, t.per_device_batch_size, t.seed)
+    per_step = t.per_device_batch_size * t.gradient_accumulation_steps * total_gpus(p)
+    steps = f"{math.ceil(len(lengths) / per_step):,} -> {math.ceil(sum(lengths) / t.max_seq_length / per_step):,}"
+    if t.padding_free is False:
+        return (f"off: padded batches of {t.per_device_batch_size} are ~{share:.0%} padding; train.packing: true "
+                f"would save ~{hours(train_hours * share)}, ~{money(train_hours * share * price)} (steps/epoch "
+                f"{steps}), train.padding_free: auto the same time with the same math")
+    images = " (records with images: padded)" if p.model.kind == "image_text_to_text" else ""
+    return (f"off: padding-free batches{images}, so the ~{share:.0%} padding of padded batches of "
+            f"{t.per_device_batch_size} costs nothing; packing (changes the records per step) would cut steps/epoch "
+            f"{steps}: per-step overhead only, ~0 h of compute")

@@ -80,6 +80,8 @@ def _row(run) -> dict:
             row["stage"] = st.extra["stage"]
         if isinstance(st.extra.get("budget_warning"), str):  # the payload passed budget.warn_fraction
             row["budget_warning"] = st.extra["budget_warning"]
+        if isinstance(st.extra.get("attention"), str):  # the kernel the payload loaded, and why
+            row["attention"] = st.extra["attention"]
     return row
 
 

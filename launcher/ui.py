@@ -112,6 +112,8 @@ def print_plan(p, plan) -> None:
     span = f" (range {money(ru['low'])}-{money(ru['high'])})" if ru else ""
     cap = f"[red]budget cap {money(plan.budget_usd)}[/]" if plan.budget_note else f"budget cap {money(plan.budget_usd)}"
     t.add_row("Cost", f"~{money(plan.total_usd)}{span}  ({cap} = {plan.budget_hours:.1f} h at this price)")
+    if plan.packing:
+        t.add_row("Packing", cell(plan.packing))
     if plan.alternative:
         a = plan.alternative
         kind = "spot" if a["use_spot"] else "on-demand"

@@ -160,6 +160,7 @@ def load_model(cfg, path: str, revision: Optional[str] = None):
     """The model class for `model.kind`, in the configured dtype; on the GPUs when there are any."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from payload.attention import listed
     from payload.modeling import on_gpu, resolve_dtype
 
     cls = AutoModelForImageTextToText if cfg.model.kind == "image_text_to_text" else AutoModelForCausalLM
@@ -167,7 +168,7 @@ def load_model(cfg, path: str, revision: Optional[str] = None):
               "revision": revision}
     if on_gpu():
         kwargs["device_map"] = "auto"
-    attn = [a for a in cfg.model.attn_implementation if a != "flash_attention_2"] or ["sdpa"]
+    attn = [a for a in listed(cfg) if a != "flash_attention_2"] or ["sdpa"]
     return cls.from_pretrained(path, attn_implementation=attn[0], **kwargs).eval()
 
 

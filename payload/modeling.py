@@ -191,34 +191,30 @@ def auto_class(kind: str):
     return AutoModelForCausalLM if kind == "causal_lm" else AutoModelForImageTextToText
 
 
-def _attn_unavailable(impl: str) -> str | None:
-    """Why an attention implementation cannot work here (None if it may)."""
-    if impl == "flash_attention_2":
-        if not on_gpu():
-            return "needs a CUDA GPU"
-        if importlib.util.find_spec("flash_attn") is None:
-            return "package flash-attn is not installed"
-    if impl == "flex_attention" and not on_gpu():
-        return "needs a CUDA GPU (compiled Triton kernel)"
-    return None
+def load_model(cfg, path: str, dtype=None, batch: str = "padded"):
+    """Load the base model with the attention implementation for `batch` (payload/attention.py);
+    returns (model, attn_implementation)."""
+    model, impl, _why = load_model_for(cfg, path, dtype, batch)
+    return model, impl
 
 
-def load_model(cfg, path: str, dtype=None):
-    """Load the base model, trying `model.attn_implementation` in order; logs and returns the winner.
+def load_model_for(cfg, path: str, dtype, batch: str):
+    """Load the base model, trying `attention.candidates(cfg, batch)` in order; logs the winner and
+    why. Returns (model, attn_implementation, why)."""
+    from payload import attention
 
-    Returns (model, attn_implementation).
-    """
     dtype = dtype or resolve_dtype(cfg.model)
     kwargs = dict(dtype=dtype, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
     if cfg.train.method == "qlora":
         kwargs["quantization_config"] = quantization_config(cfg.train.quantization)
     cls = auto_class(cfg.model.kind)
+    machine = attention.this_machine()
     errors = []
-    for impl in cfg.model.attn_implementation:
-        why = _attn_unavailable(impl)
-        if why:
-            errors.append(f"{impl}: {why}")
-            log.info("attention %s skipped: %s", impl, why)
+    for impl, why in attention.candidates(cfg, batch, machine):
+        skip = attention.unavailable(impl, machine)
+        if skip:
+            errors.append(f"{impl}: {skip}")
+            log.info("attention %s skipped: %s", impl, skip)
             continue
         try:
             model = _hub_retry(f"loading model {cfg.model.name_or_path}", path,
@@ -228,12 +224,14 @@ def load_model(cfg, path: str, dtype=None):
             errors.append(f"{impl}: {first}")
             log.info("attention %s failed: %s", impl, first)
             continue
-        log.info("model %s loaded: %s, dtype %s, attention %s", cfg.model.name_or_path,
-                 type(model).__name__, str(dtype).replace("torch.", ""), impl)
-        return model, impl
+        if errors:
+            why = f"{why} ({'; '.join(errors)})"
+        log.info("model %s loaded: %s, dtype %s, attention %s (%s)", cfg.model.name_or_path,
+                 type(model).__name__, str(dtype).replace("torch.", ""), impl, why)
+        return model, impl, why
     raise PayloadError(
         f"no attention implementation in model.attn_implementation {cfg.model.attn_implementation} "
-        f"could load the model ({'; '.join(errors)}); add `sdpa` or `eager` to the list"
+        f"could load the model ({'; '.join(errors)}); add `sdpa` or `eager` to the list, or set it to `auto`"
     )
 
 

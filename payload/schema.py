@@ -183,13 +183,14 @@ class ModelConfig(Strict):
     """Hub id or local path of the base model."""
     kind: Literal["causal_lm", "image_text_to_text"] = "causal_lm"
     """Auto class: AutoModelForCausalLM, or AutoModelForImageTextToText for Qwen3-VL."""
-    attn_implementation: list[Literal["flash_attention_2", "flex_attention", "sdpa", "eager"]] = Field(
-        default_factory=lambda: ["flash_attention_2", "sdpa", "eager"]
-    )
-    """Tried in order; the first that loads is used and logged. With `train.packing` the batch is one
-    padding-free row: flash_attention_2 runs it as variable-length sequences; flex_attention (torch's
-    compiled kernel) skips the masked blocks; sdpa/eager are exact too but attend over the whole row
-    with a block-diagonal mask."""
+    attn_implementation: Union[Literal["auto"], list[Literal["flash_attention_2", "flex_attention", "sdpa",
+                                                              "eager"]]] = "auto"
+    """`auto`: the kernel for the batch the trainer builds (payload/attention.py). A padding-free or
+    packed batch (one row, position ids restarting per record) goes to flash_attention_2 where
+    flash-attn is installed, else flex_attention on a CUDA GPU (compute capability 8.0+), else sdpa
+    (exact too, but through a block-diagonal mask: 2.3x slower on an H200); a padded batch (images)
+    to flash_attention_2, else sdpa. A list is tried in its order instead. The one that loaded, and
+    why, is logged and in `launch status` and the summary."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """`auto`: bf16 on a GPU that has it, fp16 (mixed precision) on one that does not (T4, V100),
     fp32 on CPU."""
@@ -269,7 +270,13 @@ class TrainConfig(Strict):
     `liger-kernel` package is installed and a CUDA GPU is present; `true` fails when it is missing.
     The loss needs no kernel: TRL's SFTTrainer computes it in chunks without the full logits."""
     packing: bool = False
-    """Pack several records per sequence (padding-free, boundaries kept)."""
+    """Pack several records per sequence (padding-free, boundaries kept). Changes which records share
+    a step (the math of the run), so it is a choice; `launch plan` says what it would save."""
+    padding_free: Union[bool, Literal["auto"]] = "auto"
+    """Flatten each batch's records into one row without padding (position ids restart per record):
+    the same records per step as a padded batch, the same loss and gradients, no compute on padding.
+    `auto`: on wherever TRL allows it, vision-language models on records without images included;
+    off (padded, one line in the log) when records carry images. `false`: padded batches."""
     assistant_only_loss: bool = True
     """Compute the loss only on assistant tokens."""
     seed: int = 42

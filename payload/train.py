@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from payload import attention, layout, lease, modeling, observe, runconfig, stop_request, timings, tracking, trainset
 from payload import checkpoints as ck
-from payload import layout, lease, modeling, observe, runconfig, stop_request, timings, tracking, trainset, verify
+from payload import verify
 from payload.trainer import ResumeLossState, trainer_class
 from payload.config import dump_run_config
 from payload.eval_config import best_metric, export_choice
@@ -50,6 +51,8 @@ class Run:
     control: Optional[ck.RunControl] = None
     trainer: Any = None
     attn: Optional[str] = None
+    attn_reason: Optional[str] = None
+    padding_free: bool = False
     counts: dict = field(default_factory=dict)
     val_records: list = field(default_factory=list)
     resume: Optional[Path] = None
@@ -171,15 +174,22 @@ def setup(run: Run, build=None) -> None:
         processing = modeling.load_processing_class(path, cfg.model.kind, cfg.model.trust_remote_code,
                                                     cfg.model.revision)
         train_records, run.val_records = trainset.ensure_data(cfg, tokenizer_of(processing))
-    model, run.attn = modeling.load_model(cfg, path, dtype)
+    images = cfg.model.kind == "image_text_to_text" and trainset.has_images(train_records + run.val_records)
+    run.padding_free, why_batch = trainset.padding_free(cfg, images)
+    batch = attention.batch_kind(cfg.train.packing, run.padding_free)
+    model, run.attn, run.attn_reason = modeling.load_model_for(cfg, path, dtype, batch)
+    log.info("batches: %s (%s)", attention.BATCH_LABEL[batch], why_batch)
+    if run.main:
+        observe.write_status(rd, attention=f"{run.attn}: {run.attn_reason}")
     model, peft_config = modeling.prepare_for_method(cfg, model)
     if args.use_liger_kernel != modeling.use_liger(cfg, model):  # `auto`: off where its patch fails
         args = dataclasses.replace(args, use_liger_kernel=False)
     if getattr(cfg, "init_adapter", None) is not None:  # a later stage: train on from the previous adapter
         model, peft_config = start_from_adapter(cfg, model)
-    vl = cfg.model.kind == "image_text_to_text"
-    train_ds = trainset.build_dataset(train_records, vl, "train.jsonl")
-    eval_ds = trainset.build_dataset(run.val_records, vl, "val.jsonl") if run.val_records else None
+    # Records without images take TRL's text path (a processor tokenizes them as the VL collator
+    # would), where padding-free batches are allowed; records with images take the VL collator.
+    train_ds = trainset.build_dataset(train_records, images, "train.jsonl")
+    eval_ds = trainset.build_dataset(run.val_records, images, "val.jsonl") if run.val_records else None
     if eval_ds is None:
         args = dataclasses.replace(args, eval_strategy="no", metric_for_best_model=None, greater_is_better=None)
     if run.main:
@@ -191,6 +201,8 @@ def setup(run: Run, build=None) -> None:
         peft_config=peft_config, callbacks=trainer_callbacks(run, eval_ds is not None),
     )
     run.trainer.launch_run = run
+    if run.padding_free and not cfg.train.packing:
+        trainset.use_padding_free_collator(run.trainer)
     observe.quiet_trainer(run.trainer)
     modeling.cast_adapters(cfg, run.trainer.model)  # QLoRA adapters per modeling.dtype_plan
     run.counts = modeling.check_vision_frozen(cfg, run.trainer.model)
@@ -433,7 +445,8 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
         "state": run.state, "exit_code": stop_request.exit_code(run.control, _EXIT[run.state]), "reason": run.reason,
         "run_id": cfg.runtime.run_id, "config_hash": cfg.config_hash(),
         "model": cfg.model.name_or_path, "kind": cfg.model.kind, "method": cfg.train.method,
-        "attn_implementation": run.attn, "steps": st.global_step, "max_steps": st.max_steps,
+        "attn_implementation": run.attn, "attn_reason": run.attn_reason,
+        "padding_free": run.padding_free, "steps": st.global_step, "max_steps": st.max_steps,
         "epoch": st.epoch, "best_checkpoint": best.name if best else None,
         "best_eval_loss": ck.read_marker(best).get("eval_loss") if best else None,
         "best_metric": {"key": best_metric(cfg)[0], "value": ck.read_marker(best).get(best_metric(cfg)[0])}

@@ -2,8 +2,9 @@
 
 `{run_dir}/data/{train,val}.jsonl` hold records `{"messages": [{"role", "content": str | [{"type":
 "text", "text"} | {"type": "image", "image": path}]}], "source": ...}` written by `python -m payload
-data` (run here first when missing). Text models get plain `messages`; vision-language models also
-get `images` (decoded lazily by `datasets`).
+data` (run here first when missing). Text records get plain `messages` (also for a vision-language
+model: TRL's text path tokenizes them with its processor, and batches them padding-free); records
+with images get `images` too (decoded lazily by `datasets`, collated padded by TRL's VL collator).
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def vl_row(rec: dict, where: str, base: Path) -> dict:
 
 
 def build_dataset(records: list[dict], vl: bool, name: str):
-    """A datasets.Dataset TRL understands: text `messages`; for VL also `images` (decoded lazily)."""
+    """A datasets.Dataset TRL understands: text `messages`; with `vl` (a vision-language model whose
+    records carry images) also `images` (decoded lazily)."""
     from datasets import Dataset, Image, List
 
     base = Path(".")
@@ -105,3 +107,43 @@ def build_dataset(records: list[dict], vl: bool, name: str):
     if vl:
         ds = ds.cast_column("images", List(Image()))
     return ds
+
+
+def has_images(records: list[dict]) -> bool:
+    """Whether any record has an image part (then a vision-language model takes TRL's VL collator)."""
+    return any(isinstance(m.get("content"), list) and any(isinstance(p, dict) and p.get("type") == "image"
+                                                          for p in m["content"])
+               for rec in records for m in rec.get("messages") or [] if isinstance(m, dict))
+
+
+def padding_free(cfg, images: bool) -> tuple[bool, str]:
+    """(padding-free batches or not, why). The records of a step stay those of the padded batch, so
+    the math does not change (tests/test_padding_free.py); TRL pads batches with images."""
+    setting = cfg.train.padding_free
+    if cfg.train.packing:
+        return True, "train.packing: several records per row"
+    if setting is False:
+        return False, "train.padding_free: false"
+    if images:
+        if setting is True:
+            raise PayloadError("train.padding_free is true but the records carry images, which TRL batches "
+                               "padded; set train.padding_free: auto")
+        return False, "the records carry images: TRL pads vision-language batches"
+    vl = cfg.model.kind == "image_text_to_text"
+    return True, f"train.padding_free: {setting}" + (", records without images take the text path" if vl else "")
+
+
+def use_padding_free_collator(trainer) -> None:
+    """TRL's own collator in padding-free mode (one row per batch, position ids restarting per record,
+    no attention mask) for a run that does not pack. Set after the trainer prepared its datasets:
+    TRL 1.16 refuses `padding_free=True` without packing while `max_length` is set ("max_length is not
+    enforced", true only for datasets it does not prepare), and it truncates the records it prepares
+    to `max_length` either way (SFTTrainer._prepare_dataset), so the rows are those of a padded run."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    old = trainer.data_collator
+    if not isinstance(old, DataCollatorForLanguageModeling):
+        raise PayloadError(f"padding-free batches need TRL's text collator, the trainer has {type(old).__name__}")
+    trainer.data_collator = DataCollatorForLanguageModeling(
+        pad_token_id=old.pad_token_id, padding_free=True, pad_to_multiple_of=old.pad_to_multiple_of)
+    trainer.padding_free = True

@@ -35,6 +35,14 @@ class View:
         r = self.task["resources"]
         return r.get("accelerators") or [a["accelerators"] for a in r["any_of"]]
 
+    def attention(self, batch: str) -> list[str]:
+        """The kernels the run tries for `batch` on an H100 with flash-attn, flex_attention left out
+        (the runbooks knew only flash-attention 2, sdpa and eager)."""
+        from payload.attention import Machine, candidates
+
+        machine = Machine(cuda=True, capability=(9, 0), flash_attn=True)
+        return [i for i, _ in candidates(self.cfg, batch, machine) if i != "flex_attention"]
+
     def env(self, key):
         return self.task["envs"].get(key)
 
@@ -81,7 +89,8 @@ FACTS = [
      lambda v: (v.t.per_device_batch_size, v.t.gradient_accumulation_steps, v.t.effective_batch_size, v.t.max_seq_length)),
     ("000", "AdamW (torch), weight decay 0.01, gradient checkpointing", ("adamw_torch", 0.01, True),
      lambda v: (v.t.optimizer, v.t.weight_decay, v.t.gradient_checkpointing)),
-    ("000", "flash-attention 2, falling back to sdpa then eager", ["flash_attention_2", "sdpa", "eager"], lambda v: v.cfg.model.attn_implementation),
+    ("000", "flash-attention 2, falling back to sdpa then eager (auto adds flex_attention: DIFFERS)",
+     ["flash_attention_2", "sdpa", "eager"], lambda v: v.attention("padding_free")),
     ("000", "assistant-only loss", True, lambda v: v.t.assistant_only_loss),
     ("000", "eval/save every 200 steps", (200, 200), lambda v: (v.t.eval_steps, v.t.checkpoints.save_steps)),
     ("000", "glm: strip <think>, inject Sonia prompt, 95/5 split; dedup", (True, "sonia", {"train": 0.95, "val": 0.05}, True),
@@ -100,8 +109,8 @@ FACTS = [
     ("001", "batch 1 x accum 16", (1, 16), lambda v: (v.t.per_device_batch_size, v.t.gradient_accumulation_steps)),
     ("001", "lr 1e-4 cosine, warmup 0.05, 3 epochs capped at 600 steps", (1e-4, "cosine", 0.05, 3, 600),
      lambda v: (v.t.learning_rate, v.t.lr_scheduler, v.t.warmup_ratio, v.t.epochs, v.t.max_steps)),
-    ("001", "optim paged_adamw_32bit, gradient checkpointing, flash_attn sdpa", ("paged_adamw_32bit", True, "sdpa"),
-     lambda v: (v.t.optimizer, v.t.gradient_checkpointing, v.cfg.model.attn_implementation[0])),
+    ("001", "optim paged_adamw_32bit, gradient checkpointing (flash_attn sdpa: DIFFERS)", ("paged_adamw_32bit", True),
+     lambda v: (v.t.optimizer, v.t.gradient_checkpointing)),
     ("001", "val_size 0.05, eval/save/logging every 100/100/10 steps", ({"train": 0.95, "val": 0.05}, 100, 100, 10),
      lambda v: (v.cfg.data.sources[0].split, v.t.eval_steps, v.t.checkpoints.save_steps, v.t.logging_steps)),
     ("001", "prompt layout: system = instruction, user = input, assistant = output (template: qwen)",
@@ -137,7 +146,7 @@ FACTS = [
     ("004", "16 A100 80GB", ("A100-80GB", 16), lambda v: (v.p.cluster.accelerator_name, v.p.cluster.gpus_per_node * v.p.cluster.num_nodes)),
     ("004", "model Qwen/Qwen3-32B, full fine-tune, ZeRO-3, bf16", ("Qwen/Qwen3-32B", "full", 3, "bfloat16"),
      lambda v: (v.cfg.model.name_or_path, v.t.method, v.t.deepspeed.zero_stage, v.cfg.model.dtype)),
-    ("004", "flash-attention 2, SDPA fallback", ["flash_attention_2", "sdpa"], lambda v: v.cfg.model.attn_implementation),
+    ("004", "flash-attention 2, SDPA fallback", ["flash_attention_2", "sdpa"], lambda v: v.attention("padding_free")[:2]),
     ("004", "seq 8192, batch 1 x accum 8", (8192, 1, 8), lambda v: (v.t.max_seq_length, v.t.per_device_batch_size, v.t.gradient_accumulation_steps)),
     ("004", "lr 5e-5 cosine, warmup 0.1, 3 epochs", (5e-5, "cosine", 0.1, 3), lambda v: (v.t.learning_rate, v.t.lr_scheduler, v.t.warmup_ratio, v.t.epochs)),
     ("004", "gradient checkpointing", True, lambda v: v.t.gradient_checkpointing),
@@ -156,11 +165,12 @@ def test_runbook_fact(runbook, fact, expected, read):
 
 # Deliberate differences: each must be named in the profile's "Differs from runbook NNN" block.
 DIFFERS = {
-    "000": ["hub push", "ZeRO-3", "best checkpoint by eval loss", "container image torch 2.8 / CUDA 12.8"],
-    "001": ["spot", "best checkpoint by val loss", "MLX", "LLaMA-Factory"],
+    "000": ["hub push", "ZeRO-3", "best checkpoint by eval loss", "container image torch 2.8 / CUDA 12.8",
+            "padding-free batches", "flex_attention"],
+    "001": ["spot", "best checkpoint by val loss", "MLX", "LLaMA-Factory", "attention `auto` instead of the runbook's sdpa"],
     "002": ["CER", "unsloth", "which code produced a run"],
     "003": ["spot T4", "RLHF-V", "SFT and GRPO sets", "best checkpoint by eval loss"],
-    "004": ["one job over 16 GPUs", "CPU offload", "last checkpoint"],
+    "004": ["one job over 16 GPUs", "CPU offload", "last checkpoint", "padding-free batches", "flex_attention"],
 }
 
 

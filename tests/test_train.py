@@ -182,7 +182,7 @@ def test_local_demo_trains_tiny_qwen3(train_env):
     assert status["state"] == "completed" and status["step"] == 30 and status["cost_usd"] > 0
     first = next(r for r in metrics(rd) if "loss" in r)
     assert {"step", "loss", "lr", "tokens_per_s", "real_token_fraction", "cost_usd", "epoch"} <= set(first)
-    assert 0 < first["real_token_fraction"] < 1
+    assert first["real_token_fraction"] == 1.0 and summary["padding_free"]  # padding-free batches: no padding
     assert summary["config_hash"] == cfg.config_hash() and summary["best_checkpoint"] == "checkpoint-30"
     assert summary["cost_usd"] > 0 and summary["tokens_per_s"] > 0
     index = json.loads((rd / layout.CHECKPOINT_LISTING).read_text())  # rewritten at every save (before post)
