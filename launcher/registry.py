@@ -271,8 +271,9 @@ def observe(run_id: str, state: str, reason: Optional[str] = None, billing: Opti
       only `launch up --resume` starts it again, as a new session;
     - a state outside STATES (`unreachable`, `unknown`) changes nothing: a live run keeps billing as
       it did when last seen (a machine we cannot reach may still bill), an ended one does not;
-    - an ended run bills only while its backend says so itself (`billing` True: its cluster is still
-      up, idling before autostop); nothing else reopens its bill, so nothing accrues after `down`.
+    - a run that ends now bills on only while its backend says so itself (`billing` True: its
+      cluster idles before autostop); a run that had ended never bills again (nothing accrues after
+      `down`): a refresh only closes what is open, at the backend's `ended_at` when it knows one.
     """
     now = time.time()
     with _write(run_id) as run:
@@ -284,8 +285,10 @@ def observe(run_id: str, state: str, reason: Optional[str] = None, billing: Opti
                     run.ended_at = ended_at or now
             if reason and reason != run.reason:
                 run.reason = reason
-        if run.state not in ACTIVE_STATES:
-            bills = billing is True and known
+        if not was_live:
+            bills = False
+        elif run.state not in ACTIVE_STATES:
+            bills = billing is True
         elif not known:
             bills = run.billing_since is not None
         else:
