@@ -293,6 +293,7 @@ def _await_end(be, run, saved):
     checkpoint asked for is written, or training finished and `post` writes the summary and MANIFEST),
     so what comes home is the run's last word. A trainer still training (its final save failed or
     was not asked for) is not waited for: the fetch takes what exists, and the line above says why."""
+    from payload import layout
     from payload.errors import END_STATES
 
     from .ui import console, literal
@@ -300,7 +301,7 @@ def _await_end(be, run, saved):
     if not run.active or (saved is not None and not saved.saved):
         return run
     try:
-        said = json.loads(be.read_run_file(run, "status.json") or "{}").get("state")
+        said = json.loads(be.read_run_file(run, layout.STATUS) or "{}").get("state")
     except (ValueError, AttributeError):
         said = None
     if said not in (*END_STATES, "interrupted"):
