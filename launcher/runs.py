@@ -284,15 +284,16 @@ def down(run_id, fetch_artifacts, merged, dest):
         hints(f"launch status {run.id}")
 
 
-SETTLE_TIMEOUT_S = 1800.0  # the post phase of a finished run: evaluation, a 65 GB merge, the MANIFEST
+POST_TIMEOUT_S = 1800.0  # a finished run's post phase: evaluation, a 65 GB merge, the MANIFEST
+EXIT_TIMEOUT_S = 120.0  # a trainer that ended otherwise (a final save, a budget stop): its script exits
 SETTLE_POLL_S = 1.0
 
 
 def _await_end(be, run, saved):
-    """Before a fetch: wait until the run's own processes have ended once its trainer has (the final
-    checkpoint asked for is written, or training finished and `post` writes the summary and MANIFEST),
-    so what comes home is the run's last word. A trainer still training (its final save failed or
-    was not asked for) is not waited for: the fetch takes what exists, and the line above says why."""
+    """Before a fetch: once the trainer has ended, wait for the run's own end, so what comes home is
+    its last word: after a final checkpoint, until its script exits; after finished training, until
+    `post` has written the summary and MANIFEST. A trainer still training (its final save failed or
+    was not asked for) is not waited for: the fetch takes what exists, and a line says why."""
     from payload import layout
     from payload.errors import END_STATES
 
@@ -306,16 +307,20 @@ def _await_end(be, run, saved):
         said = None
     if said not in (*END_STATES, "interrupted"):
         return run
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    post = said == "completed"
+    limit = POST_TIMEOUT_S if post else EXIT_TIMEOUT_S
+    deadline = time.monotonic() + limit
     with console().status(f"waiting for {run.id} to finish ({said}; writing its summary and MANIFEST)..."):
         while run.active and time.monotonic() < deadline:
+            if post and be.read_run_file(run, layout.MANIFEST) is not None:  # post's last write
+                return run
             time.sleep(SETTLE_POLL_S)
             run = refresh(run)
-            if run._remote.state == "unreachable":
+            if run._remote.state in ("unreachable", "unknown"):
                 break
     if run.active:
-        why = "its machine stopped answering" if run._remote.state == "unreachable" else \
-            f"it had not ended after {SETTLE_TIMEOUT_S:g} s"
+        why = {"unreachable": "its machine stopped answering", "unknown": "its processes cannot be seen from here"}\
+            .get(run._remote.state, f"it had not ended after {limit:g} s")
         console().print(literal("[yellow]![/] ", f"fetching before {run.id} finished ({why}): what exists now "
                                 "comes home, a MANIFEST only if its post phase wrote one"), soft_wrap=True)
     return run

@@ -326,7 +326,7 @@ class SSHBackend(Backend):
         and `extra["unreachable"]`. Host-key and authentication problems do raise (user fixes)."""
         conn, h = self._conn(run), run.handle
         if not h.get("run_root"):
-            return RemoteStatus(state=run.state, reason=run.reason or "never started on the host")
+            return RemoteStatus(state="unknown", reason=run.reason or "never started on the host")
         command = STATUS_CMD.format(root=shlex.quote(h["run_root"]),
                                     status=shlex.quote(f"{h['run_dir']}/{layout.STATUS}"))
         try:
