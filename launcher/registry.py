@@ -243,31 +243,64 @@ def save(run: Run) -> None:
 
 def update(run_id: str, **changes) -> Run:
     """Change some fields of a run in one transaction (read-modify-write under a write lock)."""
-    with _connect() as con:
-        con.row_factory = sqlite3.Row
-        con.execute("BEGIN IMMEDIATE")
-        row = con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        if row is None:
-            con.execute("ROLLBACK")
-            raise RunNotFound(run_id)
-        run = _row_to_run(row)
+    with _write(run_id) as run:
         for k, v in changes.items():
             if k == "handle":
                 run.handle = {**run.handle, **v}
             else:
                 setattr(run, k, v)
-        d = run.to_dict()
-        d["handle"] = json.dumps(d["handle"], sort_keys=True)
-        sets = ", ".join(f"{k} = ?" for k in d if k != "id")
-        con.execute(f"UPDATE runs SET {sets} WHERE id = ?", [d[k] for k in d if k != "id"] + [run_id])
-        con.execute("COMMIT")
     return run
 
 
 def accrue(run_id: str, billing: bool, now: Optional[float] = None) -> Run:
     """Close the run's open billing interval into billed_s/billed_usd (at the run's current price),
     then open a new one if a machine bills now. A run not accrued before starts from its elapsed time."""
-    now = now or time.time()
+    with _write(run_id) as run:
+        _accrue(run, billing, now or time.time())
+    return run
+
+
+def observe(run_id: str, state: str, reason: Optional[str] = None, billing: Optional[bool] = None,
+            ended_at: Optional[float] = None) -> Run:
+    """Merge what a backend saw of a run (a refresh) into the registry, forward only. This is the one
+    place the rule lives, for every backend:
+
+    - a live run takes the state seen (and ends then, or at the backend's `ended_at`);
+    - a run that has ended keeps its state, reason and end: no report turns it back into a live one
+      (a host we cannot reach, a pid reused on it, a cluster of the same name relaunched by hand);
+      only `launch up --resume` starts it again, as a new session;
+    - a state outside STATES (`unreachable`, `unknown`) changes nothing: a live run keeps billing as
+      it did when last seen (a machine we cannot reach may still bill), an ended one does not;
+    - a run that ends now bills on only while its backend says so itself (`billing` True: its
+      cluster idles before autostop); a run that had ended never bills again (nothing accrues after
+      `down`): a refresh only closes what is open, at the backend's `ended_at` when it knows one.
+    """
+    now = time.time()
+    with _write(run_id) as run:
+        known, was_live = state in STATES, run.state in ACTIVE_STATES
+        if was_live and known:
+            if state != run.state:
+                run.state = state
+                if state not in ACTIVE_STATES and not run.ended_at:
+                    run.ended_at = ended_at or now
+            if reason and reason != run.reason:
+                run.reason = reason
+        if not was_live:
+            bills = False
+        elif run.state not in ACTIVE_STATES:
+            bills = billing is True
+        elif not known:
+            bills = run.billing_since is not None
+        else:
+            bills = True if billing is None else bool(billing)
+        # A run settled from its own status.json (its machine gone) billed until it ended, not until now.
+        _accrue(run, bills, ended_at if ended_at and not bills else now)
+    return run
+
+
+@contextmanager
+def _write(run_id: str) -> Iterator[Run]:
+    """The run, read and written back in one write transaction (what the body changes is saved)."""
     with _connect() as con:
         con.row_factory = sqlite3.Row
         con.execute("BEGIN IMMEDIATE")
@@ -276,17 +309,26 @@ def accrue(run_id: str, billing: bool, now: Optional[float] = None) -> Run:
             con.execute("ROLLBACK")
             raise RunNotFound(run_id)
         run = _row_to_run(row)
-        if run.billed_s is None:  # not accrued yet: what it cost so far is its elapsed time
-            run.billed_s, run.billed_usd = run.billed(now)
-        elif run.billing_since is not None:
-            dt = max(0.0, now - run.billing_since)
-            run.billed_s += dt
-            run.billed_usd = (run.billed_usd or 0.0) + dt / 3600 * run.price_per_hour
-        run.billing_since = now if billing else None
-        con.execute("UPDATE runs SET billed_s = ?, billed_usd = ?, billing_since = ? WHERE id = ?",
-                    (run.billed_s, run.billed_usd, run.billing_since, run_id))
+        try:
+            yield run
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        d = run.to_dict()
+        d["handle"] = json.dumps(d["handle"], sort_keys=True)
+        sets = ", ".join(f"{k} = ?" for k in d if k != "id")
+        con.execute(f"UPDATE runs SET {sets} WHERE id = ?", [d[k] for k in d if k != "id"] + [run_id])
         con.execute("COMMIT")
-    return run
+
+
+def _accrue(run: Run, billing: bool, now: float) -> None:
+    if run.billed_s is None:  # not accrued yet: what it cost so far is its elapsed time
+        run.billed_s, run.billed_usd = run.billed(now)
+    elif run.billing_since is not None:
+        dt = max(0.0, now - run.billing_since)
+        run.billed_s += dt
+        run.billed_usd = (run.billed_usd or 0.0) + dt / 3600 * run.price_per_hour
+    run.billing_since = now if billing else None
 
 
 def all_runs() -> list[Run]:

@@ -132,21 +132,22 @@ def _size(n) -> str:
 
 def local_config(run, dest: Path):
     """(run config, adapter dir, output dir) for a run evaluated here: the run's resolved config with
-    its run directory under `{dest}/{run_id}/.eval` (data, the tiny base), the adapter as fetched, the
-    scores written beside the fetched artifacts (a local-backend run: all of it in place)."""
+    its run directory under `{dest}/{run_id}/.eval` (data, the tiny base), the adapter as fetched (a
+    local-backend run: in place). Scores go to `{dest}/{run_id}/eval/`, outside every file the run's
+    MANIFEST describes, so scoring never stops a later `launch down --fetch-artifacts` from verifying."""
     from payload.config import load_run_config
 
     rd = _local_run_dir(run)
     if rd is not None:
         _require_adapter(run, rd / "outputs" / "adapter", fetched=True)
-        return load_run_config(rd / "config.yaml", env={}), rd / "outputs" / "adapter", rd
+        return load_run_config(rd / "config.yaml", env={}), rd / "outputs" / "adapter", Path(dest) / run.id / "eval"
     target = Path(dest) / run.id
     adapter = target / "adapter"
     config = _config_for(run)
     _require_adapter(run, adapter, fetched=target.is_dir())
     cfg = load_run_config(config, env={})
     rt = cfg.runtime.model_copy(update={"volume": str(target.resolve() / ".eval"), "run_id": run.id})
-    return cfg.model_copy(update={"runtime": rt}), adapter, target
+    return cfg.model_copy(update={"runtime": rt}), adapter, target / "eval"
 
 
 def _require_adapter(run, adapter: Path, fetched: bool) -> None:

@@ -23,21 +23,12 @@ def backend_for(run):
 
 
 def refresh(run):
-    """Ask the backend for the run's state; record changes (and end time) in the registry."""
+    """Ask the backend for the run's state and merge it into the registry, forward only: an ended run
+    stays ended, whatever its machine says now (registry.observe holds the rule for every backend)."""
     from . import registry
 
     st = backend_for(run).status(run)
-    changes = {}
-    if st.state != run.state and st.state not in ("unknown", "unreachable"):
-        changes["state"] = st.state
-        if st.state not in registry.ACTIVE_STATES and not run.ended_at:
-            changes["ended_at"] = st.ended_at or time.time()
-    if st.reason and st.reason != run.reason and not st.extra.get("unreachable"):
-        changes["reason"] = st.reason
-    if changes:
-        run = registry.update(run.id, **changes)
-    # A run settled from its own status.json (its controller gone) billed until it ended, not until now.
-    run = registry.accrue(run.id, billing_now(run, st), now=st.ended_at if st.ended_at and not st.billing else None)
+    run = registry.observe(run.id, st.state, st.reason, billing=st.billing, ended_at=st.ended_at)
     run._remote = st
     return run
 
@@ -46,16 +37,6 @@ def current_row(run) -> dict:
     """A run's status row, refreshed from its backend first while it is active (`_run`: the run)."""
     run = refresh(run) if run.active else run
     return {**_row(run), "_run": run}
-
-
-def billing_now(run, st) -> bool:
-    """Whether a machine bills for the run now: the backend's word when it has one (a recovering managed
-    job does not bill), else while the run is active; unknown/unreachable keeps what was last known."""
-    if st.state in ("unknown", "unreachable"):
-        return run.billing_since is not None
-    if st.billing is not None:
-        return bool(st.billing)
-    return run.active
 
 
 def _row(run) -> dict:
@@ -82,7 +63,17 @@ def _row(run) -> dict:
             row["budget_warning"] = st.extra["budget_warning"]
         if isinstance(st.extra.get("attention"), str):  # the kernel the payload loaded, and why
             row["attention"] = st.extra["attention"]
+    if st and st.state == "unreachable" and run.active:
+        row.update(_unreachable(run, st))
     return row
+
+
+def _unreachable(run, st) -> dict:
+    """A live run whose machine does not answer shows as `unreachable`, never as running; its bill
+    goes on as it was when last seen (registry.observe), and the row says so."""
+    bills = ("still counted as billing: a machine we cannot reach may still bill (check it where you rented "
+             "it)") if run.billing_since is not None else "not billing when last seen"
+    return {"state": "unreachable", "last_state": run.state, "reason": f"{st.reason}; last seen {run.state}, {bills}"}
 
 
 def projection(run, st, billed_usd: float) -> dict:
@@ -279,24 +270,25 @@ def down(run_id, fetch_artifacts, merged, dest):
 
     if merged and not fetch_artifacts:
         raise click.BadParameter("--merged goes with --fetch-artifacts", param_hint="--merged")
-    run = registry.get(run_id)
-    run = refresh(run)
+    run = refresh(registry.get(run_id))
     be = backend_for(run)
-    target = Path(dest) / run.id
-    if fetch_artifacts:
-        report = _fetch(be, run, target, merged)
-        registry.update(run.id, artifacts=str(report.dest))
     from .backends import final_save
 
-    with console().status(f"stopping {run.id} (asking the trainer for a final checkpoint first)..."):
+    # The final checkpoint first, the fetch after it (and after the run's own end), the teardown last.
+    with console().status(f"asking {run.id}'s trainer for a final checkpoint..."):
         saved = final_save.request(be, run)
-        be.down(run)
+    if saved is not None:
+        console().print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
+    if fetch_artifacts:
+        run = _await_end(be, run, saved)
+        report = _fetch(be, run, Path(dest) / run.id, merged)
+        registry.update(run.id, artifacts=str(report.dest))
+    with console().status(f"stopping {run.id}..."):
+        _stop(be, run)
     run = registry.accrue(run.id, False)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
     console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state})"))
-    if saved is not None:
-        console().print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
     from .volumes import still_billing_lines
 
     for line in still_billing_lines(run):
@@ -305,6 +297,67 @@ def down(run_id, fetch_artifacts, merged, dest):
         print_summary(run, report.dest)
     else:
         hints(f"launch status {run.id}")
+
+
+POST_TIMEOUT_S = 1800.0  # a finished run's post phase: evaluation, a 65 GB merge, the MANIFEST
+EXIT_TIMEOUT_S = 120.0  # a trainer that ended otherwise (a final save, a budget stop): its script exits
+SETTLE_POLL_S = 1.0
+
+
+def _await_end(be, run, saved):
+    """Before a fetch: once the trainer has ended, wait for the run's own end, so what comes home is
+    its last word: after a final checkpoint, until its script exits; after finished training, until
+    `post` has written the summary and MANIFEST. A trainer still training (its final save failed or
+    was not asked for) is not waited for: the fetch takes what exists, and a line says why."""
+    from payload import layout
+    from payload.errors import END_STATES
+
+    from .ui import console, literal
+
+    if not run.active or (saved is not None and not saved.saved):
+        return run
+    try:
+        said = json.loads(be.read_run_file(run, layout.STATUS) or "{}").get("state")
+    except (ValueError, AttributeError):
+        said = None
+    if said not in (*END_STATES, "interrupted"):
+        return run
+    post = said == "completed"
+    limit = POST_TIMEOUT_S if post else EXIT_TIMEOUT_S
+    deadline = time.monotonic() + limit
+    with console().status(f"waiting for {run.id} to finish ({said}; writing its summary and MANIFEST)..."):
+        while run.active and time.monotonic() < deadline:
+            if post and be.read_run_file(run, layout.MANIFEST) is not None:  # post's last write
+                return run
+            time.sleep(SETTLE_POLL_S)
+            run = refresh(run)
+            if run._remote.state in ("unreachable", "unknown"):
+                break
+    if run.active:
+        why = {"unreachable": "its machine stopped answering", "unknown": "its processes cannot be seen from here"}\
+            .get(run._remote.state, f"it had not ended after {limit:g} s")
+        console().print(literal("[yellow]![/] ", f"fetching before {run.id} finished ({why}): what exists now "
+                                "comes home, a MANIFEST only if its post phase wrote one"), soft_wrap=True)
+    return run
+
+
+def _stop(be, run) -> None:
+    """The backend's teardown. A run that had ended whose machine cannot be reached any more is down
+    here all the same: nothing of it runs there, and its bill closed when it ended."""
+    from .errors import BackendError
+    from .ui import console, literal
+
+    try:
+        be.down(run)
+    except BackendError as e:
+        if not str(e).startswith("cannot reach"):
+            raise
+        if run.active:
+            raise BackendError(f"{e}; {run.id} was {run.state} when last seen and may still run and bill there: "
+                               f"retry `launch down {run.id}` once it answers, or stop the machine where you "
+                               "rented it") from None
+        console().print(literal("[yellow]![/] ", f"{e}: {run.id} had ended ({run.state}), so nothing of it runs "
+                                "there; marked down here"), soft_wrap=True)
 
 
 def _fetch(be, run, target: Path, merged: bool):

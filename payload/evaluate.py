@@ -8,7 +8,9 @@ the same adapter on the same records gives the same text, so a re-run gives the 
 
 Outputs: `outputs/eval_<split>.json` (scores, and every sample's reference, prediction and own
 scores), a `<split>_<metric>` line in metrics.jsonl (replacing an earlier one of the same split),
-`evaluation.<split>` in the training summary, and W&B (payload/tracking.py) when it is on.
+`evaluation.<split>` in the training summary, and W&B (payload/tracking.py) when it is on. Given an
+`out_dir` (`launch eval` re-scoring a run elsewhere), only `out_dir/eval_<split>.json` (and W&B): the
+run's files, which its MANIFEST describes, are never changed by scoring.
 """
 
 from __future__ import annotations
@@ -85,21 +87,24 @@ def main(cfg, split: Optional[str] = None, adapter: Optional[str] = None, out_di
     observe.setup_logging()
     model, processing = infer.load(cfg, adapter_dir)
     scores, rows = generate_and_score(model, processing, records, ecfg, cfg.train.per_device_eval_batch_size)
-    out_dir = Path(out_dir) if out_dir else rd
     result = {"split": split, "n": len(rows), "adapter": str(adapter_dir), "model": cfg.model.name_or_path,
               "config_hash": cfg.config_hash(), "max_new_tokens": ecfg.max_new_tokens, "decoding": "greedy",
               "metrics": scores, "samples": rows}
-    observe.atomic_write_json(out_dir / eval_file(split), result)
-    step = _trained_steps(out_dir)
-    _replace_metrics_line(out_dir / layout.METRICS, split, {"step": step, "split": split,
-                                                             **{f"{split}_{k}": v for k, v in scores.items()}})
-    _add_to_summary(out_dir / layout.SUMMARY, split, scores, len(rows))
+    if out_dir is None:  # the run's own evaluation (`post`, before its MANIFEST is written)
+        path = rd / eval_file(split)
+        observe.atomic_write_json(path, result)
+        _replace_metrics_line(rd / layout.METRICS, split, {"step": _trained_steps(rd), "split": split,
+                                                            **{f"{split}_{k}": v for k, v in scores.items()}})
+        _add_to_summary(rd / layout.SUMMARY, split, scores, len(rows))
+    else:  # a re-score elsewhere (`launch eval`): its own file, never one the run's MANIFEST describes
+        path = Path(out_dir) / f"eval_{split}.json"
+        observe.atomic_write_json(path, result)
     from payload import tracking
 
     tracking.log_eval(cfg, split, scores, rows)
     log.info("eval %s: %d samples, %s", split, len(rows),
              ", ".join(f"{k} {v:.4f}" for k, v in scores.items() if v is not None))
-    return {"stage": "eval", "split": split, "n": len(rows), **scores, "file": str(out_dir / eval_file(split))}
+    return {"stage": "eval", "split": split, "n": len(rows), **scores, "file": str(path)}
 
 
 def eval_settings(cfg):

@@ -206,3 +206,57 @@ def test_contract_a_finished_run_settles_from_its_status_json(kind, tmp_path, te
     assert again["cost_usd"] == row["cost_usd"]  # nothing accrues on paper any more
     r = CliRunner().invoke(cli, ["down", run.id])
     assert r.exit_code == 0 and f"{run.id} is down (completed)" in r.output, r.output
+
+
+def _machine_says_live(kind, run, sshd, tmp_path):
+    """After `down`, the machine's side reports the run live again, each backend its own way; returns
+    what to clean up. local: the driver's pid reused by another program (its exit code lost with a
+    SIGKILLed driver); ssh: the host no longer answers; SkyPilot: a cluster / managed job of that
+    name running (relaunched by hand)."""
+    if kind == "local":
+        other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        registry.update(run.id, handle={"pid": other.pid, "pgid": other.pid})
+        (__import__("pathlib").Path(run.handle["home"]) / "exit_code").unlink(missing_ok=True)
+        return other
+    if kind == "ssh":
+        from sshd import free_port
+
+        registry.update(run.id, handle={"host": f"{sshd.user}@127.0.0.1:{free_port()}"})
+    elif kind == "skypilot-cluster":
+        FakeSky.latest.results["status"] = [{"name": run.cluster, "status": "UP"}]
+        FakeSky.latest.results["job_status"] = {7: "RUNNING"}
+    else:  # running until `launch down` cancels it
+        fake = FakeSky.latest
+        cancels = fake.names().count("jobs.cancel")
+        fake.results["jobs.queue"] = lambda: [{"job_id": 3, "job_name": run.id, "recovery_count": 0, "status":
+                                               "RUNNING" if fake.names().count("jobs.cancel") == cancels else
+                                               "CANCELLED"}]
+    return None
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_contract_an_ended_run_stays_ended(kind, tmp_path, template, sshd, monkeypatch):
+    """Once a run has ended, no refresh turns it live again, nothing accrues after `down`, its profile
+    is free for `launch up`, and `launch down` of it succeeds (registry.observe, one rule for all)."""
+    run, _ = start(kind, tmp_path, template, sshd, monkeypatch)
+    run.price_per_hour = 3600.0  # $1/s: any second billed after `down` shows
+    registry.save(run)
+    registry.accrue(run.id, True)
+    assert CliRunner().invoke(cli, ["down", run.id]).exit_code == 0
+    ended = registry.get(run.id)
+    assert not ended.active and ended.billing_since is None
+    other = _machine_says_live(kind, run, sshd, tmp_path)
+    try:
+        time.sleep(0.3)
+        for args in (["status", run.id, "--json"], ["cost", "--json"], ["down", run.id]):
+            r = CliRunner().invoke(cli, args)
+            assert r.exit_code == 0, r.output
+        now = registry.get(run.id)
+        assert (now.state, now.reason, now.ended_at) == (ended.state, ended.reason, ended.ended_at)
+        assert now.billed() == (ended.billed_s, ended.billed_usd) and now.billing_since is None
+        assert registry.active_for_profile(run.profile) is None
+        if other is not None:  # `down` of an ended run never signals a process group that is not the run's
+            assert other.poll() is None
+    finally:
+        if other is not None:
+            other.kill()

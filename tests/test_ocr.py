@@ -236,9 +236,10 @@ def test_checkpoints_eval_chat_commands_on_a_local_run(train_env, monkeypatch): 
     table = runner.invoke(cli, ["checkpoints", run.id])
     assert table.exit_code == 0 and run.id in table.output and "✗" in table.output
 
-    first = runner.invoke(cli, ["eval", run.id, "--split", "test", "--json"])
+    dest = str(train_env.parent / "artifacts")  # the scores go to DEST/<run>/eval/, not into the run
+    first = runner.invoke(cli, ["eval", run.id, "--split", "test", "--json", "--dest", dest])
     assert first.exit_code == 0, first.output
-    again = runner.invoke(cli, ["eval", run.id, "--split", "test", "--json"])
+    again = runner.invoke(cli, ["eval", run.id, "--split", "test", "--json", "--dest", dest])
     a, b = json.loads(first.output[first.output.index("{"):]), json.loads(again.output[again.output.index("{"):])
     assert a["n"] == 4 and a["cer"] == b["cer"] and a["wer"] == b["wer"]
 

@@ -411,7 +411,10 @@ def test_unreachable_host_status_does_not_raise(env):
     run = Run(id="gone", profile="fake", backend="ssh", state="running",
               handle={"host": f"nobody@127.0.0.1:{free_port()}", "run_root": "/nowhere", "run_dir": "/nowhere"})
     st = backend.status(run)
-    assert st.state == "running" and st.extra["unreachable"] and st.reason.startswith("unreachable: cannot reach")
+    assert st.state == "unreachable" and st.extra["unreachable"] and st.reason.startswith("unreachable: cannot reach")
+    assert st.extra["last_state"] == "running"
+    run.state = "failed"  # an ended run is never reported live (it was, as "running", before issue 32)
+    assert backend.status(run).state == "unreachable"
 
 
 # ------------------------------------------------------------------------ the real local-demo run

@@ -195,9 +195,9 @@ class LocalBackend(Backend):
 
     def status(self, run: Run) -> RemoteStatus:
         reported = _read_json(self.run_dir(run) / layout.STATUS)
-        if self._alive(run):
+        code_file = self.home(run) / "exit_code"  # the driver's last word: its pid may be reused after it
+        if not code_file.exists() and self._alive(run):
             return RemoteStatus.from_report("running", reported)
-        code_file = self.home(run) / "exit_code"
         try:
             code = int(code_file.read_text().strip() or 1)
         except (OSError, ValueError):
@@ -209,18 +209,24 @@ class LocalBackend(Backend):
     # ---------------------------------------------------------------------------------- down
 
     def down(self, run: Run) -> None:
-        """SIGTERM the run (the payload checkpoints and stops), SIGKILL whatever is left after 15 s."""
+        """SIGTERM the run (the payload checkpoints and stops), SIGKILL whatever is left after 15 s.
+        Once the run has ended (the driver recorded its exit code, or the registry says so) its process
+        group is gone and the number may be another program's by now: only processes carrying the
+        run's id are signalled then."""
         pgid = run.handle.get("pgid")
         if not pgid:
             return
-        if self.home(run).is_dir():
+        ended = not run.active or (self.home(run) / "exit_code").exists()
+        if self.home(run).is_dir() and not ended:
             (self.home(run) / "stopped").touch()
-        _signal_group(pgid, signal.SIGTERM)
+        if not ended:
+            _signal_group(pgid, signal.SIGTERM)
         _signal_run_processes(run.id, self.volume(run), signal.SIGTERM)  # torchrun workers live in their own sessions
         deadline = time.time() + 15
-        while time.time() < deadline and (self._alive(run) or run_processes(run.id, self.volume(run))):
+        while time.time() < deadline and ((not ended and self._alive(run)) or run_processes(run.id, self.volume(run))):
             time.sleep(0.2)
-        _signal_group(pgid, signal.SIGKILL)
+        if not ended:
+            _signal_group(pgid, signal.SIGKILL)
         _signal_run_processes(run.id, self.volume(run), signal.SIGKILL)
 
     # --------------------------------------------------------------------------------- fetch

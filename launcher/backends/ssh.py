@@ -326,7 +326,7 @@ class SSHBackend(Backend):
         and `extra["unreachable"]`. Host-key and authentication problems do raise (user fixes)."""
         conn, h = self._conn(run), run.handle
         if not h.get("run_root"):
-            return RemoteStatus(state=run.state, reason=run.reason or "never started on the host")
+            return RemoteStatus(state="unknown", reason=run.reason or "never started on the host")
         command = STATUS_CMD.format(root=shlex.quote(h["run_root"]),
                                     status=shlex.quote(f"{h['run_dir']}/{layout.STATUS}"))
         try:
@@ -334,8 +334,9 @@ class SSHBackend(Backend):
         except BackendError as e:
             if not str(e).startswith("cannot reach") and not isinstance(e, CommandTimeout):
                 raise
-            state = run.state if run.state in ("starting", "running") else "running"
-            return RemoteStatus(state=state, reason=f"unreachable: {e}", extra={"unreachable": True})
+            # Not a state of the run: what it was when last seen stands (registry.observe), never "running".
+            return RemoteStatus(state="unreachable", reason=f"unreachable: {e}",
+                                extra={"unreachable": True, "last_state": run.state})
         head, _, body = out.partition("---\n")
         facts = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
         try:
@@ -375,14 +376,15 @@ class SSHBackend(Backend):
     # ---------------------------------------------------------------------------------- down
 
     def down(self, run: Run, grace_s: float = 10) -> None:
-        """SIGTERM the run's process group, SIGKILL it after `grace_s`; mark the run stopped."""
+        """SIGTERM the run's process group, SIGKILL it after `grace_s`; mark the run stopped. For a run
+        that has ended (only strays could be left) two tries, as `status` makes, not five."""
         conn, h = self._conn(run), run.handle
         if not h.get("run_root"):
             return
         ticks = max(1, int(grace_s / 0.5))
         marker = shlex.quote(f"LAUNCH_RUN_ID={run.id}")
         self._sh(conn, DOWN_CMD.format(root=shlex.quote(h["run_root"]), ticks=ticks, marker=marker),
-                 timeout=grace_s + COMMAND_TIMEOUT)
+                 timeout=grace_s + COMMAND_TIMEOUT, tries=None if run.active else 2)
 
     # --------------------------------------------------------------------------------- fetch
 
