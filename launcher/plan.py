@@ -419,7 +419,7 @@ def plan_profile(p: Profile, compare_layouts: bool = True) -> Plan:
         return plan_any_of(p, compare_layouts)
     if p.cluster.is_local:
         return make_plan(p, _LocalChoice(p), None, "profile (notional local price)")
-    from .catalog import SNAPSHOT_DATE, Choice, PlanError, optimize, snapshot_warning
+    from .catalog import SNAPSHOT_DATE, PlanError, fallback_choice, optimize, snapshot_warning
 
     try:
         choice, source = optimize(p), f"catalog snapshot {SNAPSHOT_DATE}"
@@ -427,11 +427,7 @@ def plan_profile(p: Profile, compare_layouts: bool = True) -> Plan:
         if p.budget.price_per_hour is None:
             raise
         # The catalog does not know this instance: the profile's price is the fallback.
-        choice = Choice(cloud=",".join(p.cluster.infra_list), instance_type="(not in the catalog snapshot)",
-                        region=p.cluster.region, accelerators=p.cluster.accelerators_label,
-                        num_nodes=p.cluster.num_nodes, use_spot=p.cluster.use_spot,
-                        node_price_per_hour=p.budget.price_per_hour / p.cluster.num_nodes)
-        source = "profile budget.price_per_hour (fallback)"
+        choice, source = fallback_choice(p), "profile budget.price_per_hour (fallback)"
     try:
         alternative = optimize(p, use_spot=not p.cluster.use_spot)
     except PlanError:

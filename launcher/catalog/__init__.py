@@ -157,6 +157,45 @@ def optimize(p, use_spot: Optional[bool] = None) -> Choice:
                   use_spot=bool(r.use_spot), node_price_per_hour=round(r.get_cost(3600), 4))
 
 
+def fallback_choice(p) -> Choice:
+    """What the plan assumes when the snapshot has no instance for the profile: its own price."""
+    return Choice(cloud=",".join(p.cluster.infra_list), instance_type="(not in the catalog snapshot)",
+                  region=p.cluster.region, accelerators=p.cluster.accelerators_label,
+                  num_nodes=p.cluster.num_nodes, use_spot=p.cluster.use_spot,
+                  node_price_per_hour=p.budget.price_per_hour / p.cluster.num_nodes)
+
+
+_CHOICES: dict[str, Choice] = {}  # profile JSON -> the optimizer's answer (the snapshot is fixed)
+CHILD_TIMEOUT_S = 120
+
+
+def choice_apart(p) -> Choice:
+    """SkyPilot's optimizer on the snapshot for a process that goes on to use the SDK (`launch up`):
+    run in a child process, since `import_sky_offline()` points SKY_RUNTIME_DIR at launch's offline
+    dir and seeds fake enabled clouds there, which must reach neither an SDK call (a local API server
+    would start against them) nor ~/.sky. In this process only when it already is the offline
+    planner. Once per profile per process: the price, an any_of pick and the budget gate share it.
+    Raises PlanError with SkyPilot's reason (no instance fits), RuntimeError when the child failed."""
+    import subprocess
+    import sys
+
+    key = p.model_dump_json()
+    if key in _CHOICES:
+        return _CHOICES[key]
+    if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
+        _CHOICES[key] = optimize(p)
+        return _CHOICES[key]
+    done = subprocess.run([sys.executable, "-m", "launcher.catalog.child"], input=key, text=True,
+                          capture_output=True, timeout=CHILD_TIMEOUT_S, cwd=HERE.parent.parent)
+    answer = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+    if answer is None:
+        raise RuntimeError(done.stderr.strip()[-300:] or f"the optimizer's process exited {done.returncode}")
+    if "error" in answer:
+        raise PlanError(answer["error"])
+    _CHOICES[key] = Choice(**answer)
+    return _CHOICES[key]
+
+
 def catalog_price(p) -> float:
     return optimize(p).price_per_hour
 
