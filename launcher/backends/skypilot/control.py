@@ -114,16 +114,22 @@ def stop_api_server_we_started(sky, before: Optional[list[int]], origin: str) ->
     """After a failed `launch up`: stop the local API server if this command started it (`before`:
     the servers running when it began; `origin`: this process's mark). Returns what to add to the
     error line ('' when there is nothing to say)."""
-    if before is None or before:
-        return ""  # remote, or one was running before this command: not ours to stop
-    now = local_api_server_pids(origin)
-    if not now:
-        return ""
+    if before is None:
+        return ""  # remote: not ours to stop
+    ours = [pid for pid in local_api_server_pids(origin) or [] if pid not in before]
+    if not ours:
+        return ""  # the one running before this command served it
     try:
-        sky.api_stop()
+        if before:  # another command's server was starting meanwhile and this one started its own too
+            # (seen with two `launch up` at once): stop ours only, `sky api stop` would stop both
+            from sky.utils import subprocess_utils
+
+            subprocess_utils.kill_children_processes(parent_pids=ours, force=True)
+        else:
+            sky.api_stop()
     except Exception:  # noqa: BLE001
         return ("; the local SkyPilot API server this command started still runs (~1.2 GB, pid "
-                f"{now[0]}): stop it with `sky api stop`")
+                f"{ours[0]}): stop it with `sky api stop`")
     return "; stopped the local SkyPilot API server this command started"
 
 
