@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from typing import Callable, Iterator, Optional
 
@@ -88,17 +89,22 @@ def marked_process() -> Iterator[str]:
 
 
 def local_api_server_pids(origin: Optional[str] = None) -> Optional[list[int]]:
-    """Pids of this machine's SkyPilot API server processes (only those started inside
-    `marked_process` with tag `origin`, if given); None when the endpoint is remote or unknown."""
+    """Pids of this machine's SkyPilot API server processes on the port this client uses (SkyPilot's
+    SKYPILOT_API_SERVER_LOCAL_PORT, default 46580; only those started inside `marked_process` with
+    tag `origin`, if given); None when the endpoint is remote or unknown."""
     try:
         import psutil
         from sky.server import common as server_common
 
         if not server_common.is_api_server_local():
             return None
-        pids = []
+        port, pids = server_common.get_local_api_server_port(), []
         for proc in psutil.process_iter(["pid", "cmdline"]):
-            if server_common.API_SERVER_CMD not in " ".join(proc.info.get("cmdline") or []):
+            cmdline = " ".join(proc.info.get("cmdline") or [])
+            if server_common.API_SERVER_CMD not in cmdline:
+                continue
+            given = re.search(r"--port[= ](\d+)", cmdline)  # as SkyPilot's own `sky api stop` reads it
+            if (int(given.group(1)) if given else server_common.DEFAULT_SERVER_PORT) != port:
                 continue
             try:
                 if origin is None or proc.environ().get(ORIGIN_ENV) == origin:
