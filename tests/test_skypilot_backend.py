@@ -199,7 +199,8 @@ def test_no_credentials_says_what_to_run_and_launches_nothing(fake):
         sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-3"))
     msg = str(e.value)
     assert "\n" not in msg
-    assert "sky check runpod" in msg and "RUNPOD_API_KEY" in msg and "~/.runpod/config.toml" in msg
+    # SkyPilot 0.14's check reads ~/.runpod/config.toml only (RUNPOD_API_KEY alone fails it): `runpod config`
+    assert "sky check runpod" in msg and "`runpod config`" in msg and "~/.runpod/config.toml" in msg
     assert "--backend local|ssh" in msg
     # The server's list is a cache: SkyPilot's own check ran once before "no credentials" was said.
     assert fake.names() == ["enabled_clouds", "get", "check", "get", "enabled_clouds", "get"]

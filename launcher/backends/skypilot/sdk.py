@@ -134,18 +134,19 @@ def profile_clouds(p) -> list[str]:
 def check_credentials_here(p) -> None:
     """Before `launch up` plans and starts a local SkyPilot API server (seconds, ~1.2 GB) for a user
     with no credentials: SkyPilot's own credential check of the profile's clouds, in this process.
-    Only where the API server is local and not running yet: the server this command would start
-    inherits this HOME and environment and runs the same check. Raises BackendError (the
-    credentials line with SkyPilot's reason) when none of the clouds is usable; passes when one is
-    or when the check itself cannot run here (the server's check then decides, as before)."""
+    Only where the API server is local, not running yet and may be started (SkyPilot's
+    SKYPILOT_DISABLE_LOCAL_API_SERVER unset): the server this command would start inherits this HOME
+    and environment and runs the same check. Raises BackendError (the credentials line with
+    SkyPilot's reason) when none of the clouds is usable; passes when one is or when the check itself
+    cannot run here (the server's check then decides, as before)."""
     from . import control
 
-    if control.local_api_server_pids() != []:
-        return  # a remote endpoint, or a running server: its own view of the credentials counts
     try:
         from sky import clouds as sky_clouds
-        from sky.utils import registry
+        from sky.utils import env_options, registry
 
+        if env_options.Options.DISABLE_LOCAL_API_SERVER.get() or control.local_api_server_pids() != []:
+            return  # no server would be started, a remote endpoint, or a running server: its view counts
         reasons = {}
         for name in profile_clouds(p):
             ok, reason = registry.CLOUD_REGISTRY.from_str(name).check_credentials(
