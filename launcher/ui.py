@@ -123,6 +123,8 @@ def print_plan(p, plan) -> None:
         console().print(f"[red]✗ {esc(plan.budget_note)}[/]")
     if plan.spot_note:
         console().print(f"[yellow]![/] {esc(plan.spot_note)}")
+    if plan.save_note:
+        console().print(f"[yellow]![/] {esc(plan.save_note)}")
     for line in plan_warnings(plan):
         console().print(f"[yellow]![/] {line}", soft_wrap=True)
     hints(f"launch up {p.name}")
