@@ -57,3 +57,48 @@ def test_a_lock_that_cannot_install_is_a_crash_not_a_config_error_nor_retried(no
     Path(node["LAUNCH_GPU_LOCK"]).write_text("tinypkg==9.9\n")  # no such wheel in the (local) index
     r = setup(node)
     assert r.returncode == EXIT_CRASH and "not a network error" in r.stderr, r.stderr
+
+
+# The data stage, the run's first: a Hub dataset that cannot be reached was a PayloadError (exit 2) too.
+# With the Hub out of reach (huggingface_hub's offline switch: the ConnectionError `datasets` raises when
+# it cannot get an answer, without waiting on its own backoff) the stage ends transient, and a dataset
+# that is not there stays the user's input error.
+DATA_STAGE = """
+import sys
+from payload import retry
+from payload.config import DataConfig
+from payload.data import prepare
+from payload.errors import exit_code_for, one_line
+
+retry.BASE_DELAY_S = 0.0
+real = retry.with_retries
+retry.with_retries = lambda what, fn, **kw: real(what, fn, **{**kw, "base_delay_s": 0.0})
+cfg = DataConfig.model_validate({"sources": [{"name": "hub", "hf_dataset": sys.argv[1]}]})
+try:
+    prepare(cfg, sys.argv[2], base_dir=sys.argv[2], log=print)
+except BaseException as e:
+    print(exit_code_for(e), one_line(e))
+"""
+
+
+def data_stage(tmp_path, dataset: str, **env):
+    import os
+    import subprocess
+    import sys
+
+    run_env = {**{k: v for k, v in os.environ.items() if not k.startswith("HF_")}, "HF_HOME": str(tmp_path / "hf"),
+               **env}
+    done = subprocess.run([sys.executable, "-c", DATA_STAGE, dataset, str(tmp_path / "out")], env=run_env,
+                          capture_output=True, text=True, timeout=120)
+    return done.stdout.splitlines()[-1]
+
+
+def test_a_hub_dataset_out_of_reach_ends_the_data_stage_transient(tmp_path):
+    line = data_stage(tmp_path, "someone/chat-data", HF_HUB_OFFLINE="1")
+    assert line.startswith(f"{EXIT_TRANSIENT} hub: cannot load Hugging Face dataset 'someone/chat-data'"), line
+    assert line.endswith("(network: retried on a fresh machine)")
+
+
+def test_a_dataset_that_is_not_there_stays_an_input_error(tmp_path):
+    line = data_stage(tmp_path, str(tmp_path / "absent"))
+    assert line.startswith("2 hub: cannot load Hugging Face dataset") and "FileNotFoundError" in line, line
