@@ -135,8 +135,25 @@ def task_from_profile(p, use_spot: Optional[bool] = None):
     return sky.Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(d)))
 
 
+_OPTIMIZED: dict[tuple[str, Optional[bool]], "Choice | PlanError"] = {}  # the snapshot is fixed per process
+
+
 def optimize(p, use_spot: Optional[bool] = None) -> Choice:
-    """Run SkyPilot's optimizer on the profile's task; raises PlanError with SkyPilot's reason."""
+    """Run SkyPilot's optimizer on the profile's task; raises PlanError with SkyPilot's reason. Once
+    per profile and spot setting per process (`launch profiles`, an any_of plan ask twice)."""
+    key = (p.model_dump_json(), use_spot)
+    if key not in _OPTIMIZED:
+        try:
+            _OPTIMIZED[key] = _optimize(p, use_spot)
+        except PlanError as e:
+            _OPTIMIZED[key] = e
+    answer = _OPTIMIZED[key]
+    if isinstance(answer, PlanError):
+        raise PlanError(str(answer))
+    return answer
+
+
+def _optimize(p, use_spot: Optional[bool]) -> Choice:
     sky = import_sky_offline()
     from sky import exceptions, optimizer
 
