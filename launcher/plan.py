@@ -108,8 +108,7 @@ class Plan:
     """{hours: {low, mid, high}, usd: {low, mid, high}} (launcher/plan_ranges.py)."""
     spot_note: Optional[str] = None
     budget_note: Optional[str] = None
-    save_note: Optional[str] = None
-    """What the checkpoint cadence costs when saves are a large share of the bill (plan_ranges.py)."""
+    save_note: Optional[str] = None  # what the save cadence costs when saves are a large share (plan_ranges.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -303,7 +302,7 @@ def phases(p: Profile, cloud: str, data: DataEstimate, tokens: float, speed) -> 
            Phase("data", (DATA_FIXED_MIN * 60 + data.records / DATA_RECORDS_PER_S) / 3600, "hub download + prep"),
            Phase("training", train_h, f"{tokens / 1e6:,.1f}M tokens, {speed.bound}-bound")]
     seq_tokens = t.per_device_batch_size * t.gradient_accumulation_steps * gpus * max(tokens_per_sequence(p, data), 1)
-    steps = train_steps(p, data, tokens)
+    steps = t.max_steps or math.ceil(tokens / seq_tokens) if tokens else 0
     saves = steps // t.checkpoints.save_steps
     save_h = checkpoint_gb(p) * 1e3 / c.num_nodes / WRITE_MB_S / 3600
     out.append(Phase("checkpoint saves", saves * save_h, f"{saves} x {checkpoint_gb(p):.1f} GB at {WRITE_MB_S:g} MB/s/node"))
@@ -322,14 +321,6 @@ def phases(p: Profile, cloud: str, data: DataEstimate, tokens: float, speed) -> 
     elif not c.use_spot:
         out.append(Phase("idle before autostop", c.autostop_minutes / 60, "cluster.autostop_minutes"))
     return [Phase(ph.name, round(ph.hours, 4), ph.source) for ph in out if ph.hours > 0]
-
-
-def train_steps(p: Profile, data: DataEstimate, tokens: float) -> int:
-    """Optimizer steps of the run: train.max_steps, else the tokens over the tokens of one step."""
-    t = p.train
-    seq_tokens = t.per_device_batch_size * t.gradient_accumulation_steps * total_gpus(p) * max(
-        tokens_per_sequence(p, data), 1)
-    return t.max_steps or math.ceil(tokens / seq_tokens) if tokens else 0
 
 
 def _finish_phases(p: Profile, mgb: float) -> list[Phase]:
@@ -389,9 +380,7 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
         }
         plan.spot_note = plan_ranges.spot_note(plan.use_spot, price, plan.total_usd, plan.alternative)
     plan.budget_note = plan_ranges.over_budget(plan)
-    if not p.cluster.is_local:
-        plan.save_note = plan_ranges.save_note(p.train.checkpoints.save_steps, train_steps(p, data, tokens),
-                                               steps, total_h, price)
+    plan.save_note = plan_ranges.save_note(p.train.checkpoints.save_steps, steps, total_h, price)
     return plan
 
 
@@ -475,9 +464,7 @@ def plan_any_of(p: Profile, compare_layouts: bool = True, twin: bool = True) -> 
     rows.sort(key=lambda r: (r["price_per_hour"] is None, r["price_per_hour"] or 0.0))
     if rows[0]["price_per_hour"] is None:
         optimize(p)  # none fits: SkyPilot's own reason for the any_of task (PlanError)
-    # SkyPilot's any_of takes the cheapest option it can place: the first row (one optimizer run
-    # per option, not a second run over all of them)
-    chosen = rows[0]["accelerators"]
+    chosen = rows[0]["accelerators"]  # SkyPilot's any_of rule: the cheapest it can place (no 2nd run)
     plan = plan_profile(with_accelerator(p, chosen), compare_layouts, twin)
     plan.any_of = [{**r, "chosen": r["accelerators"] == chosen} for r in rows]
     return plan

@@ -85,13 +85,15 @@ def over_budget(plan) -> Optional[str]:
 
 
 
-def save_note(save_steps: int, steps: int, phases: list, total_hours: float, price: float) -> Optional[str]:
+def save_note(save_steps: int, phases: list, total_hours: float, price: float) -> Optional[str]:
     """One line when checkpoint saves are over SAVE_SHARE_NOTE of the bill: what they cost in hours
-    and dollars, and a save_steps (a multiple of today's, so eval and save stay aligned) under it."""
-    saves_h = sum(ph.hours for ph in phases if ph.name == "checkpoint saves")
-    n = steps // save_steps if save_steps else 0
-    if not n or not total_hours or saves_h / total_hours <= SAVE_SHARE_NOTE:
+    and dollars, and a save_steps (a multiple of today's, so eval and save stay aligned) under it.
+    The count is the saves phase's own (plan.phases: `N x SIZE GB at ...`)."""
+    saves = next((ph for ph in phases if ph.name == "checkpoint saves"), None)
+    if saves is None or not total_hours or saves.hours / total_hours <= SAVE_SHARE_NOTE:
         return None
+    saves_h, n = saves.hours, int(saves.source.split(" x ", 1)[0])
+    steps = n * save_steps  # to within one save interval
     each, rest = saves_h / n, total_hours - saves_h
     line = (f"checkpoint saves are {saves_h / total_hours:.0%} of the bill: {n} saves, one every {save_steps:,} "
             f"steps, ~{saves_h:.1f} h, ~${saves_h * price:,.2f}")
