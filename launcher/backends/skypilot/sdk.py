@@ -154,11 +154,18 @@ def check_credentials_here(p) -> None:
             if ok:
                 return
             text = reason if isinstance(reason, str) else "; ".join(f"{k}: {v}" for k, v in (reason or {}).items())
-            # its first line, less a closing "Run the following commands:" (our hint says what to run)
-            reasons[name] = re.sub(r"(?<=\.)\s[^.]*:$", "", first_line(Exception(text or "not enabled"))).rstrip(".")
+            reasons[name] = _reason(text)
     except Exception:  # noqa: BLE001 - the check could not run here; the API server's check decides
         return
     raise BackendError(credentials_message(list(reasons), reasons))
+
+
+def _reason(text: str) -> str:
+    """SkyPilot's reason in a clause: its first line, less a closing "Run the following commands:"
+    (the hint says what to run) and a requests error's "(Caused by ...)" chain."""
+    line = re.sub(r"\s*\(Caused by .*$", "", first_line(Exception(text or "not enabled")))
+    line = re.sub(r"(?<=\.)\s[^.]*:$", "", line)
+    return line if line.endswith("...") else line.rstrip(".")
 
 
 # (SkyPilot exception class names, message; {what} is the exception's first line)
