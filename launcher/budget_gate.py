@@ -1,4 +1,8 @@
-"""`launch up`'s question before a cloud run whose plan is over its own budget cap (issue 24)."""
+"""`launch up`'s question before a cloud run whose plan is over its own budget cap (issue 24).
+
+The plan here is `launch plan`'s, made from the optimizer's answer that `launch up` already has for
+the price (`catalog.choice_apart`, a child process): SkyPilot is never imported for offline planning
+into the process that goes on to call the SDK (issue 32: that process could not launch at all)."""
 
 from __future__ import annotations
 
@@ -11,11 +15,10 @@ def confirm_over_budget(p, backend: str, interactive: bool) -> None:
     import click
 
     from .catalog import PlanError
-    from .plan import plan_profile
     from .ui import err_console, esc
 
     try:
-        note = plan_profile(p, compare_layouts=False).budget_note
+        note = budget_note(p)
     except Exception:  # noqa: BLE001 - planning is advice here; `up` reports its own errors
         return
     if not note:
@@ -23,4 +26,20 @@ def confirm_over_budget(p, backend: str, interactive: bool) -> None:
     err_console().print(f"[red]✗ {esc(note)}[/]")
     if interactive and not click.confirm("Start it anyway?", default=False, err=True):
         raise PlanError("not started: the plan is over the budget cap (raise budget.max_usd with "
-                                   "--set budget.max_usd=N, or shorten the run)")
+                        "--set budget.max_usd=N, or shorten the run)")
+
+
+def budget_note(p):
+    """The plan's over-budget line (None within the cap), as `launch plan PROFILE` prints it."""
+    from .catalog import PlanError, choice_apart, fallback_choice
+    from .plan import make_plan, with_accelerator
+
+    try:
+        choice = choice_apart(p)
+    except PlanError:
+        if p.budget.price_per_hour is None:
+            raise
+        choice = fallback_choice(p)
+    if len(p.cluster.accelerator_options) > 1:  # any_of: planned for the option SkyPilot takes
+        p = with_accelerator(p, choice.accelerators)
+    return make_plan(p, choice).budget_note

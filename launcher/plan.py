@@ -110,6 +110,7 @@ class Plan:
     spot_note: Optional[str] = None
     budget_note: Optional[str] = None
     packing: Optional[str] = None
+    save_note: Optional[str] = None  # what the save cadence costs when saves are a large share (plan_ranges.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -381,6 +382,7 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
         }
         plan.spot_note = plan_ranges.spot_note(plan.use_spot, price, plan.total_usd, plan.alternative)
     plan.budget_note, plan.packing = plan_ranges.over_budget(plan), plan_ranges.packing_note(p, data, train_h, price)
+    plan.save_note = plan_ranges.save_note(p.train.checkpoints.save_steps, steps, total_h, price)
     return plan
 
 
@@ -415,13 +417,13 @@ def _stage_rows(p: Profile, speed, price: float) -> list[dict]:
     return stage_plans(p, speed.tokens_per_s_per_gpu, price) if p.stages else []
 
 
-def plan_profile(p: Profile, compare_layouts: bool = True) -> Plan:
-    """Run SkyPilot's optimizer (offline catalog) for the profile and its spot/on-demand twin."""
+def plan_profile(p: Profile, compare_layouts: bool = True, twin: bool = True) -> Plan:
+    """Run SkyPilot's optimizer (offline catalog) for the profile and (`twin`) its spot/on-demand twin."""
     if len(p.cluster.accelerator_options) > 1 and not p.cluster.is_local:
-        return plan_any_of(p, compare_layouts)
+        return plan_any_of(p, compare_layouts, twin)
     if p.cluster.is_local:
         return make_plan(p, _LocalChoice(p), None, "profile (notional local price)")
-    from .catalog import SNAPSHOT_DATE, Choice, PlanError, optimize, snapshot_warning
+    from .catalog import SNAPSHOT_DATE, PlanError, fallback_choice, optimize, snapshot_warning
 
     try:
         choice, source = optimize(p), f"catalog snapshot {SNAPSHOT_DATE}"
@@ -429,13 +431,9 @@ def plan_profile(p: Profile, compare_layouts: bool = True) -> Plan:
         if p.budget.price_per_hour is None:
             raise
         # The catalog does not know this instance: the profile's price is the fallback.
-        choice = Choice(cloud=",".join(p.cluster.infra_list), instance_type="(not in the catalog snapshot)",
-                        region=p.cluster.region, accelerators=p.cluster.accelerators_label,
-                        num_nodes=p.cluster.num_nodes, use_spot=p.cluster.use_spot,
-                        node_price_per_hour=p.budget.price_per_hour / p.cluster.num_nodes)
-        source = "profile budget.price_per_hour (fallback)"
+        choice, source = fallback_choice(p), "profile budget.price_per_hour (fallback)"
     try:
-        alternative = optimize(p, use_spot=not p.cluster.use_spot)
+        alternative = optimize(p, use_spot=not p.cluster.use_spot) if twin else None
     except PlanError:
         alternative = None
     plan = make_plan(p, choice, alternative, source)
@@ -449,7 +447,7 @@ def with_accelerator(p: Profile, spec: str) -> Profile:
     return p.model_copy(update={"cluster": p.cluster.model_copy(update={"accelerators": spec})})
 
 
-def plan_any_of(p: Profile, compare_layouts: bool = True) -> Plan:
+def plan_any_of(p: Profile, compare_layouts: bool = True, twin: bool = True) -> Plan:
     """`any_of` accelerators: SkyPilot's optimizer picks among all options (the cheapest it can
     place); the plan is made for that choice and lists every option's price as the fallbacks."""
     from .catalog import PlanError, optimize
@@ -465,9 +463,11 @@ def plan_any_of(p: Profile, compare_layouts: bool = True) -> Plan:
             where = f"{p.cluster.infra} in the catalog snapshot" if p.cluster.infra else "the catalog snapshot"
             rows.append({"accelerators": spec, "error": f"no instance on {where}", "detail": str(e),
                          "price_per_hour": None})
-    chosen = optimize(p).accelerators  # the any_of task as SkyPilot sees it; PlanError when none fits
-    plan = plan_profile(with_accelerator(p, chosen), compare_layouts)
     rows.sort(key=lambda r: (r["price_per_hour"] is None, r["price_per_hour"] or 0.0))
+    if rows[0]["price_per_hour"] is None:
+        optimize(p)  # none fits: SkyPilot's own reason for the any_of task (PlanError)
+    chosen = rows[0]["accelerators"]  # SkyPilot's any_of rule: the cheapest it can place (no 2nd run)
+    plan = plan_profile(with_accelerator(p, chosen), compare_layouts, twin)
     plan.any_of = [{**r, "chosen": r["accelerators"] == chosen} for r in rows]
     return plan
 

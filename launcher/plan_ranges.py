@@ -1,5 +1,6 @@
 """What `launch plan` adds around its middle figure: the low-high range of hours and dollars, the eval
-by generation phase, spot told honestly, and the over-budget line (`launch up` asks: budget_gate.py).
+by generation phase, spot told honestly, what the checkpoint cadence costs, and the over-budget line
+(`launch up` asks: budget_gate.py).
 
 - Range: training (and the stages, and the spot recoveries that scale with training) take the
   throughput range of launcher/speed_model.py; every other phase keeps its figure. low = the fast end.
@@ -11,6 +12,9 @@ by generation phase, spot told honestly, and the over-budget line (`launch up` a
 - Spot: where the catalog's spot price is not below on-demand (SkyPilot's RunPod catalog), spot
   only adds expected recoveries: the plan says so. Each alternative is priced with its own hours
   (spot with recoveries, on-demand with idle-before-autostop instead).
+- Save cadence: where checkpoint saves are over SAVE_SHARE_NOTE of the bill (a full fine-tune's
+  checkpoint holds weights + Adam state, 14 bytes per parameter), one line with their hours and
+  dollars and the first of SAVE_FACTORS x train.checkpoints.save_steps that brings them under it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Optional
 
 SCALES_WITH_TRAINING = ("training", "spot recoveries")
 TEST_SHARE_ASSUMED = 0.1
+SAVE_SHARE_NOTE = 0.10  # checkpoint saves above this share of the planned dollars get a line
+SAVE_FACTORS = (2, 5, 10, 20, 50)
 
 
 def eval_generation_hours(p, decode_steps_per_s: float, steps: int, test_records: Optional[int]) -> tuple[float, str]:
@@ -111,3 +117,24 @@ def packing_note(p, data, train_hours: float, price: float) -> Optional[str]:
     return (f"off: padding-free batches{images}, so the ~{share:.0%} padding of padded batches of "
             f"{t.per_device_batch_size} costs nothing; packing (changes the records per step) would cut steps/epoch "
             f"{steps}: per-step overhead only, ~0 h of compute")
+
+
+def save_note(save_steps: int, phases: list, total_hours: float, price: float) -> Optional[str]:
+    """One line when checkpoint saves are over SAVE_SHARE_NOTE of the bill: what they cost in hours
+    and dollars, and a save_steps (a multiple of today's, so eval and save stay aligned) under it.
+    The count is the saves phase's own (plan.phases: `N x SIZE GB at ...`)."""
+    saves = next((ph for ph in phases if ph.name == "checkpoint saves"), None)
+    if saves is None or not total_hours or saves.hours / total_hours <= SAVE_SHARE_NOTE:
+        return None
+    saves_h, n = saves.hours, int(saves.source.split(" x ", 1)[0])
+    steps = n * save_steps  # to within one save interval
+    each, rest = saves_h / n, total_hours - saves_h
+    line = (f"checkpoint saves are {saves_h / total_hours:.0%} of the bill: {n} saves, one every {save_steps:,} "
+            f"steps, ~{saves_h:.1f} h, ~${saves_h * price:,.2f}")
+    for k in SAVE_FACTORS:
+        m = steps // (save_steps * k)
+        if m * each / (rest + m * each) <= SAVE_SHARE_NOTE:
+            return (f"{line}; train.checkpoints.save_steps: {save_steps * k} would make it {m} saves, "
+                    f"~{m * each:.1f} h, ~${m * each * price:,.2f} (a longer interval loses more work "
+                    "when the run fails)")
+    return f"{line}; raise train.checkpoints.save_steps"

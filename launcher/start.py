@@ -79,6 +79,10 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         raise BackendError("--backend ssh needs --host user@host[:port]")
     if backend == "local":
         _require_training_extras()
+    if backend == "skypilot" and not dry_run and not p.cluster.is_local:
+        from .backends.skypilot import check_credentials_here
+
+        check_credentials_here(p)  # no credentials: said now, before seconds of planning and an API server
     run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse, explicit_new=force_new,
                               reserve=not dry_run)
     entry = experiment.check_resume(run, p, profile, new_sets, allow) if resuming else \

@@ -140,6 +140,8 @@ def print_plan(p, plan) -> None:
         console().print(f"[red]✗ {esc(plan.budget_note)}[/]")
     if plan.spot_note:
         console().print(f"[yellow]![/] {esc(plan.spot_note)}")
+    if plan.save_note:
+        console().print(f"[yellow]![/] {esc(plan.save_note)}")
     for line in plan_warnings(plan):
         console().print(f"[yellow]![/] {line}", soft_wrap=True)
     hints(f"launch up {p.name}")
@@ -191,7 +193,7 @@ def print_profiles(as_json: bool) -> None:
     for name in profile_names():
         try:
             p = load_profile(name)
-            pl = plan_profile(p, compare_layouts=False)
+            pl = plan_profile(p, compare_layouts=False, twin=False)  # the table shows no spot/on-demand twin
             monthly = [s["usd_per_month"] for s in pl.storage if s["usd_per_month"] is not None]
             rows.append({"profile": name, "accelerators": p.cluster.accelerators_label,
                          "nodes": p.cluster.num_nodes, "spot": p.cluster.use_spot,

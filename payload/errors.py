@@ -81,6 +81,18 @@ def is_transient(exc: BaseException) -> bool:
     return "NCCL" in text and "out of memory" not in text.lower()
 
 
+def edge_error(message: str, exc: BaseException) -> PayloadError:
+    """The one-line error for a failure at a network edge (a Hub dataset, a model download): a
+    TransientError (exit 75, retried) when `exc` or a cause of it is the network's, else a
+    PayloadError (exit 2: the input is wrong). `message` says what failed and the fix either way."""
+    seen, e = 0, exc
+    while e is not None and seen < 10:
+        if is_transient(e):
+            return TransientError(f"{message} (network: retried on a fresh machine)")
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return PayloadError(message)
+
+
 def exit_code_for(exc: BaseException) -> int:
     """The exit code a stage ends with for `exc`: a PayloadError's own, 143 for an interrupt,
     75 for a transient failure (anywhere in the cause chain), 1 for anything else (a crash)."""

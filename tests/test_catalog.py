@@ -86,3 +86,38 @@ def test_storage_prices_are_cited():
     assert price == 0.07 and "runpod" in source
     assert storage_price("k8s-pvc")[0] is None
     assert storage_price("nfs")[0] is None
+
+
+KEPT = """
+import json, sys
+from launcher.catalog import optimize
+from launcher.profile import load_profile
+p = load_profile("sonia-h100")
+twin = p.model_copy(update={"cluster": p.cluster.model_copy(update={"accelerators": "H100-SXM:1"})})
+print(json.dumps({"choice": optimize(p).__dict__, "sky": "sky" in sys.modules,
+                  "other": None if len(sys.argv) < 2 else optimize(twin).__dict__, "sky_after": "sky" in sys.modules}))
+"""
+
+
+def test_the_optimizers_answer_is_kept_so_a_later_plan_imports_no_skypilot(tmp_path):
+    """Issue 32 item 13: SkyPilot's import (~1.7 s) and optimizer (~0.9 s) were most of every `launch plan`.
+    The answer is a function of the task, the snapshot and SkyPilot's version; a later process reuses it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LAUNCH_HOME": str(tmp_path / "lh"), "HOME": str(tmp_path)}
+    env.pop("SKY_RUNTIME_DIR", None)
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-c", KEPT, *args], env=env, capture_output=True, text=True,
+                              timeout=120, check=True)
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first = run()
+    assert first["sky"] and first["choice"]["instance_type"] == "2x_H100-SXM_SECURE"
+    again = run("other")  # the same task: answered from what the first kept, SkyPilot not imported
+    assert again["choice"] == first["choice"] and not again["sky"]
+    assert again["other"]["accelerators"] == "H100-SXM:1" and again["sky_after"]  # another task: optimizer
+    assert (tmp_path / "lh" / "sky-offline" / "optimizer-answers.json").exists()

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from launcher.cli import cli
 from launcher.plan import estimate_data, plan_profile, train_tokens
-from launcher.profile import load_profile, profile_names
+from launcher.profile import REPO_ROOT as REPO, load_profile, profile_names
 from launcher.speed_model import estimate
 
 
@@ -83,12 +83,48 @@ def test_spot_without_a_discount_says_on_demand_is_cheaper_each_with_its_own_hou
     assert t4.spot_note is None and t4.alternative["total_usd"] > t4.total_usd
 
 
-def test_over_budget_plan_is_said_in_red():
-    """qwen3-32b-4x4-a100 on runbook 004's data size plans over its $600 cap: a `✗` line (red)."""
-    r = CliRunner().invoke(cli, ["plan", "qwen3-32b-4x4-a100"], terminal_width=80)
+def qwen3_with(tmp_path, max_usd=None, save_steps=None):
+    """qwen3-32b-4x4-a100 as it shipped before issue 32 ($600 cap, a save every 200 steps), by path."""
+    import yaml
+
+    d = yaml.safe_load((REPO / "clusters/qwen3-32b-4x4-a100.yaml").read_text())
+    if max_usd is not None:
+        d["budget"]["max_usd"] = max_usd
+    if save_steps is not None:
+        d["train"]["checkpoints"]["save_steps"] = save_steps
+    (tmp_path / "qwen3.yaml").write_text(yaml.safe_dump(d))
+    return tmp_path / "qwen3.yaml"
+
+
+def test_over_budget_plan_is_said_in_red(tmp_path):
+    """qwen3-32b-4x4-a100 on runbook 004's data size over a $600 cap: a `✗` line (red)."""
+    r = CliRunner().invoke(cli, ["plan", str(qwen3_with(tmp_path, max_usd=600))], terminal_width=80)
     assert r.exit_code == 0, r.output
     out = " ".join(r.output.split())
     assert re.search(r"✗ planned ~\$1,[0-9,.]+ \(range \$[0-9,.]+-\$[0-9,.]+\) is over the budget cap \$600.00", out)
+
+
+def test_the_shipped_qwen3_profile_fits_its_own_cap_and_runbook_004(plans):
+    """Issue 32: it planned $1,197-2,415 against its own $600 cap, 7.3 of ~24 h being 23 checkpoint saves.
+    Runbook 004: 18-24 h for 3 epochs; the cap is its 24 h at the plan's price, saves a small share."""
+    q = plans["qwen3-32b-4x4-a100"]
+    assert q.budget_note is None and q.save_note is None
+    assert q.budget_usd >= 24 * q.price_per_hour and q.budget_usd < 25 * q.price_per_hour
+    assert contains(q.ranges["hours"], 18) and contains(q.ranges["hours"], 24)
+    saves = next(ph for ph in q.phases if ph["name"] == "checkpoint saves")
+    assert saves["hours"] / q.total_hours < 0.10 and saves["source"].startswith("4 x ")
+
+
+def test_plan_says_what_a_save_cadence_costs_when_saves_are_a_large_share(tmp_path):
+    r = CliRunner().invoke(cli, ["plan", str(qwen3_with(tmp_path, save_steps=200))], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    m = re.search(r"! checkpoint saves are (\d+)% of the bill: 23 saves, one every 200 steps, ~7.3 h, ~\$([0-9,.]+); "
+                  r"train.checkpoints.save_steps: 1000 would make it 4 saves, ~1.3 h, ~\$([0-9,.]+)", out)
+    assert m, out
+    assert int(m.group(1)) > 25 and float(m.group(2).replace(",", "")) > 5 * float(m.group(3).replace(",", ""))
+    as_json = json.loads(CliRunner().invoke(cli, ["plan", str(qwen3_with(tmp_path, save_steps=200)), "--json"]).stdout)
+    assert as_json["save_note"].startswith("checkpoint saves are")
 
 
 
@@ -206,6 +242,7 @@ def test_up_asks_before_starting_a_run_planned_over_its_cap(monkeypatch):
     from launcher.budget_gate import confirm_over_budget
 
     p = load_profile("qwen3-32b-4x4-a100")
+    p = p.model_copy(update={"budget": p.budget.model_copy(update={"max_usd": 600.0})})  # plans ~$1.16k
     asked = []
     monkeypatch.setattr(click, "confirm", lambda q, **kw: asked.append(q) or False)
     with pytest.raises(PlanError, match="not started: the plan is over the budget cap"):

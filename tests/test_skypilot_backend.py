@@ -199,7 +199,8 @@ def test_no_credentials_says_what_to_run_and_launches_nothing(fake):
         sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-3"))
     msg = str(e.value)
     assert "\n" not in msg
-    assert "sky check runpod" in msg and "RUNPOD_API_KEY" in msg and "~/.runpod/config.toml" in msg
+    # SkyPilot 0.14's check reads ~/.runpod/config.toml only (RUNPOD_API_KEY alone fails it): `runpod config`
+    assert "sky check runpod" in msg and "`runpod config`" in msg and "~/.runpod/config.toml" in msg
     assert "--backend local|ssh" in msg
     # The server's list is a cache: SkyPilot's own check ran once before "no credentials" was said.
     assert fake.names() == ["enabled_clouds", "get", "check", "get", "enabled_clouds", "get"]
@@ -483,6 +484,7 @@ def test_cluster_status_bills_while_the_cluster_exists(fake):
     ([], [4242], None, "; stopped the local SkyPilot API server this command started"),
     ([], [4242], RuntimeError("busy"), "still runs (~1.2 GB, pid 4242): stop it with `sky api stop`"),
     ([77], [77], None, None),  # it was running before: not ours to stop
+    ([77], [78], None, "; stopped the local SkyPilot API server this command started"),  # ours beside it
     (None, None, None, None),  # a remote API server
 ])
 def test_a_failed_up_stops_the_api_server_it_started(fake, monkeypatch, before, after, api_stop, expect):
@@ -494,6 +496,10 @@ def test_a_failed_up_stops_the_api_server_it_started(fake, monkeypatch, before, 
         return next(pids)
 
     monkeypatch.setattr(control, "local_api_server_pids", server_pids)
+    from sky.utils import subprocess_utils
+
+    killed = []
+    monkeypatch.setattr(subprocess_utils, "kill_children_processes", lambda parent_pids, force: killed.extend(parent_pids))
     if api_stop:
         monkeypatch.setattr(sky, "api_stop", lambda: (_ for _ in ()).throw(api_stop))
     fake.results["enabled_clouds"] = []
@@ -505,7 +511,8 @@ def test_a_failed_up_stops_the_api_server_it_started(fake, monkeypatch, before, 
         assert msg.endswith(expect)
     else:
         assert "API server" not in msg
-    assert ("api_stop" in fake.names()) is (expect is not None and api_stop is None)
+    assert ("api_stop" in fake.names()) is (expect is not None and api_stop is None and not before)
+    assert killed == ([78] if before == [77] and after == [78] else [])  # only ours, by pid: 77 is not
     if before == []:  # only a server started from this process counts as this command's
         assert asked[0] is None and asked[1].startswith(f"{os.getpid()}-")
     assert control.ORIGIN_ENV not in os.environ  # the tag lasts as long as the launch

@@ -16,7 +16,7 @@ import io
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -119,24 +119,102 @@ class Choice:
         return round(self.node_price_per_hour * self.num_nodes, 4)
 
 
-def task_from_profile(p, use_spot: Optional[bool] = None):
-    """A sky.Task built from the rendered task YAML (SkyPilot's own parser)."""
-    import yaml
-
+def planning_task(p, use_spot: Optional[bool] = None) -> dict:
+    """The rendered task as the optimizer gets it (no workdir: planning uploads nothing)."""
     from ..render import task_dict
 
-    sky = import_sky_offline()
     d = task_dict(p, 0.0)
     if use_spot is not None:
         d["resources"]["use_spot"] = use_spot
         if not use_spot:
             d["resources"].pop("job_recovery", None)
-    d.pop("workdir", None)  # planning does not upload anything
-    return sky.Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(d)))
+    d.pop("workdir", None)
+    return d
+
+
+def task_from_profile(p, use_spot: Optional[bool] = None):
+    """A sky.Task built from the rendered task YAML (SkyPilot's own parser)."""
+    import yaml
+
+    sky = import_sky_offline()
+    return sky.Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(planning_task(p, use_spot))))
+
+
+# The optimizer's answer is a function of the task, the snapshot and SkyPilot's version: kept in this
+# process and in the offline runtime dir, so a later `launch plan`/`profiles`/`up` of an unchanged
+# task neither runs the optimizer nor imports SkyPilot (~1.7 s of the ~3 s of a plan).
+OPTIMIZER_CACHE = "optimizer-answers.json"
+CACHE_ENTRIES = 256
+_OPTIMIZED: dict[str, dict] = {}
+
+
+@functools.cache
+def _snapshot_key() -> str:
+    import hashlib
+    from importlib.metadata import version
+
+    h = hashlib.sha256(version("skypilot").encode())
+    for f in sorted(SNAPSHOT.rglob("*.csv")):
+        h.update(f.relative_to(SNAPSHOT).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def _answer_key(p, use_spot: Optional[bool]) -> str:
+    import hashlib
+
+    task = json.dumps(planning_task(p, use_spot), sort_keys=True, default=str)
+    return hashlib.sha256(f"{_snapshot_key()}\0{task}".encode()).hexdigest()[:32]
 
 
 def optimize(p, use_spot: Optional[bool] = None) -> Choice:
-    """Run SkyPilot's optimizer on the profile's task; raises PlanError with SkyPilot's reason."""
+    """Run SkyPilot's optimizer on the profile's task; raises PlanError with SkyPilot's reason. Once
+    per task: the answer is kept (see OPTIMIZER_CACHE) for this process and later ones."""
+    key = _answer_key(p, use_spot)
+    path = offline_runtime_dir() / OPTIMIZER_CACHE
+    if key not in _OPTIMIZED:
+        _OPTIMIZED.update(_read_answers(path))
+    if key not in _OPTIMIZED:
+        try:
+            _OPTIMIZED[key] = asdict(_optimize(p, use_spot))
+        except PlanError as e:
+            _OPTIMIZED[key] = {"error": str(e)}
+        _write_answers(path, key, _OPTIMIZED[key])
+    answer = _OPTIMIZED[key]
+    if "error" in answer:
+        raise PlanError(answer["error"])
+    return Choice(**answer)
+
+
+def _cached(p, use_spot: Optional[bool] = None) -> bool:
+    key = _answer_key(p, use_spot)
+    return key in _OPTIMIZED or key in _read_answers(offline_runtime_dir() / OPTIMIZER_CACHE)
+
+
+def _read_answers(path: Path) -> dict:
+    try:
+        answers = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return answers if isinstance(answers, dict) else {}
+
+
+def _write_answers(path: Path, key: str, answer: dict) -> None:
+    """Add one answer (atomically: other launch processes may read or write beside this one)."""
+    import tempfile
+
+    answers = {**_read_answers(path), key: answer}
+    answers = dict(list(answers.items())[-CACHE_ENTRIES:])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(answers, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache: the next process runs the optimizer again
+
+
+def _optimize(p, use_spot: Optional[bool]) -> Choice:
     sky = import_sky_offline()
     from sky import exceptions, optimizer
 
@@ -155,6 +233,46 @@ def optimize(p, use_spot: Optional[bool] = None) -> Choice:
     return Choice(cloud=str(r.cloud), instance_type=r.instance_type, region=r.region,
                   accelerators=chosen or p.cluster.accelerators_label, num_nodes=p.cluster.num_nodes,
                   use_spot=bool(r.use_spot), node_price_per_hour=round(r.get_cost(3600), 4))
+
+
+def fallback_choice(p) -> Choice:
+    """What the plan assumes when the snapshot has no instance for the profile: its own price."""
+    return Choice(cloud=",".join(p.cluster.infra_list), instance_type="(not in the catalog snapshot)",
+                  region=p.cluster.region, accelerators=p.cluster.accelerators_label,
+                  num_nodes=p.cluster.num_nodes, use_spot=p.cluster.use_spot,
+                  node_price_per_hour=p.budget.price_per_hour / p.cluster.num_nodes)
+
+
+_CHOICES: dict[str, Choice] = {}  # profile JSON -> the optimizer's answer (the snapshot is fixed)
+CHILD_TIMEOUT_S = 120
+
+
+def choice_apart(p) -> Choice:
+    """SkyPilot's optimizer on the snapshot for a process that goes on to use the SDK (`launch up`):
+    run in a child process, since `import_sky_offline()` points SKY_RUNTIME_DIR at launch's offline
+    dir and seeds fake enabled clouds there, which must reach neither an SDK call (a local API server
+    would start against them) nor ~/.sky. In this process only when it already is the offline
+    planner. Once per profile per process: the price, an any_of pick and the budget gate share it.
+    Raises PlanError with SkyPilot's reason (no instance fits), RuntimeError when the child failed."""
+    import subprocess
+    import sys
+
+    key = p.model_dump_json()
+    if key in _CHOICES:
+        return _CHOICES[key]
+    offline_here = "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir())
+    if offline_here or _cached(p):  # a kept answer needs no SkyPilot import: no child either
+        _CHOICES[key] = optimize(p)
+        return _CHOICES[key]
+    done = subprocess.run([sys.executable, "-m", "launcher.catalog.child"], input=key, text=True,
+                          capture_output=True, timeout=CHILD_TIMEOUT_S, cwd=HERE.parent.parent)
+    answer = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+    if answer is None:
+        raise RuntimeError(done.stderr.strip()[-300:] or f"the optimizer's process exited {done.returncode}")
+    if "error" in answer:
+        raise PlanError(answer["error"])
+    _CHOICES[key] = Choice(**answer)
+    return _CHOICES[key]
 
 
 def catalog_price(p) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from payload.config import SourceConfig
-from payload.errors import PayloadError
+from payload.errors import PayloadError, edge_error
 
 from .images import ImageChecker, ImageContext, file_digest
 from .records import RecordError, first_required
@@ -464,10 +464,10 @@ def _iter_hf(src: Source) -> Iterator[tuple[Any, Any]]:
         ds = with_retries(f"loading dataset {c.hf_dataset}[{c.hf_split}]", lambda: datasets.load_dataset(
             c.hf_dataset, name=c.hf_config, split=c.hf_split, streaming=True))
     except Exception as e:  # network edge: anything `datasets` raises becomes one line with the fix
-        raise PayloadError(
+        raise edge_error(
             f"{c.name}: cannot load Hugging Face dataset {c.hf_dataset!r} (config {c.hf_config}, split "
             f"{c.hf_split}): {_one_line(e)}; check {src.key}.hf_dataset/hf_config/hf_split, HF_TOKEN for "
-            "private datasets, and network access"
+            "private datasets, and network access", e
         ) from None
     yield from iter_rows(ds, src)
 
@@ -481,8 +481,8 @@ def iter_rows(rows, src: Source) -> Iterator[tuple[str, Any]]:
         except StopIteration:
             return
         except Exception as e:  # network edge, as above
-            raise PayloadError(f"{src.cfg.name}: reading {src.label} failed after row {n}: {_one_line(e)}; "
-                               "retry, or check network access and HF_TOKEN") from None
+            raise edge_error(f"{src.cfg.name}: reading {src.label} failed after row {n}: {_one_line(e)}; "
+                             "retry, or check network access and HF_TOKEN", e) from None
         n += 1
         yield f"row {n}", row
 

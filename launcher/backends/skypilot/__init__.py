@@ -33,13 +33,13 @@ from . import control
 from .files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
 from .price import hourly_price
 from .sdk import (
-    controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
-    nothing_launched, record_field, sdk, volume_record,
+    check_credentials_here, controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records,
+    map_sky_error, nothing_launched, profile_clouds, record_field, sdk, volume_record,
 )
 
 # The backend's public face (the CLI, `launch volumes`, `launch plan` and tests import these from here).
-__all__ = ["SkyPilotBackend", "build_task", "cluster_name", "credentials_message", "hourly_price", "map_sky_error",
-           "merge_status", "record_field", "sdk"]
+__all__ = ["SkyPilotBackend", "build_task", "check_credentials_here", "cluster_name", "credentials_message",
+           "hourly_price", "map_sky_error", "merge_status", "record_field", "sdk"]
 
 _JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "starting", "RUNNING": "running",
                "SUCCEEDED": "completed", "CANCELLED": "stopped"}
@@ -158,8 +158,7 @@ class SkyPilotBackend(Backend):
         """The profile's clouds against the API server's enabled list. That list is a cache (empty on
         a freshly started server until a credential check ran): before saying "no credentials", run
         SkyPilot's check for the profile's clouds once (`sky check CLOUD`) and ask again."""
-        wanted = [i.split("/")[0].lower() for i in p.cluster.infra_list]
-        wanted = ["kubernetes" if w == "k8s" else w for w in wanted]
+        wanted = profile_clouds(p)
 
         def enabled() -> set:
             found = {str(c).lower() for c in sky.get(sky.client.sdk.enabled_clouds()) or []}
@@ -167,7 +166,7 @@ class SkyPilotBackend(Backend):
 
         if any(w in enabled() for w in wanted):
             return
-        sky.get(sky.client.sdk.check(tuple(dict.fromkeys(wanted)), verbose=False))
+        sky.get(sky.client.sdk.check(tuple(wanted), verbose=False))
         if not any(w in enabled() for w in wanted):
             raise BackendError(credentials_message(wanted))
 

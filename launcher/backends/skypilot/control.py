@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from typing import Callable, Iterator, Optional
 
@@ -88,17 +89,22 @@ def marked_process() -> Iterator[str]:
 
 
 def local_api_server_pids(origin: Optional[str] = None) -> Optional[list[int]]:
-    """Pids of this machine's SkyPilot API server processes (only those started inside
-    `marked_process` with tag `origin`, if given); None when the endpoint is remote or unknown."""
+    """Pids of this machine's SkyPilot API server processes on the port this client uses (SkyPilot's
+    SKYPILOT_API_SERVER_LOCAL_PORT, default 46580; only those started inside `marked_process` with
+    tag `origin`, if given); None when the endpoint is remote or unknown."""
     try:
         import psutil
         from sky.server import common as server_common
 
         if not server_common.is_api_server_local():
             return None
-        pids = []
+        port, pids = server_common.get_local_api_server_port(), []
         for proc in psutil.process_iter(["pid", "cmdline"]):
-            if server_common.API_SERVER_CMD not in " ".join(proc.info.get("cmdline") or []):
+            cmdline = " ".join(proc.info.get("cmdline") or [])
+            if server_common.API_SERVER_CMD not in cmdline:
+                continue
+            given = re.search(r"--port[= ](\d+)", cmdline)  # as SkyPilot's own `sky api stop` reads it
+            if (int(given.group(1)) if given else server_common.DEFAULT_SERVER_PORT) != port:
                 continue
             try:
                 if origin is None or proc.environ().get(ORIGIN_ENV) == origin:
@@ -114,16 +120,22 @@ def stop_api_server_we_started(sky, before: Optional[list[int]], origin: str) ->
     """After a failed `launch up`: stop the local API server if this command started it (`before`:
     the servers running when it began; `origin`: this process's mark). Returns what to add to the
     error line ('' when there is nothing to say)."""
-    if before is None or before:
-        return ""  # remote, or one was running before this command: not ours to stop
-    now = local_api_server_pids(origin)
-    if not now:
-        return ""
+    if before is None:
+        return ""  # remote: not ours to stop
+    ours = [pid for pid in local_api_server_pids(origin) or [] if pid not in before]
+    if not ours:
+        return ""  # the one running before this command served it
     try:
-        sky.api_stop()
+        if before:  # another command's server was starting meanwhile and this one started its own too
+            # (seen with two `launch up` at once): stop ours only, `sky api stop` would stop both
+            from sky.utils import subprocess_utils
+
+            subprocess_utils.kill_children_processes(parent_pids=ours, force=True)
+        else:
+            sky.api_stop()
     except Exception:  # noqa: BLE001
         return ("; the local SkyPilot API server this command started still runs (~1.2 GB, pid "
-                f"{now[0]}): stop it with `sky api stop`")
+                f"{ours[0]}): stop it with `sky api stop`")
     return "; stopped the local SkyPilot API server this command started"
 
 

@@ -4,12 +4,6 @@ catalog snapshot, else the profile's own figure."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-
-from ...profile import REPO_ROOT
-
-PRICE_TIMEOUT_S = 120
 
 
 def hourly_price(profile, live: bool = True) -> tuple[float, str]:
@@ -44,37 +38,14 @@ def picked_accelerator(profile) -> str:
     return _catalog_choice(profile)[1]
 
 
-_CHOICES: dict[str, tuple[float, str]] = {}  # profile JSON -> the optimizer's answer (the snapshot is fixed)
-
-
 def _catalog_choice(profile) -> tuple[float, str]:
-    """($/h, accelerator spec taken) from SkyPilot's optimizer on the shipped snapshot, once per
-    profile per process (`launch up` asks for the price and, for a new volume, the pick: one run of
-    the optimizer, seconds each, serves both)."""
-    key = profile.model_dump_json()
-    if key not in _CHOICES:
-        _CHOICES[key] = _optimize(profile)
-    return _CHOICES[key]
+    """($/h, accelerator spec taken) from SkyPilot's optimizer on the shipped snapshot, in a child
+    process (this one goes on to use the SDK) and once per profile per process: `launch up` asks for
+    the price, for a new volume the pick, and the budget gate plans with the same answer."""
+    from ...catalog import choice_apart
 
-
-def _optimize(profile) -> tuple[float, str]:
-    """The optimizer, in a child process unless this one already imported `sky` for offline
-    planning: `import_sky_offline()` points SKY_RUNTIME_DIR at launch's offline dir and seeds its
-    enabled-clouds cache, which must not reach a process that goes on to use the SDK (a local API
-    server would start there), nor ~/.sky when `sky` is imported normally."""
-    from ...catalog import offline_runtime_dir, optimize
-
-    if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
-        choice = optimize(profile)
-        return choice.price_per_hour, choice.accelerators
-    code = ("import json, sys; from launcher.catalog import optimize; from launcher.profile import Profile; "
-            "c = optimize(Profile.model_validate(json.load(sys.stdin))); print(c.price_per_hour, c.accelerators)")
-    done = subprocess.run([sys.executable, "-c", code], input=profile.model_dump_json(), text=True,
-                          capture_output=True, timeout=PRICE_TIMEOUT_S, cwd=REPO_ROOT)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr.strip()[-300:])
-    price, accelerators = done.stdout.splitlines()[-1].split()
-    return float(price), accelerators
+    choice = choice_apart(profile)
+    return choice.price_per_hour, choice.accelerators
 
 
 def _runpod_api_price(profile, accelerator: str) -> float:

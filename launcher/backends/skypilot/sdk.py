@@ -21,11 +21,12 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import Optional
 
 from ...errors import BackendError
 
-_CREDENTIALS_HINT = {
-    "runpod": "set RUNPOD_API_KEY (or ~/.runpod/config.toml) and run `sky check runpod`",
+_CREDENTIALS_HINT = {  # SkyPilot 0.14 reads RunPod's key from ~/.runpod/config.toml only, not RUNPOD_API_KEY
+    "runpod": "run `runpod config` (it writes ~/.runpod/config.toml), then `sky check runpod`",
     "azure": "run `az login`, then `sky check azure`",
     "kubernetes": "point ~/.kube/config at your cluster, then `sky check kubernetes`",
 }
@@ -115,10 +116,56 @@ def controller_gone(e: BaseException) -> bool:
     return isinstance(e, ex.ClusterNotUpError) and status != "INIT"
 
 
-def credentials_message(clouds) -> str:
-    hints = "; ".join(f"{c}: {_CREDENTIALS_HINT.get(c, f'run `sky check {c}`')}" for c in clouds)
+def credentials_message(clouds, reasons: Optional[dict] = None) -> str:
+    """One line: no credentials for `clouds`, SkyPilot's reason for each where known, and the fix."""
+    reasons = reasons or {}
+    hints = "; ".join(f"{c}: {reasons[c] + '. Fix: ' if reasons.get(c) else ''}"
+                      f"{_CREDENTIALS_HINT.get(c, f'run `sky check {c}`')}" for c in clouds)
     return (f"SkyPilot has no usable credentials for {', '.join(clouds)} ({hints}); "
             "or run without SkyPilot: `launch up PROFILE --backend local|ssh`")
+
+
+def profile_clouds(p) -> list[str]:
+    """The clouds a profile may run on, as SkyPilot names them (`k8s` is `kubernetes`)."""
+    wanted = [i.split("/")[0].lower() for i in p.cluster.infra_list]
+    return list(dict.fromkeys("kubernetes" if w == "k8s" else w for w in wanted))
+
+
+def check_credentials_here(p) -> None:
+    """Before `launch up` plans and starts a local SkyPilot API server (seconds, ~1.2 GB) for a user
+    with no credentials: SkyPilot's own credential check of the profile's clouds, in this process.
+    Only where the API server is local, not running yet and may be started (SkyPilot's
+    SKYPILOT_DISABLE_LOCAL_API_SERVER unset): the server this command would start inherits this HOME
+    and environment and runs the same check. Raises BackendError (the credentials line with
+    SkyPilot's reason) when none of the clouds is usable; passes when one is or when the check itself
+    cannot run here (the server's check then decides, as before)."""
+    from . import control
+
+    try:
+        from sky import clouds as sky_clouds
+        from sky.utils import env_options, registry
+
+        if env_options.Options.DISABLE_LOCAL_API_SERVER.get() or control.local_api_server_pids() != []:
+            return  # no server would be started, a remote endpoint, or a running server: its view counts
+        reasons = {}
+        for name in profile_clouds(p):
+            ok, reason = registry.CLOUD_REGISTRY.from_str(name).check_credentials(
+                sky_clouds.CloudCapability.COMPUTE)
+            if ok:
+                return
+            text = reason if isinstance(reason, str) else "; ".join(f"{k}: {v}" for k, v in (reason or {}).items())
+            reasons[name] = _reason(text)
+    except Exception:  # noqa: BLE001 - the check could not run here; the API server's check decides
+        return
+    raise BackendError(credentials_message(list(reasons), reasons))
+
+
+def _reason(text: str) -> str:
+    """SkyPilot's reason in a clause: its first line, less a closing "Run the following commands:"
+    (the hint says what to run) and a requests error's "(Caused by ...)" chain."""
+    line = re.sub(r"\s*\(Caused by .*$", "", first_line(Exception(text or "not enabled")))
+    line = re.sub(r"(?<=\.)\s[^.]*:$", "", line)
+    return line if line.endswith("...") else line.rstrip(".")
 
 
 # (SkyPilot exception class names, message; {what} is the exception's first line)
@@ -148,7 +195,7 @@ def map_sky_error(e: BaseException, profile=None) -> BackendError:
     c = getattr(profile, "cluster", None)
     spec = f"{c.accelerators_label} x{c.num_nodes} on {', '.join(c.infra_list)}" if c else "the request"
     if isinstance(e, (ex.NoCloudAccessError, ex.InvalidCloudCredentials, ex.CloudUserIdentityError)):
-        return BackendError(credentials_message([i.split("/")[0] for i in c.infra_list] if c else ["runpod"]))
+        return BackendError(credentials_message(profile_clouds(profile) if c else ["runpod"]))
     if isinstance(e, ex.ApiServerConnectionError) or "no skypilot api server" in low:
         return BackendError("cannot reach a SkyPilot API server: start one with `sky api start` (or "
                             "`sky api login -e URL`) and retry; `--backend local|ssh` need none")
