@@ -39,7 +39,9 @@ def load_model(cfg, spec: dict):
     from payload import modeling
 
     dtype = modeling.resolve_dtype(cfg.model)
-    kw = {"dtype": dtype, "attn_implementation": cfg.model.attn_implementation[0]}
+    attn = cfg.model.attn_implementation
+    # the runbooks' recipe is sdpa; a mode that leaves the kernel to the payload (`auto`) is held to that
+    kw = {"dtype": dtype, "attn_implementation": "sdpa" if isinstance(attn, str) else attn[0]}
     if cfg.train.method == "qlora":
         kw["quantization_config"] = modeling.quantization_config(cfg.train.quantization)
     model = modeling.auto_class(cfg.model.kind).from_pretrained(cfg.model.name_or_path, **kw)

@@ -47,8 +47,9 @@ MODES = [
      "dtype": "bfloat16", "packing": True, "cuda": True, "baseline_of": "lora-bf16-sdpa"},
     {"name": "qlora-4bit", "shape": "qwen3-8b", "method": "qlora", "attn": "sdpa", "dtype": "bfloat16",
      "packing": True, "cuda": True, "needs": ["bitsandbytes"]},
-    # Sonia's path: a vision-language model, LoRA on the language layers; TRL packs no VL dataset
-    {"name": "lora-bf16-vl", "shape": "qwen3-vl-2b", "method": "lora", "attn": "sdpa", "dtype": "bfloat16",
+    # Sonia's path: a vision-language model, LoRA on the language layers, text records: padding-free
+    # by default, the attention kernel the payload's choice (as the profile's `auto`)
+    {"name": "lora-bf16-vl", "shape": "qwen3-vl-2b", "method": "lora", "attn": None, "dtype": "bfloat16",
      "packing": False, "cuda": False},
     {"name": "full-zero3", "shape": "qwen3-vl-2b", "method": "full", "attn": "sdpa", "dtype": "bfloat16",
      "packing": False, "cuda": True, "needs": ["deepspeed"], "deepspeed": True},
