@@ -140,12 +140,15 @@ def test_a_skypilot_session_stops_the_api_server_it_started_and_keeps_stdout_cle
     logger = logging.getLogger("sky")
     handler = logging.StreamHandler(sys.stdout)  # where SkyPilot's handler writes
     logger.addHandler(handler)
+    level = logger.level  # offline planning in this process (another test) quiets SkyPilot to ERROR
+    logger.setLevel(logging.INFO)
     try:
         with volumes._sky_session() as sky:
             assert sky is fake_sky
             logger.warning("\x1b[32m✓ SkyPilot API server started. \x1b[0m")
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
     out = capsys.readouterr()
     assert stops == [True] and out.out == ""
     assert "✓ SkyPilot API server started." in out.err and "\x1b" not in out.err
