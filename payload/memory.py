@@ -16,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from payload.attention import Machine, batch_kind, listed, order
+
 GIB = 2**30
 
 
@@ -143,12 +145,16 @@ class Kernels:
     kbit_upcast: bool = False  # qlora prepared by peft's prepare_model_for_kbit_training (payload before 2026-11-26)
 
 
-def kernels_of(cfg, **given) -> Kernels:
-    """Kernels from the config: the first listed attention, Liger only when `true` (`auto` is decided
-    on the GPU: off counts more memory), padding-free when packing (or `train.padding_free: true`)."""
+def kernels_of(cfg, machine=None, **given) -> Kernels:
+    """Kernels from the config: the first listed attention, or for `auto` the first `attention.order`
+    gives on `machine` (default: a CUDA GPU with flash-attn, which setup installs), Liger only when
+    `true` (`auto` is decided on the GPU: off counts more memory), padding-free when packing (or
+    `train.padding_free: true`)."""
     t = cfg.train
     free = bool(t.packing) or getattr(t, "padding_free", False) is True
-    base = dict(attention=cfg.model.attn_implementation[0], liger=t.liger is True, padding_free=free)
+    attn = (listed(cfg) or [order(batch_kind(bool(t.packing), free),
+                                  machine or Machine(cuda=True, flash_attn=True))[0][0]])[0]
+    base = dict(attention=attn, liger=t.liger is True, padding_free=free)
     return Kernels(**{**base, **{k: v for k, v in given.items() if v is not None}})
 
 
@@ -230,7 +236,7 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
 
 
 def estimate_stage_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int,
-                             dims: Optional[ModelDims] = None) -> dict:
+                             dims: Optional[ModelDims] = None, kernels: Optional[Kernels] = None) -> dict:
     """`estimate_gpu_memory_gb` for one stage of a run with `stages:` (payload/stage_config.py); an SFT
     stage or a config without stages is estimated as it is.
 
@@ -246,14 +252,14 @@ def estimate_stage_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int,
     """
     stage = getattr(cfg, "stage", None)
     if stage is None or stage.kind == "sft":
-        return estimate_gpu_memory_gb(cfg, gpu_mem_gb, num_gpus, dims)
+        return estimate_gpu_memory_gb(cfg, gpu_mem_gb, num_gpus, dims, kernels=kernels)
     dims = dims or dims_from_name(cfg.model.name_or_path)
     if dims is None:
         return {"known": False, "detail": f"unknown size of `{cfg.model.name_or_path}`"}
     t = cfg.train
     batch = t.per_device_batch_size * (2 if stage.kind == "dpo" else 1)
     sized = cfg.model_copy(update={"train": t.model_copy(update={"per_device_batch_size": batch})})
-    est = estimate_gpu_memory_gb(sized, gpu_mem_gb, num_gpus, dims)
+    est = estimate_gpu_memory_gb(sized, gpu_mem_gb, num_gpus, dims, kernels=kernels)
     extra = {}
     trainable = lora_trainable_params(cfg, dims) if t.method != "full" else 0
     if stage.kind == "dpo" or stage.grpo.beta > 0:

@@ -149,6 +149,8 @@ def test_local_demo_passes_and_reports_the_estimate(tmp_path, caplog):
     assert all(c["status"] == "ok" for c in checks.values()), summary["checks"]
     assert summary["memory"]["known"] and summary["memory"]["total_gb"] < 3
     assert "GiB per GPU x 1" in checks["gpu_memory"]["detail"] and "OK   gpu_memory" in caplog.text
+    # attn_implementation `auto` is named as the kernel it loads here (no CUDA GPU: sdpa), not its first letter
+    assert "; sdpa, Liger off" in checks["gpu_memory"]["detail"], checks["gpu_memory"]["detail"]
     assert not list((tmp_path / "runs" / "t").glob(".preflight-*"))  # the probe file is removed
 
 

@@ -9,13 +9,14 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from payload import layout
+from payload import attention, layout
 from payload.memory import (
     GIB,
     ModelDims,
     dims_from_config,
     dims_from_name,
     estimate_stage_memory_gb,
+    kernels_of,
     lora_trainable_params,
 )
 from payload.preflight.base import DATA_SUFFIXES, PUBLIC_ORGS, TOKEN_FIX, Check, repo_id_problem
@@ -235,7 +236,9 @@ def check_versions(cfg) -> Check:
 
 def check_gpu_memory(cfg, dims: Optional[ModelDims], env) -> tuple[Check, dict]:
     mem, n, source = gpu_info(env)
-    est = estimate_stage_memory_gb(cfg, mem, n, dims=dims) if dims else {"known": False}
+    # the attention `auto` loads on this node (sdpa without a CUDA GPU of compute capability 8.0+)
+    kernels = kernels_of(cfg, machine=attention.this_machine()) if dims else None
+    est = estimate_stage_memory_gb(cfg, mem, n, dims=dims, kernels=kernels) if dims else {"known": False}
     if not est.get("known"):
         return Check("gpu_memory", "warn", f"model size unknown for `{cfg.model.name_or_path}`: not estimated"), est
     comps = ", ".join(f"{k} {v:g}" for k, v in est["components_gb"].items())
