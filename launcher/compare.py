@@ -146,7 +146,7 @@ def table_rows(rows: list[dict], diff: dict) -> list[dict]:
     for key in dict.fromkeys(r["metric"]["key"] for r in rows if r["metric"] and r["metric"]["key"] != "eval_loss"):
         out.append(line(f"best {key}", lambda r, k=key: _fmt(r["metric"]["value"]) if r["metric"] and
                         r["metric"]["key"] == k else "-"))
-    out.append(line("tokens/s", lambda r: _fmt(r["tokens_per_s"])))
+    out.append(line("tokens/s", lambda r: "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"))
     out.append(line("billed time", lambda r: duration(r["hours"] * 3600)))
     out.append(line("$ spent", lambda r: money(r["cost_usd"])))
     return out

@@ -223,3 +223,14 @@ def test_compare_shows_a_data_file_whose_content_differs():
     assert differing(rows) == {}
     table = {t[""]: t for t in table_rows(rows, {})}
     assert table["data demo-chat"]["r1"] == "a" * 12 and table["data demo-chat"]["r2"] == "b" * 12
+
+
+def test_compare_shows_tokens_per_second_as_whole_numbers_never_in_exponent_form():
+    from launcher.compare import table_rows
+
+    rows = [{"id": rid, "profile": "local-demo", "state": "completed", "commit": "c" * 40, "dirty": False,
+             "data_sha256": {}, "steps": 1, "final_eval_loss": None, "best_eval_loss": None, "metric": None,
+             "tokens_per_s": tps, "hours": 0.0, "cost_usd": 0.0, "config": {}}
+            for rid, tps in (("r1", 7988.2), ("r2", 10840.4), ("r3", None))]
+    table = {t[""]: t for t in table_rows(rows, {})}
+    assert [table["tokens/s"][r] for r in ("r1", "r2", "r3")] == ["7,988", "10,840", "-"]  # was 1.084e+04
