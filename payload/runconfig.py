@@ -15,6 +15,7 @@ plain `sky jobs launch` gets the same protection. Every accepted change is appen
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -55,6 +56,16 @@ def changes_math(key: str) -> bool:
     if matches(key, CADENCE_KEYS):
         return False
     return parts[0] in MATH_SECTIONS or matches(key, MATH_KEYS)
+
+
+def math_hash(cfg) -> str:
+    """Hash of the keys that change what a run computes (`changes_math`; cadence keys such as
+    train.max_steps left out), with the stage it trains: a checkpoint records it, so resuming with
+    more steps is not "a different config"."""
+    flat = {k: v for k, v in flatten(cfg.model_dump(mode="json")).items() if changes_math(k)}
+    stage = cfg.stage_info() if hasattr(cfg, "stage_info") else None
+    body = json.dumps({"config": flat, "stage": stage}, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:12]
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -347,9 +347,12 @@ def load_checkpoint(run: Run) -> None:
     dropped = observe.truncate_metrics(run.run_dir / layout.METRICS, step)
     if run.resume:
         marker = ck.read_marker(run.resume)
-        if marker.get("config_hash") not in (None, run.cfg.config_hash()):
-            log.warning("resuming %s, saved with a different config (hash %s, now %s)",
-                        run.resume.name, marker.get("config_hash"), run.cfg.config_hash())
+        # the keys that change the math (a checkpoint saved before math_hash existed: the whole config)
+        key, now = (("math_hash", runconfig.math_hash(run.cfg)) if "math_hash" in marker
+                    else ("config_hash", run.cfg.config_hash()))
+        if marker.get(key) not in (None, now):
+            log.warning("resuming %s, saved with a different config (%s %s, now %s)",
+                        run.resume.name, key, marker.get(key), now)
         log.info("resuming from %s (dropped %d metric lines logged after it)", run.resume.name, dropped)
 
 

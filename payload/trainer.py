@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from payload import checkpoints as ck
-from payload import observe
+from payload import observe, runconfig
 from payload.config import dump_run_config
 from payload.eval_config import best_metric
 
@@ -102,7 +102,8 @@ class LaunchTrainerMixin:
         scores = {k: h[k] for h in self.state.log_history if h.get("step") == step for k in observe.GEN_KEYS
                   if k in h}
         return {**scores, "step": step, "eval_loss": evals[-1] if evals else None, "loss": losses[-1] if losses else None,
-                "epoch": self.state.epoch, "config_hash": run.cfg.config_hash(), "saved_at": observe.now_iso()}
+                "epoch": self.state.epoch, "config_hash": run.cfg.config_hash(),
+                "math_hash": runconfig.math_hash(run.cfg), "saved_at": observe.now_iso()}
 
     def loss_state(self) -> dict:
         """What the Trainer and TRL accumulate between two logs, on this rank: a checkpoint saved

@@ -117,6 +117,9 @@ def test_resume_keeps_the_runs_overrides_and_completes_at_its_max_steps(in_runs_
     assert start["event"] == "start" and "train.max_steps=12" in start["set"]
     assert resume["event"] == "resume" and resume["changes"] == {"train.max_steps": [12, 16]}
     assert resume["set"] == ["train.max_steps=16"] and resume["allowed"] == []
+    # more steps is the fix launch names for a finished run: the checkpoint is not "a different config"
+    log = launch("logs", a).output
+    assert "resuming from checkpoint-" in log and "saved with a different config" not in log, log
 
 
 def test_a_learning_rate_change_on_resume_is_refused_in_one_line(in_runs_home):
