@@ -400,9 +400,11 @@ def print_summary(run, target: Path) -> None:
         s = {}
     c = console()  # the summary comes from the remote machine: every value is printed literally
     c.print(literal("", run.id, ": ", s.get("state", run.state)))
+    loss, eval_loss = (_number(s.get(k, s.get(alt))) for k, alt in (("final_train_loss", "final_loss"),
+                                                                      ("final_eval_loss", "best_eval_loss")))
     c.print(literal("", f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss "
-                        f"{s.get('final_train_loss', s.get('final_loss', '-'))}, eval loss "
-                        f"{s.get('final_eval_loss', s.get('best_eval_loss', '-'))}"))
+                        f"{'-' if loss is None else f'{loss:.4g}'}, eval loss "
+                        f"{'-' if eval_loss is None else f'{eval_loss:.4g}'}"))
     billed_s, billed_usd = run.billed()
     c.print(literal("", f"  {duration(billed_s)} billed, {money(billed_usd)} at {money(run.price_per_hour)}/h "
                         f"({duration(_number(s.get('duration_s')))} and {money(_number(s.get('cost_usd')))} of it "

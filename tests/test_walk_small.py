@@ -207,3 +207,15 @@ def test_readme_shows_what_plan_prints_for_sonia(tmp_path):
     for key in ("GPU memory", "Cost", "Duration", "Training", "Secrets"):
         line = next(ln.rstrip() for ln in r.stdout.splitlines() if ln.strip().startswith(key))
         assert line in readme, line
+
+
+def test_down_prints_the_runs_losses_rounded_like_compare(user_home):
+    rid = "local-demo-20261126-000004"
+    rd = local_run(user_home, rid, "stopped", {"state": "stopped", "exit_code": 0})
+    (rd / "outputs").mkdir()
+    (rd / "outputs" / "training_summary.json").write_text(json.dumps(
+        {"state": "stopped", "global_step": 171, "final_train_loss": 4.332685470581055,
+         "final_eval_loss": 4.493845462799072}))
+    r = launch(user_home, "down", rid, "--fetch-artifacts", "--dest", str(user_home / "art"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "  steps 171, final loss 4.333, eval loss 4.494\n" in r.stdout, r.stdout  # was 4.332685470581055
