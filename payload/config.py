@@ -229,6 +229,8 @@ class RunConfig(Strict):
         env = os.environ if env is None else env
         rt = self.runtime.model_copy()
         if env.get("LAUNCH_VOLUME"):
+            if rt.hf_home == f"{rt.volume}/.hf":  # the volume's model cache moves with it (launcher/render.py)
+                rt.hf_home = f"{env['LAUNCH_VOLUME']}/.hf"
             rt.volume = env["LAUNCH_VOLUME"]
         if env.get("LAUNCH_RUN_ID"):
             rt.run_id = safe_id(env["LAUNCH_RUN_ID"])

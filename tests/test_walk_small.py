@@ -219,3 +219,13 @@ def test_down_prints_the_runs_losses_rounded_like_compare(user_home):
     r = launch(user_home, "down", rid, "--fetch-artifacts", "--dest", str(user_home / "art"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "  steps 171, final loss 4.333, eval loss 4.494\n" in r.stdout, r.stdout  # was 4.332685470581055
+
+
+def test_a_cloud_profile_on_the_local_backend_keeps_its_model_cache_under_launch_home(tmp_path):
+    # the profile's HF_HOME is /workspace/.hf, on its RunPod volume; here the volume is LAUNCH_HOME's
+    r = launch(tmp_path, "up", "well-log-ocr-spot", "--backend", "local", "--follow", env={"HF_HUB_OFFLINE": "1"},
+               timeout=180)
+    out = r.stdout + r.stderr
+    cache = tmp_path / "user-launch-home" / "volumes" / "well-log-ocr-spot" / ".hf"
+    assert f"OK   hf_cache: {cache} writable" in out, out
+    assert "/workspace/.hf" not in out, out

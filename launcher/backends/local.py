@@ -103,6 +103,9 @@ class LocalBackend(Backend):
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             "NUM_NODES": str(num_nodes),
         }
+        task_envs = task.get("envs") or {}
+        if task_envs.get("HF_HOME") == f"{task_envs.get('LAUNCH_VOLUME')}/.hf":  # the volume's model cache moves
+            overrides["HF_HOME"] = str(volume / ".hf")  # with it (a cloud profile's /workspace/.hf is not this machine's)
         env = node_env(task, overrides, rank=0, ips=["127.0.0.1"] * num_nodes, gpus_per_node=0,
                        task_id=run.id)
         env.pop("SKYPILOT_NODE_RANK")  # the driver sets it per node
