@@ -178,7 +178,7 @@ def test_missing_empty_and_malformed_data_all_reported(tmp_path):
     with pytest.raises(PayloadError) as err:
         preflight.main(cfg, env={})
     msg = str(err.value)
-    assert msg.startswith("preflight: 3 check(s) failed")
+    assert msg.startswith("3 check(s) failed")  # the stage runner adds `preflight: ` (once)
     assert "data[gone]: " in msg and "gone.jsonl does not exist; fix `data.sources[].path`" in msg
     assert "data[empty]: " in msg and "empty.jsonl is empty" in msg
     assert "data[hub]: hf_dataset `bad--name/x`: Cannot have -- or .." in msg

@@ -229,3 +229,4 @@ def test_a_cloud_profile_on_the_local_backend_keeps_its_model_cache_under_launch
     cache = tmp_path / "user-launch-home" / "volumes" / "well-log-ocr-spot" / ".hf"
     assert f"OK   hf_cache: {cache} writable" in out, out
     assert "/workspace/.hf" not in out, out
+    assert "preflight: preflight:" not in out, out  # where preflight fails here (no bitsandbytes): named once

@@ -84,7 +84,8 @@ def main(cfg, env=None) -> dict:
         (log.warning if c.status != "ok" else log.info)(c.line())
     failed = [c for c in checks if c.status == "fail"]
     if failed:
-        raise PayloadError(f"preflight: {len(failed)} check(s) failed: " +
+        # the stage runner names the stage (`payload preflight: ...`, the run's reason `preflight: ...`)
+        raise PayloadError(f"{len(failed)} check(s) failed: " +
                            " | ".join(f"{c.name}: {c.detail}" for c in failed))
     return {"stage": "preflight", "ok": True, "warnings": sum(c.status == "warn" for c in checks),
             "checks": [asdict(c) for c in checks], "memory": estimate}
