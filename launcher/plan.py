@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from payload.memory import dims_from_name, estimate_stage_memory_gb, lora_trainable_params
+from payload.memory import dims_from_name, estimate_stage_memory_gb, lora_trainable_params, planned_kernels
 
 from .profile import REPO_ROOT, Profile, total_gpus
 from .render import profile_secrets
@@ -36,8 +36,8 @@ from .storage import checkpoint_gb, disk_needed_gb, model_gb, storage_for
 from . import plan_ranges
 from .calibration import calibrated
 from .speed_model import Throughput, estimate
-from .throughput import (DPO_FACTOR, GPUS, GRPO_TRAIN_FACTOR, cross_node_bytes_per_microstep, decode_steps_per_s,
-                         effective_speed, link_for, model_size_b)
+from .throughput import (DPO_FACTOR, GPUS, GRPO_TRAIN_FACTOR, NO_BF16, cross_node_bytes_per_microstep,
+                         decode_steps_per_s, effective_speed, link_for, model_size_b)
 
 BYTES_PER_TOKEN = 4.0  # ~4 bytes of UTF-8 JSON per token for English chat data (documented guess)
 PROVISION_MIN = {"RunPod": 4.0, "Azure": 8.0, "Kubernetes": 3.0}
@@ -221,8 +221,8 @@ def memory_verdict(p: Profile, stage_cfg=None) -> dict:
         if worst.get("detail") and worst.get("total_gb"):
             worst["detail"] += f", largest in stage {worst['stage']}"
         return worst
-    gpu = GPUS.get(p.cluster.accelerator_name)
-    est = estimate_stage_memory_gb(stage_cfg or p, gpu.memory_gib if gpu else None, total_gpus(p))
+    gpu, cfg, bf16 = GPUS.get(p.cluster.accelerator_name), stage_cfg or p, p.cluster.accelerator_name not in NO_BF16
+    est = estimate_stage_memory_gb(cfg, gpu.memory_gib if gpu else None, total_gpus(p), kernels=planned_kernels(cfg, bf16))
     if not est.get("known"):
         return {"status": "unknown", "detail": est.get("detail", "model size unknown")}
     if gpu is None:

@@ -158,6 +158,12 @@ def kernels_of(cfg, machine=None, **given) -> Kernels:
     return Kernels(**{**base, **{k: v for k, v in given.items() if v is not None}})
 
 
+def planned_kernels(cfg, gpu_has_bf16: bool) -> Kernels:
+    """`kernels_of` for a plan, on the GPU the profile rents with flash-attn installed (setup installs
+    it): a GPU without bf16 (T4, V100: compute capability below 8.0) runs neither flash-attn nor flex."""
+    return kernels_of(cfg, machine=Machine(cuda=True, capability=None if gpu_has_bf16 else (7, 5), flash_attn=True))
+
+
 def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims: Optional[ModelDims] = None,
                            fused_lm_head: bool = True, kernels: Optional[Kernels] = None) -> dict:
     """Peak GPU memory per GPU, in GiB (2**30 bytes, as torch and nvidia-smi count), by component.

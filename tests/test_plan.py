@@ -119,3 +119,14 @@ def test_validate_gives_the_memory_verdict_and_refuses_what_cannot_fit(tmp_path)
     assert r.exit_code == 1
     assert "big.yaml: train: GPU memory" in r.output and "does not fit H100-SXM:2" in r.output
     assert "Traceback" not in r.output
+
+
+def test_the_memory_estimate_assumes_the_attention_the_rented_gpu_can_run():
+    """`model.attn_implementation: auto` on a plan: flash-attn on an H100 (setup installs it), sdpa on a
+    T4 (compute capability 7.5 runs neither flash-attn nor flex), whose mask the estimate then counts."""
+    from payload.memory import planned_kernels
+
+    assert planned_kernels(load_profile("sonia-h100"), gpu_has_bf16=True).attention == "flash_attention_2"
+    t4 = load_profile("spatial-vl-t4")
+    assert t4.model.attn_implementation == "auto"
+    assert planned_kernels(t4, gpu_has_bf16=False).attention == "sdpa"
