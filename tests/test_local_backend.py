@@ -86,8 +86,8 @@ def test_kill_and_resume_matches_uninterrupted_run():
     resumed = launch("up", "local-demo", *QUICK, "--resume", killed)
     assert resumed.exit_code == 0 and f"resumed {killed}" in resumed.output
     d = wait_done(killed)
-    assert d["state"] == "completed"
     data_log = (Path(registry.get(killed).handle["home"]) / "run.log").read_text()
+    assert d["state"] == "completed", f"{d['state']}: {d.get('reason')}\n--- run.log (end)\n{data_log[-6000:]}"
     assert "cached" in data_log.lower()  # data preparation was not redone
     assert data_log.count("launch: setup on node 0") == 2  # the log goes on across the restart
     assert "took over this run's stale lease" in data_log and "is gone" in data_log
