@@ -4,7 +4,7 @@
 
 Trains the local-demo tiny Qwen3 LoRA with a price of $3600/h ($1 per second, so dollars read as
 seconds) and a budget of `--budget-s` dollars. The payload checks the budget after every optimizer
-step (payload.checkpoints.RunControl -> CostTracker.exhausted), saves a checkpoint and stops, so the
+step (payload.volume.checkpoints.RunControl -> CostTracker.exhausted), saves a checkpoint and stops, so the
 overshoot should stay under one logging interval's cost (logging_steps x step time x price), the
 bound the launcher promises. Prints the figures as JSON; exit 1 if the bound is broken.
 """
@@ -26,7 +26,7 @@ PRICE_PER_HOUR = 3600.0  # $1 per second
 def run_until_budget(work: Path, budget_usd: float, logging_steps: int) -> dict:
     import yaml
 
-    import payload.train as train
+    import payload.train.recipe as train
     from payload.config import RunConfig
 
     sys.path.insert(0, str(REPO / "tests"))

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 def tiny_saves(work: Path) -> dict:
     import yaml
 
-    import payload.train as train
+    import payload.train.recipe as train
     from payload.config import RunConfig
 
     data = yaml.safe_load((REPO / "clusters" / "local-demo.yaml").read_text())
@@ -69,9 +69,9 @@ def synthetic(work: Path, nbytes: int) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from payload import checksums
-    from payload.checkpoints import digest_checkpoint, fsync_tree, write_marker
-    from payload.verify import verify_checkpoint
+    from payload.volume import checksums
+    from payload.volume.checkpoints import digest_checkpoint, fsync_tree, write_marker
+    from payload.volume.verify import verify_checkpoint
 
     path = work / "checkpoint-1"
     path.mkdir(parents=True)
@@ -119,7 +119,7 @@ def qwen3_vl_32b_lora_bytes(r: int = 32) -> int:
 
 
 def main() -> None:
-    from payload.checkpoints import young_interval_s
+    from payload.volume.checkpoints import young_interval_s
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rank", type=int, default=32, help="LoRA rank of the 32B checkpoint the synthetic one mimics")

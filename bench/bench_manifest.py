@@ -3,7 +3,7 @@
     python bench/bench_manifest.py [--gb 1.0] [--files 4]
 
 Writes `--files` synthetic safetensors-sized files (random bytes) under a temp run directory's
-outputs/merged/, then times `payload.manifest.build` with 1 and 8 threads (files just written, so
+outputs/merged/, then times `payload.outputs.manifest.build` with 1 and 8 threads (files just written, so
 mostly in the page cache, as after `post`) and the launcher's streamed check of each file, and
 reports the peak RSS growth: the files are streamed in 8 MiB blocks, never read whole.
 """
@@ -20,7 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from payload import checksums, layout, manifest  # noqa: E402
+from payload import layout  # noqa: E402
+from payload.volume import checksums
+from payload.outputs import manifest
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Where a vision-language training step's time goes: the payload's own step (payload.train's setup,
+"""Where a vision-language training step's time goes: the payload's own step (payload.train.recipe's setup,
 TRL's SFTTrainer) on a tiny Qwen3-VL model with images at runbook 002's sizes, under cProfile.
 
     .venv/bin/python bench/bench_vl_step.py                      # workers 0 (before) and 2 (after)
@@ -46,7 +46,7 @@ def build(work: Path, size: tuple[int, int], records: int) -> tuple[str, str]:
     from gpu_child import vl_image_processor
     from gpu_data import write_image_records, write_records
 
-    from payload.tiny import build_tiny_tokenizer, materialize_shape
+    from payload.model.tiny import build_tiny_tokenizer, materialize_shape
 
     tok = build_tiny_tokenizer(None)
     data = work / "data" / "mix.jsonl"
@@ -72,7 +72,7 @@ def measure(model: str, data: str, work: Path, workers: int, steps: int, batch: 
             mode: str = "lora-bf16-images") -> dict:
     import gpu_measure
 
-    from payload import train
+    from payload.train import recipe as train
     from payload.config import RunConfig
 
     m = gpu_modes.mode(mode)
@@ -85,7 +85,7 @@ def measure(model: str, data: str, work: Path, workers: int, steps: int, batch: 
     try:
         train.setup(run)
         t = run.trainer
-        t.args.dataloader_num_workers = workers  # as payload.train.dataloader_workers sets it on a GPU
+        t.args.dataloader_num_workers = workers  # as payload.train.recipe.dataloader_workers sets it on a GPU
         t.args.include_num_input_tokens_seen = "non_padding"
         t.add_callback(meter)
         prof = cProfile.Profile()
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from payload import observe
+    from payload.volume import observe
 
     observe.setup_logging()
     size = tuple(int(x) for x in a.size.lower().split("x"))

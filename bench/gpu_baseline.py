@@ -36,7 +36,7 @@ class PadCollator:
 
 
 def load_model(cfg, spec: dict):
-    from payload import modeling
+    from payload.model import modeling
 
     dtype = modeling.resolve_dtype(cfg.model)
     attn = cfg.model.attn_implementation
@@ -63,7 +63,7 @@ def training_args(cfg, spec: dict, dtype):
     import torch
     from transformers import TrainingArguments
 
-    from payload import modeling
+    from payload.model import modeling
 
     t, gpu = cfg.train, modeling.on_gpu()
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -91,7 +91,7 @@ def run_baseline(spec: dict, result: dict) -> None:
     result.update({"offload_optimizer": offload, "liger": False, "padding_free": False})
     tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
     rows = gpu_measure.tokenize(tok, spec["data_path"], cfg.train.max_seq_length)
-    from payload import modeling
+    from payload.model import modeling
 
     args = training_args(cfg, spec, modeling.resolve_dtype(cfg.model))  # before the model: ZeRO-3 init
     model, _dtype = load_model(cfg, spec)

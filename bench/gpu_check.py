@@ -7,10 +7,10 @@
 
 Builds random models at real shapes locally (Qwen3-8B; Qwen3-VL-2B), synthetic records at runbook
 000's lengths, then runs each mode (bench/gpu_modes.py) in its own process, bounded in time: the
-payload (payload.train's phases) and its plain-Trainer baseline (bench/gpu_baseline.py). A mode that
+payload (payload.train.recipe's phases) and its plain-Trainer baseline (bench/gpu_baseline.py). A mode that
 cannot run here, runs out of memory or times out is a row with a reason. Missing packages are
 installed from wheels carried in `.whl/` and `.whl-bnb/` (bench/gpu_wheels.py) when the machine's own
-are missing or too old (payload/versions.py). Writes bench/results/<gpu>-<date>.{json,md}, prints a
+are missing or too old (payload/preflight/versions.py). Writes bench/results/<gpu>-<date>.{json,md}, prints a
 summary. bench/README.md has the device command sequence.
 """
 
@@ -232,7 +232,7 @@ def report(results: dict, jpath: Path, mpath: Path) -> None:
         rel = jpath.name
     cites = gpu_report.citations(results, rel)
     if cites:
-        print("launcher/throughput.py MEASURED entries (one per method; keep the one of the mode you plan with):")
+        print("launcher/plan/throughput.py MEASURED entries (one per method; keep the one of the mode you plan with):")
         print("\n".join("    " + c for c in cites))
 
 

@@ -1,7 +1,7 @@
 """One measured training run in its own process: `python bench/gpu_child.py SPEC.json RESULT.json`.
 
 role `prepare`: build the local tokenizer, the random models at the shapes asked for, the data.
-role `payload`: the payload's own training path (payload.train's phases, a resolved RunConfig).
+role `payload`: the payload's own training path (payload.train.recipe's phases, a resolved RunConfig).
 role `baseline`: a plain transformers Trainer on the same model, data, batch and sequence length.
 Whatever happens (an exception, CUDA out of memory), RESULT.json gets a row with a one-line reason
 and the memory peaks reached so far; the parent handles a kill or a timeout the same way.
@@ -38,7 +38,7 @@ def prepare(spec: dict) -> dict:
     """Tokenizer, data, and the models at the shapes asked for (built on the GPU when there is one)."""
     from gpu_data import write_image_records, write_records
 
-    from payload.tiny import build_tiny_tokenizer, materialize_shape
+    from payload.model.tiny import build_tiny_tokenizer, materialize_shape
 
     out = {"device": None, "gpu_memory_gb": None}
     on_gpu = gpu_measure.cuda()
@@ -110,7 +110,9 @@ def record_lengths(ds, spec: dict, cfg) -> list[int]:
 
 
 def run_payload(spec: dict, result: dict) -> None:
-    from payload import modeling, observe, train
+    from payload.model import modeling
+    from payload.volume import observe
+    from payload.train import recipe as train
 
     observe.setup_logging()
     cfg = gpu_measure.load_cfg(spec, offload=gpu_measure.full_offload(spec))
@@ -149,7 +151,7 @@ def ran_with_facts(result: dict, cfg) -> None:
     """The estimate is held to the peak of what ran: before training it can only assume the kernels
     (`estimate_preflight_gb`, what preflight would say); after, it is recomputed with the attention,
     Liger, padding-free, longest padded row and QLoRA preparation the run recorded."""
-    from payload.memory import Kernels
+    from payload.model.memory import Kernels
 
     free = bool(result.get("padding_free"))
     kernels = Kernels(attention=result.get("attn_used") or "sdpa", liger=bool(result.get("liger")),
@@ -161,7 +163,8 @@ def ran_with_facts(result: dict, cfg) -> None:
 
 def losses(run_dir: Path) -> list[list]:
     """[step, loss] at every log point of the payload's metrics.jsonl."""
-    from payload import layout, observe
+    from payload import layout
+    from payload.volume import observe
 
     return [[r.get("step"), r["loss"]] for r in observe.read_metrics(run_dir / layout.METRICS)
             if r.get("loss") is not None]

@@ -1,5 +1,5 @@
 """The GPU check's environment: use what the machine has where it meets the payload's minimums
-(payload/versions.py), install the rest from wheels carried beside the repo (`.whl/**`, `.whl-bnb/`;
+(payload/preflight/versions.py), install the rest from wheels carried beside the repo (`.whl/**`, `.whl-bnb/`;
 `bench/gpu_wheels.py` downloads them), and say exactly which versions ran. `--smoke` (CPU, CI)
 installs nothing.
 
@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from payload import versions
+from payload.preflight import versions
 
 WHEEL_DIRS = (".whl", ".whl-bnb")
 # what each optional mode needs beyond payload/versions.REQUIRED (VL assistant-only: transformers 5.18)

@@ -92,10 +92,10 @@ def memory(result: dict) -> None:
     result["measured_peak_gb"] = round(result["peak_reserved_gb"] + result["cuda_nontorch_gb"], 2)
 
 def estimate(cfg, fused_lm_head: bool, kernels=None) -> dict:
-    """payload/memory.py's estimate for this run, with checkpointing as the payload decides it; with
-    `kernels` (payload/memory.py Kernels), for the kernels and batch rows the run actually used."""
-    from payload import modeling
-    from payload.memory import estimate_gpu_memory_gb
+    """payload/model/memory.py's estimate for this run, with checkpointing as the payload decides it; with
+    `kernels` (payload/model/memory.py Kernels), for the kernels and batch rows the run actually used."""
+    from payload.model import modeling
+    from payload.model.memory import estimate_gpu_memory_gb
     from payload.preflight import model_dims
 
     every, why = modeling.checkpointing_decision(cfg)
@@ -119,7 +119,7 @@ def load_cfg(spec: dict, offload: bool = False):
 
 def full_offload(spec: dict) -> bool:
     """ZeRO-3 on one GPU: offload the optimizer to CPU only when the estimate says it does not fit."""
-    from payload import modeling
+    from payload.model import modeling
 
     cfg = load_cfg(spec)
     mem = modeling.gpu_memory_gb()

@@ -1,7 +1,7 @@
 """What `make gpu-check` runs: model shapes, the training modes the profiles use, and the run config
 each mode gives the payload (torch-free, so the parent process never touches the GPU).
 
-Every mode is a payload run (payload.train's phases with a resolved RunConfig) and is compared with a
+Every mode is a payload run (payload.train.recipe's phases with a resolved RunConfig) and is compared with a
 plain transformers `Trainer` baseline on the same model, data, batch and sequence length (no packing,
 no Liger, checkpointing on as the usual recipe has it). `baseline_of` lets modes that differ only in
 the attention kernel share one baseline (plain Trainer with sdpa), so a device call runs fewer processes.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-# name -> arch, kind, shape (a payload.memory.KNOWN_QWEN key or an explicit ModelDims tuple), vision tower
+# name -> arch, kind, shape (a payload.model.memory.KNOWN_QWEN key or an explicit ModelDims tuple), vision tower
 SHAPES = {
     "qwen3-8b": {"arch": "qwen3", "kind": "causal_lm", "known": "qwen3/8"},
     "qwen3-vl-2b": {"arch": "qwen3_vl", "kind": "image_text_to_text", "known": "qwen3-vl/2", "vision": "qwen3-vl-2b"},
@@ -73,15 +73,15 @@ def mode(name: str) -> dict:
 
 
 def shape_dims(shape: str):
-    """payload.memory.ModelDims of a shape name."""
-    from payload.memory import KNOWN_QWEN, ModelDims
+    """payload.model.memory.ModelDims of a shape name."""
+    from payload.model.memory import KNOWN_QWEN, ModelDims
 
     s = SHAPES[shape]
     return ModelDims(*KNOWN_QWEN[s["known"]]) if "known" in s else ModelDims(*s["dims"])
 
 
 def vision_of(shape: str) -> Optional[dict]:
-    from payload.tiny import QWEN3_VL_2B_VISION
+    from payload.model.tiny import QWEN3_VL_2B_VISION
 
     return QWEN3_VL_2B_VISION if SHAPES[shape].get("vision") == "qwen3-vl-2b" else None
 

@@ -68,7 +68,7 @@ def markdown(results: dict) -> str:
         f"Versions: Python {env.get('python')}, {vers}.",
         f"Peak for MFU: {results.get('peak_source')}.", "",
         "Memory: allocated / measured peak GiB (torch's peak reserved + CUDA memory outside torch); "
-        "estimate = payload/memory.py; ratio = estimate / measured peak. Speed = real (non-pad) tokens/s; "
+        "estimate = payload/model/memory.py; ratio = estimate / measured peak. Speed = real (non-pad) tokens/s; "
         "baseline = plain transformers Trainer, same model/data/batch/seq, padded batches, checkpointing on. "
         "loss: the payload's training loss at its log points, first -> last (n points).", "",
         "| mode | payload tok/s | MFU | mem GiB | est GiB (ratio) | ckpt / liger / pad-free | attn | loss | "
@@ -104,7 +104,7 @@ CATALOG_NAME = {"H100 SXM": "H100-SXM", "H100 PCIe": "H100", "H200": "H200", "A1
 
 
 def citations(results: dict, json_path: str) -> list[str]:
-    """`launcher/throughput.py` MEASURED entries for the payload rows that ran (paste them there)."""
+    """`launcher/plan/throughput.py` MEASURED entries for the payload rows that ran (paste them there)."""
     from gpu_flops import gpu_key
 
     accel = CATALOG_NAME.get(gpu_key(results.get("device") or "") or "")

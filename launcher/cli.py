@@ -30,7 +30,7 @@ class LaunchGroup(click.Group):
             lines = user_error_lines(e)
             if lines is None:
                 raise
-            from .ui import err_console, literal
+            from launcher.term.ui import err_console, literal
 
             for line in lines:  # error text carries user and remote text: printed literally, never as markup
                 err_console().print(literal("[red]✗[/] ", line), highlight=False, soft_wrap=True)
@@ -75,7 +75,7 @@ def user_error_lines(e: Exception):
 
     from .errors import BackendError
     from .catalog import PlanError
-    from .registry import RegistryError, RunNotFound
+    from launcher.store.registry import RegistryError, RunNotFound
 
     if isinstance(e, ConfigError):
         n = len(e.problems)
@@ -111,10 +111,10 @@ def validate(profile):
 
     Example: launch validate clusters/sonia-h100.yaml
     """
-    from .checks import load_checked
-    from .plan import MEMORY_FIX, memory_verdict
-    from .profile import ProfileError, resolve_profile_path
-    from .ui import console, literal
+    from launcher.profiles.checks import load_checked
+    from launcher.plan.estimate import MEMORY_FIX, memory_verdict
+    from launcher.profiles.profile import ProfileError, resolve_profile_path
+    from launcher.term.ui import console, literal
 
     p, data_files = load_checked(profile)
     mem = memory_verdict(p)
@@ -125,7 +125,7 @@ def validate(profile):
                             f"{p.cluster.num_nodes} node(s), {p.train.method}, {p.model.name_or_path})"))
     for line in data_files:
         console().print(literal("  data: ", line), soft_wrap=True)
-    from payload.eval_config import exported_checkpoint
+    from payload.config.evaluation import exported_checkpoint
 
     outputs = ["adapter" if p.train.method != "full" else "weights"] + ["merged model"] * p.outputs.merge + \
         ["MLX adapter"] * p.outputs.export_mlx
@@ -145,9 +145,9 @@ def render(profiles, all_, check):
     Example: launch render --all --check
     """
     from .catalog import plan_price
-    from .profile import profile_names
-    from .render import render_all, stale, write
-    from .ui import console
+    from launcher.profiles.profile import profile_names
+    from launcher.profiles.render import render_all, stale, write
+    from launcher.term.ui import console
 
     names = list(profiles) or (profile_names() if all_ or check else None)
     if not names:
@@ -180,22 +180,22 @@ def plan(profile, as_json, rehearse=False, compare=False):
 
     Example: launch plan sonia-h100
     """
-    from .checks import check_profile
-    from .plan import plan_profile
-    from .ui import err_console, print_plan
+    from launcher.profiles.checks import check_profile
+    from launcher.plan.estimate import plan_profile
+    from launcher.term.ui import err_console, print_plan
 
     p, _, data_problems = check_profile(profile)  # planning costs nothing: missing data is a warning here
     if rehearse:
-        from .rehearse import overrides
+        from launcher.runs.rehearse import overrides
 
         p, _, data_problems = check_profile(profile, overrides=overrides(p))
     result = plan_profile(p)
     if compare:
-        from .plan_compare import compare as compare_options, print_compare
+        from launcher.plan.compare import compare as compare_options, print_compare
 
         print_compare(compare_options(p, result), as_json)
     elif as_json:
-        from .units import json_text
+        from launcher.term.units import json_text
 
         click.echo(json_text({**result.to_dict(), "data_problems": data_problems}))
     else:
@@ -213,42 +213,42 @@ def profiles(as_json):
 
     Example: launch profiles
     """
-    from .ui import print_profiles
+    from launcher.term.ui import print_profiles
 
     print_profiles(as_json)
 
 
 # ------------------------------------------------------------------------------------ runs
 
-from .runs import cost, down, logs, status  # noqa: E402  (click commands; light imports only)
-from .start import up  # noqa: E402
+from launcher.runs.lifecycle import cost, down, logs, status  # noqa: E402  (click commands; light imports only)
+from launcher.runs.start import up  # noqa: E402
 
 for _cmd in (up, logs, status, down, cost):
     cli.add_command(_cmd)
 
-from .volumes import volumes  # noqa: E402  (click group; imports SkyPilot only when run)
+from launcher.runs.volumes import volumes  # noqa: E402  (click group; imports SkyPilot only when run)
 
 cli.add_command(volumes)
 
-from .scaffold import init  # noqa: E402  (click command; light imports only)
+from launcher.profiles.scaffold import init  # noqa: E402  (click command; light imports only)
 
 cli.add_command(init)
 
-from .access import exec_, ssh  # noqa: E402  (click commands; light imports only)
+from launcher.runs.access import exec_, ssh  # noqa: E402  (click commands; light imports only)
 
 cli.add_command(ssh)
 cli.add_command(exec_)
 
-from .results import chat, checkpoints, eval_  # noqa: E402  (checkpoints/eval/chat of a run; light imports)
+from launcher.results.fetched import chat, checkpoints, eval_  # noqa: E402  (checkpoints/eval/chat of a run; light imports)
 
 for _cmd in (checkpoints, eval_, chat):
     cli.add_command(_cmd)
 
-from .preview import data  # noqa: E402  (`launch data preview`; light imports only)
+from launcher.profiles.preview import data  # noqa: E402  (`launch data preview`; light imports only)
 
 cli.add_command(data)
 
-from .compare import compare  # noqa: E402  (runs side by side; light imports)
+from launcher.results.compare import compare  # noqa: E402  (runs side by side; light imports)
 
 cli.add_command(compare)
 

@@ -11,7 +11,7 @@ Exit codes (payload/errors.py): 0 done, 1 crash (traceback in the log and in
 a live trainer, 75 transient (network, NCCL: worth a fresh machine), 143 stopped by SIGTERM/SIGINT.
 A failed stage also records `state`, `exit_code` and `reason` in the run's status.json (the train
 stage does it itself, for every end). The stages that write outputs after training (post, merge,
-export) hold the run's lease (payload/lease.py) while they run; preflight and data refuse with exit
+export) hold the run's lease (payload/volume/lease.py) while they run; preflight and data refuse with exit
 4 while another trainer holds it (they run before torchrun, which would turn the 4 into a 1).
 """
 
@@ -29,32 +29,32 @@ LEASED = ("post", "merge", "export", "eval")  # `train` takes the lease itself (
 STAGES = {
     "preflight": "payload.preflight",
     "data": "payload.data",
-    "train": "payload.stages",  # one SFT run, or every stage of a run with `stages:`
-    "eval": "payload.evaluate",
-    "merge": "payload.merge",
-    "export": "payload.export",
-    "manifest": "payload.manifest",
+    "train": "payload.train.stages",  # one SFT run, or every stage of a run with `stages:`
+    "eval": "payload.outputs.evaluate",
+    "merge": "payload.outputs.merge",
+    "export": "payload.outputs.export",
+    "manifest": "payload.outputs.manifest",
 }
 
 
 def post(cfg) -> dict:
     """After training (rank 0): merge / push / MLX export, each only when the config asks, then the
     manifest of the run's artifacts (sizes + sha256, computed here) that `launch down` verifies."""
-    from payload import timings
+    from payload.volume import timings
 
     out = {}
     ev = cfg.evaluation
     if ev is not None and ev.final_split:
         with timings.timed(cfg.run_dir, "eval"):
-            out["eval"] = importlib.import_module("payload.evaluate").main(cfg, ev.final_split)
+            out["eval"] = importlib.import_module("payload.outputs.evaluate").main(cfg, ev.final_split)
     if cfg.outputs.merge or cfg.outputs.push_to_hub:
         with timings.timed(cfg.run_dir, "merge"):
-            out["merge"] = importlib.import_module("payload.merge").main(cfg)
+            out["merge"] = importlib.import_module("payload.outputs.merge").main(cfg)
     if cfg.outputs.export_mlx:
         with timings.timed(cfg.run_dir, "export"):
-            out["export"] = importlib.import_module("payload.export").main(cfg)
+            out["export"] = importlib.import_module("payload.outputs.export").main(cfg)
     timings.fold_into_summary(cfg.run_dir)  # measured phase durations, before the manifest hashes the summary
-    out["manifest"] = importlib.import_module("payload.manifest").main(cfg)
+    out["manifest"] = importlib.import_module("payload.outputs.manifest").main(cfg)
     return out
 
 
@@ -95,8 +95,9 @@ def die_with_parent() -> bool:
 
 
 def run_stage(stage: str, cfg, args=None) -> dict:
-    from payload import lease, timings
-    from payload.observe import rank
+    from payload.volume import lease
+    from payload.volume import timings
+    from payload.volume.observe import rank
 
     if stage in ("preflight", "data"):  # before torchrun: exit 4 reaches the job as is
         lease.ensure_free(cfg.run_dir, cfg.runtime.run_id)
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from payload.config import ConfigError, load_run_config
     from payload.errors import EXIT_CONFIG, EXIT_CRASH, exit_code_for, one_line
-    from payload.observe import setup_logging
+    from payload.volume.observe import setup_logging
 
     setup_logging()
     die_with_parent()
@@ -150,7 +151,8 @@ def main(argv=None) -> int:
 def _record(stage: str, cfg, exc: BaseException, code: int) -> None:
     """status.json for a failed stage other than train (which records its own ends), unless the
     failure is that another trainer holds the run."""
-    from payload import lease, observe
+    from payload.volume import lease
+    from payload.volume import observe
     from payload.errors import EXIT_CRASH, one_line
 
     if cfg is None or stage == "train" or isinstance(exc, lease.LeaseHeld):

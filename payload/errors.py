@@ -26,7 +26,7 @@ EXIT_CRASH = 1
 EXIT_CONFIG = 2
 EXIT_BUDGET = 3
 EXIT_LEASE_HELD = 4
-EXIT_STOP_REQUESTED = 5  # payload/stop_request.py: saved on request, then exited
+EXIT_STOP_REQUESTED = 5  # payload/volume/stop_request.py: saved on request, then exited
 EXIT_TRANSIENT = 75  # sysexits.h EX_TEMPFAIL
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM
 

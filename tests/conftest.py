@@ -26,7 +26,7 @@ from launcher.catalog import install_snapshot  # noqa: E402  (light: imports no 
 
 install_snapshot(Path(os.environ["SKY_RUNTIME_DIR"]))
 
-from launcher import ui  # noqa: E402  (light: rich is imported when a console is made)
+from launcher.term import ui  # noqa: E402  (light: rich is imported when a console is made)
 
 _UI_CONSOLES = (ui.console, ui.err_console)
 

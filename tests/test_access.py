@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from launcher import access, registry
+from launcher.runs import access
+from launcher.store import registry
 from launcher.cli import cli
-from launcher.registry import Run
+from launcher.store.registry import Run
 from payload import layout
 
 

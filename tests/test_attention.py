@@ -1,4 +1,4 @@
-"""Which attention kernel a run loads, for each batch kind and what the machine has (payload/attention.py).
+"""Which attention kernel a run loads, for each batch kind and what the machine has (payload/model/attention.py).
 
 The decision is a plain function of (batch kind, flash-attn installed, CUDA GPU and its compute
 capability), tested here for each case on CPU; loading on CPU goes through the same list.
@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import make_config, train_env  # noqa: E402
 
-from payload.attention import PACKED, PADDED, PADDING_FREE, Machine, batch_kind, candidates, order  # noqa: E402
+from payload.model.attention import PACKED, PADDED, PADDING_FREE, Machine, batch_kind, candidates, order  # noqa: E402
 
 __all__ = ["train_env"]  # the fixture, imported for pytest
 
@@ -81,7 +81,7 @@ def test_an_explicit_list_is_honoured_with_a_hint(tmp_path, caplog):
 
 
 def test_loading_on_cpu_takes_the_first_that_runs_and_says_why(train_env, caplog):
-    from payload import modeling
+    from payload.model import modeling
 
     cfg = make_config(train_env, "attn", model={"name_or_path": "tiny", "tiny": {"arch": "qwen3"}})
     path = modeling.base_model_path(cfg)
@@ -97,9 +97,10 @@ def test_loading_on_cpu_takes_the_first_that_runs_and_says_why(train_env, caplog
 
 def test_launch_status_says_which_attention_ran_and_why(capsys):
     """The payload writes `attention` to status.json; `launch status RUN` shows it under the table."""
-    from launcher import experiment, runs
+    from launcher.runs import experiment
+    from launcher.runs import lifecycle as runs
     from launcher.backends import RemoteStatus
-    from launcher.registry import Run
+    from launcher.store.registry import Run
 
     run = Run(id="r1", profile="sonia-h100", backend="skypilot", started_at=1000.0, state="running",
               price_per_hour=6.58, budget_usd=40.0)

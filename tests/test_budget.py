@@ -8,10 +8,12 @@ import types
 import pytest
 from click.testing import CliRunner
 
-from launcher import registry, runs, start
+from launcher.store import registry
+from launcher.runs import lifecycle as runs
+from launcher.runs import start
 from launcher.backends import RemoteStatus
 from launcher.cli import cli
-from launcher.registry import Run
+from launcher.store.registry import Run
 
 PRICE = 3.6  # $/h = $0.001 per second
 
@@ -97,7 +99,7 @@ def test_billed_time_counts_setup_but_not_recovery_nor_the_time_down_before_resu
 
 
 def test_resume_stores_the_budget_override_and_shows_cents(clock, backend):
-    from launcher.render import config_path, task_path
+    from launcher.profiles.render import config_path, task_path
 
     committed = {p: p.read_text() for p in (task_path("sonia-h100"), config_path("sonia-h100"))}
     registry.save(Run(id="s1", profile="sonia-h100", backend="skypilot", started_at=1000.0, ended_at=1600.0,
@@ -154,7 +156,7 @@ def test_an_older_registry_database_gains_the_billing_columns(clock):
 
 
 def test_the_payload_tells_the_launcher_its_newest_checkpoint(tmp_path):
-    from payload.money import CostCallback, CostTracker
+    from payload.volume.money import CostCallback, CostTracker
 
     cb = CostCallback(CostTracker(tmp_path, price_per_hour=1.0, budget_usd=2.0))
     cb.on_save(None, types.SimpleNamespace(global_step=40), None)

@@ -91,7 +91,7 @@ def test_storage_prices_are_cited():
 KEPT = """
 import json, sys
 from launcher.catalog import optimize
-from launcher.profile import load_profile
+from launcher.profiles.profile import load_profile
 p = load_profile("sonia-h100")
 twin = p.model_copy(update={"cluster": p.cluster.model_copy(update={"accelerators": "H100-SXM:1"})})
 print(json.dumps({"choice": optimize(p).__dict__, "sky": "sky" in sys.modules,

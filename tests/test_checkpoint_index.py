@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from launcher import registry
+from launcher.store import registry
 from launcher.cli import cli
-from launcher.registry import Run
-from payload import checkpoints as ck
+from launcher.store.registry import Run
+from payload.volume import checkpoints as ck
 from payload import layout
 
 

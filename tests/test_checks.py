@@ -8,7 +8,8 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from launcher import registry, render
+from launcher.store import registry
+from launcher.profiles import render
 from launcher.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ def test_a_missing_data_file_is_named_with_file_line_and_fix():
     r = invoke("validate", "lovecraft-a100-spot")
     assert r.exit_code == 1
     line, *example = r.output.strip().splitlines()
-    # one line, then a 3-line example of what the file holds (launcher/datahints.py)
+    # one line, then a 3-line example of what the file holds (launcher/profiles/datahints.py)
     assert len(example) == 3 and all(e.startswith('      {"instruction": ') for e in example), r.output
     m = re.fullmatch(r"✗ clusters/lovecraft-a100-spot.yaml:(\d+): data.sources.0.path: "
                      r"data/lovecraft/train_sft.jsonl not found \(looked for (.+)\); put the file there or fix "
@@ -77,7 +78,7 @@ def test_config_and_data_problems_come_in_one_report(tmp_path):
 
 
 def test_an_empty_data_file_is_a_problem(tmp_path, monkeypatch):
-    from launcher import checks
+    from launcher.profiles import checks
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.jsonl").write_text("")
@@ -87,7 +88,7 @@ def test_an_empty_data_file_is_a_problem(tmp_path, monkeypatch):
 
 
 def test_an_absolute_path_is_fine_for_the_local_backend(tmp_path):
-    from launcher import checks
+    from launcher.profiles import checks
 
     data = tmp_path / "mine.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n')
@@ -103,7 +104,7 @@ def test_up_without_the_data_names_the_file_first_and_starts_nothing(monkeypatch
         raise AssertionError("nothing may start before the data check")
 
     monkeypatch.setattr(backends, "get_backend", refuse)
-    monkeypatch.setattr("launcher.start.price_for", refuse)
+    monkeypatch.setattr("launcher.runs.start.price_for", refuse)
     committed = render.task_path("lovecraft-a100-spot").read_text()
     r = invoke("up", "lovecraft-a100-spot")
     assert r.exit_code == 1

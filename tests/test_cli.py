@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from launcher import registry
+from launcher.store import registry
 from launcher.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ def _writer(args):
     import os
 
     os.environ["LAUNCH_HOME"] = home
-    from launcher import registry as reg
+    from launcher.store import registry as reg
 
     for j in range(20):
         reg.save(reg.Run(id=f"r{i}-{j}", profile="p", backend="local"))

@@ -1,4 +1,4 @@
-"""Volume and bucket names are checked at validate time with the clouds' rules (launcher/cloud_names.py),
+"""Volume and bucket names are checked at validate time with the clouds' rules (launcher/profiles/cloud_names.py),
 and those rules agree with SkyPilot 0.14.1's own validators on every name below.
 
 Run: .venv/bin/python -m pytest -q tests/test_cloud_names.py
@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.cloud_names import bucket_name_problem, volume_name_problem
+from launcher.profiles.cloud_names import bucket_name_problem, volume_name_problem
 
 REPO = Path(__file__).resolve().parent.parent
 

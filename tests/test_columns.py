@@ -8,11 +8,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from launcher import registry, ui
+from launcher.store import registry
+from launcher.term import ui
 from launcher.cli import cli
-from launcher.profile import profile_names
-from launcher.registry import Run
-from launcher.tables import Column, fits, print_table
+from launcher.profiles.profile import profile_names
+from launcher.store.registry import Run
+from launcher.term.tables import Column, fits, print_table
 
 RUNS = [  # long ids, as `launch up` makes them for the longest profile names, and a suffixed retry
     ("qwen3-32b-4x4-a100-20261123-141502-12", "qwen3-32b-4x4-a100", 65.54, 1234.5678, 2500.0),

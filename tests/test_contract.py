@@ -22,12 +22,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import registry
+from launcher.store import registry
 from launcher.backends import LaunchSpec
 from launcher.cli import cli
-from launcher.profile import REPO_ROOT, load_profile
-from launcher.registry import Run
-from launcher.render import render_text
+from launcher.profiles.profile import REPO_ROOT, load_profile
+from launcher.store.registry import Run
+from launcher.profiles.render import render_text
 
 try:  # tests/ is a plain directory on sys.path (or, later, a package)
     from artifact_fixtures import HOME_LAYOUT, JOB, MERGED, NOT_ARTIFACTS, FakeS3, make_run_dir
@@ -216,8 +216,9 @@ def test_contract_exec_runs_in_the_run_dir_and_exits_with_the_commands_code(kind
 def _local_run(tmp_path, template, run_id="r1", manifest=True, state="completed"):
     """A run of the local backend whose run directory is a copy of the template (no process)."""
     from launcher.backends.local import LocalBackend
-    from payload import layout, manifest as mf
-    from payload.money import atomic_write_json
+    from payload import layout
+    from payload.outputs import manifest as mf
+    from payload.volume.money import atomic_write_json
 
     volume = tmp_path / "volume"
     rd = layout.run_dir(volume, run_id)
@@ -256,7 +257,7 @@ def test_a_corrupt_or_missing_required_artifact_refuses_teardown(tmp_path, templ
 
 
 def test_a_run_without_manifest_fetches_what_exists_by_size(tmp_path, template):
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
 
     be, run, rd = _local_run(tmp_path, template, manifest=False, state="stopped")
     shutil.rmtree(rd / "outputs")  # stopped mid-training: no adapter, summary, plot yet
@@ -347,7 +348,7 @@ def test_hostile_ssh_machine_writes_nothing_outside_dest(hostile_sshd, template,
 
 def test_hostile_manifest_names_are_refused(template, tmp_path):
     """The MANIFEST comes from the machine too: its names are confined like any listing."""
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
     from payload import layout
 
     be, run, rd = _local_run(tmp_path, template)
@@ -366,7 +367,7 @@ def test_hostile_manifest_names_are_refused(template, tmp_path):
 
 
 def test_local_fetch_never_follows_symlinks(template, tmp_path):
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
 
     secret = tmp_path / "secrets" / "token"
     secret.parent.mkdir()
@@ -386,7 +387,7 @@ def test_local_fetch_never_follows_symlinks(template, tmp_path):
 def test_rsync_brings_no_symlink_and_bucket_keys_stay_confined(template, tmp_path, sshd, monkeypatch):
     """SkyPilot's two routes: rsync (--no-links, an exact --files-from list) from a cluster that
     planted links, and S3 keys that climb out of the run's prefix."""
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
     from launcher.backends import skypilot as sp
 
     secret = tmp_path / "secrets" / "token"
@@ -432,7 +433,7 @@ def test_rsync_brings_no_symlink_and_bucket_keys_stay_confined(template, tmp_pat
 
 
 def test_a_symlink_already_in_dest_is_never_written_through(template, tmp_path):
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
     from launcher.backends import BackendError
 
     be, run, _ = _local_run(tmp_path, template)

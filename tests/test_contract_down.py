@@ -1,7 +1,7 @@
 """One contract, every backend, for how a run ends: `launch down` gets the final checkpoint before any
 signal, and a run whose SkyPilot jobs controller went away settles from its own status.json.
 
-The trainer here stands in for the payload (payload/stop_request.py, really trained in
+The trainer here stands in for the payload (payload/volume/stop_request.py, really trained in
 tests/test_stop_request.py): it checkpoints, trains, and on `stop_request.json` takes longer to save
 than SkyPilot allows after SIGTERM (tests/sky_edge.py: SIGKILL SKY_KILL_AFTER_S after the cancel's
 SIGTERM, scaled down here), ignoring SIGTERM while it saves, then exits 5. A trainer of the old kind
@@ -22,11 +22,11 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from launcher import registry
+from launcher.store import registry
 from launcher.backends import final_save
 from launcher.backends.skypilot import control
 from launcher.cli import cli
-from launcher.profile import load_profile
+from launcher.profiles.profile import load_profile
 
 try:
     from sky_edge import FakeSky, runpod_edge

@@ -25,7 +25,7 @@ from train_fixtures import (  # noqa: E402
     write_config, write_text_data,
 )
 
-from payload import checkpoints as ck  # noqa: E402
+from payload.volume import checkpoints as ck  # noqa: E402
 from payload import layout  # noqa: E402
 
 __all__ = ["train_env"]

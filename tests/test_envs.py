@@ -18,13 +18,14 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from launcher import registry, render  # noqa: E402
+from launcher.store import registry  # noqa: E402
+from launcher.profiles import render
 from launcher.backends import LaunchSpec  # noqa: E402
 from launcher.backends.local import LocalBackend  # noqa: E402
 from launcher.backends.ssh import SSHBackend  # noqa: E402
 from launcher.cli import cli  # noqa: E402
-from launcher.profile import REPO_ROOT, ProfileError, load_profile  # noqa: E402
-from launcher.registry import Run  # noqa: E402
+from launcher.profiles.profile import REPO_ROOT, ProfileError, load_profile  # noqa: E402
+from launcher.store.registry import Run  # noqa: E402
 from test_skypilot_backend import FakeSky  # noqa: E402
 
 SHOW = 'echo "FOO=$FOO N=$N HF_TOKEN=${HF_TOKEN:-unset}"'
@@ -141,7 +142,7 @@ def test_skypilot_dry_run_with_set_leaves_sky_alone(monkeypatch):
     assert {p: p.read_text() for p in committed} == committed
 
 
-# One made-up value of each token shape launcher/boundary.py knows (none is a real token).
+# One made-up value of each token shape launcher/profiles/boundary.py knows (none is a real token).
 TOKEN_EXAMPLES = [
     "hf_" + "aB3" * 12, "api_org_" + "Xy7" * 10, "ghp_" + "k9L" * 12, "gho_" + "k9L" * 12, "ghs_" + "k9L" * 12,
     "github_pat_11ABCDEFG0" + "x" * 20 + "_" + "Y" * 40, "0123456789abcdef" * 2 + "89abcdef",
@@ -154,7 +155,7 @@ TOKEN_EXAMPLES = [
 
 
 def test_every_known_token_shape_has_an_example_here():
-    from launcher.boundary import SECRET_SHAPES
+    from launcher.profiles.boundary import SECRET_SHAPES
 
     matched = {what for v in TOKEN_EXAMPLES for what, pattern, _ in SECRET_SHAPES if pattern.search(v)}
     assert matched == {what for what, _, _ in SECRET_SHAPES}
@@ -162,7 +163,7 @@ def test_every_known_token_shape_has_an_example_here():
 
 @pytest.mark.parametrize("value", TOKEN_EXAMPLES)
 def test_a_token_shaped_value_is_refused_by_env_and_envs_naming_only_the_variable(tmp_path, value):
-    from launcher.profile import parse_env_items
+    from launcher.profiles.profile import parse_env_items
 
     with pytest.raises(ValueError) as e:
         parse_env_items((f"BUILD_NOTE={value}",))
@@ -178,13 +179,13 @@ def test_a_token_shaped_value_is_refused_by_env_and_envs_naming_only_the_variabl
 @pytest.mark.parametrize("value", ["INFO", "1", "expandable_segments:True", "sk-learn", "hf_transfer",
                                    "0123456789ab", "https://huggingface.co/Qwen/Qwen3-8B", "AKIA", "/workspace/x"])
 def test_ordinary_values_pass(value):
-    from launcher.profile import parse_env_items
+    from launcher.profiles.profile import parse_env_items
 
     assert parse_env_items((f"NOTE={value}",)) == {"NOTE": value}
 
 
 def test_an_item_without_equals_is_not_echoed_when_it_is_a_token():
-    from launcher.profile import parse_env_items
+    from launcher.profiles.profile import parse_env_items
 
     token = "ghp_" + "k9L" * 12
     with pytest.raises(ValueError) as e:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import registry
+from launcher.store import registry
 from launcher.cli import cli
 
 BASE = ("--set", "train.checkpoints.save_steps=4", "--set", "train.eval_steps=4", "--set", "train.logging_steps=2",
@@ -146,7 +146,7 @@ def test_status_shows_provenance_and_override_history(in_runs_home):
     prov = d["provenance"]
     assert len(prov["commit"]) == 40 and isinstance(prov["dirty"], bool)
     assert len(prov["profile_sha256"]) == 64 and len(prov["payload_lock_sha256"]) == 64
-    from payload.checksums import file_digest
+    from payload.volume.checksums import file_digest
 
     repo = Path(__file__).resolve().parents[1]
     assert prov["data_sha256"]["demo-chat"] == file_digest(repo / "payload/samples/demo_chat.jsonl")[1]
@@ -175,7 +175,7 @@ def test_compare_lists_exactly_the_differing_keys_metrics_costs_and_writes_the_p
 def test_compare_at_80_columns_never_cuts_an_id_or_a_dollar_amount(in_runs_home, tmp_path, monkeypatch):
     import re
 
-    from launcher import ui
+    from launcher.term import ui
 
     a, b, _, _ = in_runs_home
     monkeypatch.setenv("COLUMNS", "80")
@@ -190,7 +190,7 @@ def test_compare_at_80_columns_never_cuts_an_id_or_a_dollar_amount(in_runs_home,
     d = json.loads(launch("compare", a, b, "--dest", str(tmp_path), "--json").output)
     for rid in (a, b):
         assert re.search(rf"(^|\s){re.escape(rid)}(\s|$)", r.output, re.M), r.output
-    from launcher.ui import money
+    from launcher.term.ui import money
 
     for cost in (x["cost_usd"] for x in d["runs"]):
         assert re.search(rf"(^|\s){re.escape(money(cost))}(\s|$)", r.output, re.M), r.output
@@ -217,7 +217,7 @@ def test_compare_needs_two_runs():
 
 
 def test_compare_shows_a_data_file_whose_content_differs():
-    from launcher.compare import differing, table_rows
+    from launcher.results.compare import differing, table_rows
 
     rows = [{"id": rid, "profile": "local-demo", "state": "completed", "commit": "c" * 40, "dirty": False,
              "data_sha256": {"demo-chat": digest}, "steps": 1, "final_eval_loss": None, "best_eval_loss": None,
@@ -229,7 +229,7 @@ def test_compare_shows_a_data_file_whose_content_differs():
 
 
 def test_compare_shows_tokens_per_second_as_whole_numbers_never_in_exponent_form():
-    from launcher.compare import table_rows
+    from launcher.results.compare import table_rows
 
     rows = [{"id": rid, "profile": "local-demo", "state": "completed", "commit": "c" * 40, "dirty": False,
              "data_sha256": {}, "steps": 1, "final_eval_loss": None, "best_eval_loss": None, "metric": None,

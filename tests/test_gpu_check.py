@@ -19,9 +19,9 @@ import gpu_env  # noqa: E402
 import gpu_flops  # noqa: E402
 import gpu_modes  # noqa: E402
 
-from payload import versions  # noqa: E402
+from payload.preflight import versions  # noqa: E402
 from payload.config import RunConfig  # noqa: E402
-from payload.memory import KNOWN_QWEN, ModelDims  # noqa: E402
+from payload.model.memory import KNOWN_QWEN, ModelDims  # noqa: E402
 from train_fixtures import train_env  # noqa: E402,F401  (fixture)
 
 
@@ -75,7 +75,7 @@ def test_smoke_runs_every_mode_in_its_own_process_and_writes_the_table(tmp_path)
 def test_full_zero3_is_wired_as_a_payload_run():
     """ZeRO-3 cannot run here (no deepspeed on CPU): the config the GPU run trains with is checked
     instead - full fine-tune, DeepSpeed stage 3, optimizer offload only when asked."""
-    from payload import modeling
+    from payload.model import modeling
 
     m = gpu_modes.mode("full-zero3")
     body = gpu_modes.run_config_dict(m, model_dir="/m", kind="image_text_to_text", data_path="/d/mix.jsonl",
@@ -171,7 +171,8 @@ def test_minimum_versions_are_checked_per_run():
 
 def test_planning_cites_a_measured_figure(monkeypatch):
     """A `make gpu-check` figure is the speed model's first anchor on its GPU and method."""
-    from launcher import speed_model, throughput
+    from launcher.plan import speed as speed_model
+    from launcher.plan import throughput
 
     cite = "bench/results/nvidia-h100-80gb-hbm3-2026-12-01.json#lora-bf16-sdpa"
     monkeypatch.setitem(throughput.MEASURED, ("H100-SXM", "lora"), (3200.0, 8.0, cite))
@@ -189,7 +190,7 @@ def test_padding_free_rows_keep_records_apart(tmp_path, arch):
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from payload.tiny import materialize_shape
+    from payload.model.tiny import materialize_shape
 
     path = materialize_shape(tmp_path / arch, arch, ModelDims(64, 2, 128, 4, 2, 16, 1024, True), dtype="float32")
     cls = AutoModelForCausalLM if arch == "qwen3" else AutoModelForImageTextToText
@@ -212,7 +213,7 @@ def test_partial_checkpointing_reaches_the_trainer(train_env, monkeypatch):
     checkpoints exactly those decoder layers, and training runs (tiny model, CPU, 2 steps)."""
     from train_fixtures import make_config, train_in_process, write_text_data  # noqa: F811
 
-    from payload import modeling
+    from payload.model import modeling
 
     monkeypatch.setattr(modeling, "checkpointing_decision", lambda cfg: (2, "forced by the test"))
     cfg = make_config(train_env, "every2", train={"max_steps": 2, "gradient_checkpointing": "auto"},

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.render import FLASH_ATTN_WHEEL
+from launcher.profiles.render import FLASH_ATTN_WHEEL
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "payload" / "requirements-gpu.lock"

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import registry
+from launcher.store import registry
 from launcher.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,7 +131,7 @@ def test_profile_names_are_slugs(tmp_path, name, shown, fix):
 
 
 def test_a_valid_slug_of_63_characters_is_accepted(tmp_path):
-    from launcher.profile import load_profile
+    from launcher.profiles.profile import load_profile
 
     path = demo_with(tmp_path, {"name: local-demo": "name: " + "a1-" * 20 + "xyz"})
     assert len(load_profile(str(path)).name) == 63
@@ -154,7 +154,7 @@ def test_run_directories_stay_under_the_volume(tmp_path):
 
 @pytest.mark.parametrize("mount", ["../outside", "/workspace/../etc", "/", "relative"])
 def test_mount_points_are_plain_absolute_paths(mount):
-    from launcher.profile import ProfileError, load_profile
+    from launcher.profiles.profile import ProfileError, load_profile
 
     with pytest.raises(ProfileError) as e:
         load_profile("sonia-h100", overrides=(f"cluster.volume.mount={mount}",))
@@ -173,8 +173,8 @@ EVIL_VOLUME = 'v\nrun: rm -rf /\n"q\': {[&a *b]}'
 def test_rendering_hostile_values_adds_no_keys(tmp_path):
     """Free-text values (description, system prompt, paths, model name, image, volume name) go through
     the safe dumper: SkyPilot's own parser sees exactly the keys it should, and every value round-trips."""
-    from launcher.profile import Profile, load_profile
-    from launcher.render import render_text, resolved_run_config
+    from launcher.profiles.profile import Profile, load_profile
+    from launcher.profiles.render import render_text, resolved_run_config
     from payload.config import load_run_config
 
     d = load_profile("sonia-h100").model_dump(mode="json")
@@ -215,9 +215,9 @@ def mode(path: Path) -> int:
 
 
 def test_state_dir_and_files_are_private(tmp_path, monkeypatch):
-    from launcher import start
-    from launcher.profile import load_profile
-    from launcher.state import state_dir
+    from launcher.runs import start
+    from launcher.profiles.profile import load_profile
+    from launcher.store.state import state_dir
 
     home = tmp_path / "old-home"
     home.mkdir(mode=0o755)
@@ -286,7 +286,7 @@ def test_run_ids_are_unique_under_concurrent_launches(tmp_path, monkeypatch):
 
 
 def test_set_with_list_index_works_and_leaves_no_temp_dirs(tmp_path, monkeypatch):
-    from launcher.start import load_with_overrides
+    from launcher.runs.start import load_with_overrides
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a temp copy would go
     other = "payload/samples/demo_alpaca.jsonl"  # `up` checks the data files and their records: a real one
@@ -314,7 +314,7 @@ MARKUP = "[/] [bold]not bold[/bold] [link=http://x]y[/link] \\[ ends\\"
 
 def test_remote_failure_reason_is_printed_literally_by_logs_follow(tmp_path):
     """A run whose own status.json carries markup as its reason (local backend, finished)."""
-    from launcher.state import state_dir
+    from launcher.store.state import state_dir
 
     run = registry.Run(id="r-markup", profile="local-demo", backend="local", state="running",
                        handle={"volume": str(tmp_path / "vol")})
@@ -335,7 +335,8 @@ def test_remote_failure_reason_is_printed_literally_by_logs_follow(tmp_path):
 def test_errors_tables_and_summaries_print_markup_literally(tmp_path, capsys, monkeypatch):
     from rich.console import Console
 
-    from launcher import runs, ui
+    from launcher.runs import lifecycle as runs
+    from launcher.term import ui
 
     wide = Console(width=200, highlight=False)  # tables wrap at 80 columns; the point here is markup
     monkeypatch.setattr(ui, "console", lambda: wide)
@@ -355,7 +356,7 @@ def test_errors_tables_and_summaries_print_markup_literally(tmp_path, capsys, mo
 
 
 def test_loss_plot_title_with_dollars_and_mathtext(tmp_path):
-    from payload.observe import plot_losses
+    from payload.volume.observe import plot_losses
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": s, "loss": 2.0 / s}) + "\n" for s in range(1, 6)))
@@ -385,17 +386,17 @@ def _float_keys(model, prefix=()) -> list[tuple]:
 
 
 def test_the_schema_has_float_keys_to_check():
-    from launcher.profile import Profile
+    from launcher.profiles.profile import Profile
 
     keys = {".".join(k) for k in _float_keys(Profile)}
     assert {"budget.max_usd", "budget.price_per_hour", "train.learning_rate", "train.epochs",
             "train.checkpoints.save_every_minutes"} <= keys
 
 
-@pytest.mark.parametrize("key", [".".join(k) for k in _float_keys(__import__("launcher.profile").profile.Profile)])
+@pytest.mark.parametrize("key", [".".join(k) for k in _float_keys(__import__("launcher.profiles.profile").profile.Profile)])
 @pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1e400"])
 def test_no_float_key_takes_a_non_finite_number(key, value):
-    from launcher.profile import ProfileError, load_profile
+    from launcher.profiles.profile import ProfileError, load_profile
 
     with pytest.raises(ProfileError) as e:
         load_profile("local-demo", overrides=(f"{key}={value}",))

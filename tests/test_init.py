@@ -7,7 +7,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import profile as profiles
+from launcher.profiles import profile as profiles
 from launcher.cli import cli
 
 

@@ -28,8 +28,11 @@ from train_fixtures import (  # noqa: E402
     write_config, write_text_data,
 )
 
-from payload import checkpoints as ck  # noqa: E402
-from payload import checksums, lease, layout, verify  # noqa: E402
+from payload.volume import checkpoints as ck  # noqa: E402
+from payload import layout  # noqa: E402
+from payload.volume import checksums
+from payload.volume import lease
+from payload.volume import verify
 from payload.errors import EXIT_CRASH, EXIT_TRANSIENT, PayloadError, exit_code_for  # noqa: E402
 
 __all__ = ["train_env"]
@@ -45,7 +48,7 @@ def logs(caplog):
     """caplog that sees the payload's loggers (observe.setup_logging stops their propagation)."""
     import logging
 
-    from payload.observe import setup_logging
+    from payload.volume.observe import setup_logging
 
     setup_logging()  # once per process: later calls leave `propagate` alone
     logger = logging.getLogger("payload")

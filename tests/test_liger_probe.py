@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from payload import modeling
+from payload.model import modeling
 from payload.errors import PayloadError
 from train_fixtures import make_config
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from launcher import registry
+from launcher.store import registry
 from launcher.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent

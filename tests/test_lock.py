@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from payload import yamlio
+from payload.config import yamlio
 
 REPO = Path(__file__).resolve().parent.parent
 DEV_LOCK = REPO / "requirements" / "dev.lock"

@@ -1,5 +1,5 @@
 """Terminal control codes stay out of what launch writes: `launch logs` into a pipe or a file, and the
-fetched logs/ (launcher/logtext.py). Progress bars that redraw with `\\r` keep their last state.
+fetched logs/ (launcher/term/logtext.py). Progress bars that redraw with `\\r` keep their last state.
 
 Run: .venv/bin/python -m pytest -q tests/test_logtext.py
 """
@@ -11,11 +11,11 @@ import io
 import pytest
 from click.testing import CliRunner
 
-from launcher import registry
+from launcher.store import registry
 from launcher.backends.local import LocalBackend
 from launcher.cli import cli
-from launcher.logtext import CleanWriter, clean_file, clean_line
-from launcher.registry import Run
+from launcher.term.logtext import CleanWriter, clean_file, clean_line
+from launcher.store.registry import Run
 
 RAW = ("\x1b[32mINFO\x1b[0m loading model\n"
        "Downloading:  10%|#         | 1/10\rDownloading: 100%|##########| 10/10\r\n"

@@ -1,6 +1,6 @@
 """The memory estimate is held to the GPU measurements committed in bench/results/ (issue 30 item 6).
 
-Every GPU row that ran (payload and plain-Trainer baseline) is estimated by payload/memory.py from
+Every GPU row that ran (payload and plain-Trainer baseline) is estimated by payload/model/memory.py from
 what the row describes: the model at the harness's shape (its config.json, as the harness built it),
 batch and sequence, method, checkpointing, packing/padding-free, the attention that ran, Liger, the
 QLoRA preparation; the estimate must be within 0.85-1.15 of the measured peak (torch's peak reserved +
@@ -27,10 +27,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import gpu_modes  # noqa: E402
 
-from payload.memory import Kernels, dims_from_config, estimate_gpu_memory_gb  # noqa: E402
+from payload.model.memory import Kernels, dims_from_config, estimate_gpu_memory_gb  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-TRAIN_SEED = 42  # the Trainer's seed in the harness's run config (payload.schema default)
+TRAIN_SEED = 42  # the Trainer's seed in the harness's run config (payload.config.schema default)
 
 
 def gpu_rows() -> list[tuple[str, dict]]:
@@ -80,11 +80,11 @@ def test_qlora_without_the_upcast_is_estimated_below_bf16_lora():
 
 
 def test_planning_figures_are_the_committed_measurements():
-    """launcher/throughput.py MEASURED: each entry is a payload row of the file it cites, on that GPU."""
+    """launcher/plan/throughput.py MEASURED: each entry is a payload row of the file it cites, on that GPU."""
     from gpu_flops import gpu_key
     from gpu_report import CATALOG_NAME
 
-    from launcher.throughput import MEASURED
+    from launcher.plan.throughput import MEASURED
 
     assert MEASURED
     for key, (rate, size, cite) in MEASURED.items():
@@ -116,7 +116,7 @@ def row_config(data: dict, row: dict):
 
 def row_kernels(name: str, data: dict, row: dict) -> Kernels:
     method = gpu_modes.mode(row["mode"])["method"]
-    # rows without `kbit_preparation` ran before payload.modeling dropped peft's fp32 upcast
+    # rows without `kbit_preparation` ran before payload.model.modeling dropped peft's fp32 upcast
     upcast = method == "qlora" and row.get("kbit_preparation", "fp32-upcast") == "fp32-upcast"
     padding_free = bool(row.get("padding_free"))
     return Kernels(attention=row["attn_used"], liger=bool(row.get("liger")), padding_free=padding_free,
@@ -159,15 +159,15 @@ def batch_lengths(name: str) -> list[tuple[int, ...]]:
 
 @lru_cache(maxsize=None)
 def tokenizer():
-    from payload.tiny import build_tiny_tokenizer
+    from payload.model.tiny import build_tiny_tokenizer
 
     return build_tiny_tokenizer(None)
 
 
 @lru_cache(maxsize=None)
 def shape_dims(shape: str):
-    """The model's shape as the harness built it (bench/gpu_child.py prepare: payload.tiny's config)."""
-    from payload.tiny import shape_config
+    """The model's shape as the harness built it (bench/gpu_child.py prepare: payload.model.tiny's config)."""
+    from payload.model.tiny import shape_config
 
     cfg = shape_config(gpu_modes.SHAPES[shape]["arch"], gpu_modes.shape_dims(shape), tokenizer(),
                        gpu_modes.vision_of(shape))

@@ -14,10 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from payload import export, layout, merge
+from payload import layout
+from payload.outputs import export
+from payload.outputs import merge
 from payload.config import load_run_config
 from payload.errors import PayloadError
-from payload.tiny import BASE_MODEL_DIR, materialize_tiny
+from payload.model.tiny import BASE_MODEL_DIR, materialize_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -268,8 +270,8 @@ def test_mlx_export_writes_runbook_001_metadata_and_base_step(demo_adapter, tmp_
     assert "mlx_lm.convert --hf-path tiny-qwen3 --mlx-path ./models/tiny-qwen3-bf16-MLX\n" in script
     assert " -q " not in script
 
-    from launcher.profile import load_profile
-    from launcher.render import resolved_run_config
+    from launcher.profiles.profile import load_profile
+    from launcher.profiles.render import resolved_run_config
 
     lc = resolved_run_config(load_profile("lovecraft-a100-spot"))
     lc.runtime.volume = str(tmp_path)

@@ -19,7 +19,7 @@ from payload import layout
 
 
 def test_cer_wer_exact_match_on_known_predictions():
-    from payload.evaluate import score
+    from payload.outputs.evaluate import score
 
     refs = ["DEPTH 1200 FT", "WELL A-7", "OPERATOR ACME"]
     assert score(refs, list(refs), ["cer", "wer", "exact_match"]) == {"cer": 0.0, "wer": 0.0, "exact_match": 1.0}
@@ -37,7 +37,7 @@ def test_cer_wer_exact_match_on_known_predictions():
 def test_evaluation_config_rules():
     from pydantic import ValidationError
 
-    from payload.eval_config import EvalConfig
+    from payload.config.evaluation import EvalConfig
 
     assert EvalConfig(metric_for_best="exact_match").greater_is_better
     assert EvalConfig(metric_for_best="cer").best_key == "eval_cer"
@@ -137,8 +137,8 @@ def test_image_text_records_become_image_chat(tmp_path):
 
 def test_ocr_run_end_to_end_with_eval_and_wandb_offline(train_env, monkeypatch):  # noqa: F811
     import payload.data as data_stage
-    from payload import checkpoints as ck
-    from payload import evaluate
+    from payload.volume import checkpoints as ck
+    from payload.outputs import evaluate
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
@@ -191,7 +191,7 @@ def test_ocr_run_end_to_end_with_eval_and_wandb_offline(train_env, monkeypatch):
 
 
 def test_wandb_off_without_key_says_so_once(train_env, monkeypatch, caplog):  # noqa: F811
-    from payload import tracking
+    from payload.outputs import tracking
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -209,7 +209,7 @@ def test_checkpoints_eval_chat_commands_on_a_local_run(train_env, monkeypatch): 
     from click.testing import CliRunner
 
     import payload.data as data_stage
-    from launcher import registry
+    from launcher.store import registry
     from launcher.cli import cli
     from payload.config import dump_run_config
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher.profile import ProfileError, load_profile
-from launcher.render import render_text
+from launcher.profiles.profile import ProfileError, load_profile
+from launcher.profiles.render import render_text
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "well-log-ocr-spot"
@@ -49,7 +49,7 @@ def test_rendered_task_has_any_of_and_skypilot_parses_it():
 
 
 def test_plan_takes_the_cheapest_and_lists_the_fallbacks():
-    from launcher.plan import plan_profile
+    from launcher.plan.estimate import plan_profile
 
     plan = plan_profile(load_profile(NAME))
     assert plan.accelerators == "RTX4090:1" and plan.use_spot
@@ -77,8 +77,8 @@ def test_plan_command_shows_choice_and_fallbacks_and_rehearsal():
 
 
 def test_rehearsal_overrides():
-    from launcher.profile import load_profile as load
-    from launcher.rehearse import is_rehearsal, overrides, run_id_prefix
+    from launcher.profiles.profile import load_profile as load
+    from launcher.runs.rehearse import is_rehearsal, overrides, run_id_prefix
 
     p = load(NAME)
     r = load(NAME, overrides(p))

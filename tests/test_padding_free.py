@@ -32,9 +32,10 @@ def _trainer(cfg, records):
     """The SFT trainer the payload builds for `cfg` (LoRA, no dropout), on `records`, not trained."""
     import torch
 
-    from payload import modeling, trainset
-    from payload.train import sft_config
-    from payload.trainer import trainer_class
+    from payload.model import modeling
+    from payload.data import trainset
+    from payload.train.recipe import sft_config
+    from payload.train.trainer import trainer_class
 
     torch.manual_seed(0)
     path = modeling.base_model_path(cfg)
@@ -73,7 +74,7 @@ def test_padding_free_batch_has_the_padded_batch_loss_and_gradients(train_env, m
     import torch
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling, DataCollatorForVisionLanguageModeling
 
-    from payload import trainset
+    from payload.data import trainset
 
     cfg = make_config(train_env, "eq", model=model, train={"lora": {"dropout": 0.0}, "max_seq_length": 96})
     records = _records(4)
@@ -117,7 +118,7 @@ def test_a_run_trains_padding_free_by_default_and_says_how(train_env):
 
 
 def test_padding_free_decision(tmp_path):
-    from payload import trainset
+    from payload.data import trainset
 
     cfg = make_config(tmp_path, "d", model=AUTO_VL)
     images = vl_records(tmp_path / "img", 4, 1)
@@ -135,7 +136,7 @@ def test_padding_free_decision(tmp_path):
 
 
 def test_padding_free_and_attention_are_not_math_keys():
-    from payload import runconfig
+    from payload.config import resume as runconfig
 
     assert not runconfig.changes_math("train.padding_free")
     assert not runconfig.changes_math("model.attn_implementation")
@@ -143,9 +144,9 @@ def test_padding_free_and_attention_are_not_math_keys():
 
 
 def test_plan_says_what_packing_would_save():
-    from launcher.plan import DataEstimate
-    from launcher.plan_ranges import packing_note, padding_share
-    from launcher.profile import load_profile
+    from launcher.plan.estimate import DataEstimate
+    from launcher.plan.cost import packing_note, padding_share
+    from launcher.profiles.profile import load_profile
 
     assert padding_share([10, 30], 2, 42) == pytest.approx(1 / 3) and padding_share([7] * 6, 3, 1) == 0.0
     demo = load_profile("local-demo")

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.plan import plan_profile
-from launcher.profile import load_profile
-from launcher.throughput import LINKS, cross_node_bytes_per_microstep, effective_speed
+from launcher.plan.estimate import plan_profile
+from launcher.profiles.profile import load_profile
+from launcher.plan.throughput import LINKS, cross_node_bytes_per_microstep, effective_speed
 
 CLOUD = ["lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100"]
 
@@ -124,7 +124,7 @@ def test_validate_gives_the_memory_verdict_and_refuses_what_cannot_fit(tmp_path)
 def test_the_memory_estimate_assumes_the_attention_the_rented_gpu_can_run():
     """`model.attn_implementation: auto` on a plan: flash-attn on an H100 (setup installs it), sdpa on a
     T4 (compute capability 7.5 runs neither flash-attn nor flex), whose mask the estimate then counts."""
-    from payload.memory import planned_kernels
+    from payload.model.memory import planned_kernels
 
     assert planned_kernels(load_profile("sonia-h100"), gpu_has_bf16=True).attention == "flash_attention_2"
     t4 = load_profile("spatial-vl-t4")

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.plan import estimate_data, plan_profile, train_tokens
-from launcher.profile import REPO_ROOT as REPO, load_profile, profile_names
-from launcher.speed_model import estimate
+from launcher.plan.estimate import estimate_data, plan_profile, train_tokens
+from launcher.profiles.profile import REPO_ROOT as REPO, load_profile, profile_names
+from launcher.plan.speed import estimate
 
 
 @pytest.fixture(scope="module")
@@ -207,8 +207,8 @@ def test_a_finished_local_demo_run_calibrates_plan_local_demo():
     `launch plan local-demo` then uses them: "calibrated from 1 run"."""
     import time
 
-    from launcher import registry
-    from launcher.calibration import measured_runs
+    from launcher.store import registry
+    from launcher.plan.calibration import measured_runs
 
     before = CliRunner().invoke(cli, ["plan", "local-demo", "--json"])
     assert json.loads(before.output)["throughput"]["kind"] == "cpu"
@@ -239,7 +239,7 @@ def test_up_asks_before_starting_a_run_planned_over_its_cap(monkeypatch):
     import click
 
     from launcher.catalog import PlanError
-    from launcher.budget_gate import confirm_over_budget
+    from launcher.plan.budget_gate import confirm_over_budget
 
     p = load_profile("qwen3-32b-4x4-a100")
     p = p.model_copy(update={"budget": p.budget.model_copy(update={"max_usd": 600.0})})  # plans ~$1.16k
@@ -257,7 +257,7 @@ def test_up_asks_before_starting_a_run_planned_over_its_cap(monkeypatch):
 def test_a_fetched_cloud_run_calibrates_throughput_and_phases(tmp_path):
     """A finished sonia-h100 run whose artifacts were fetched: its measured tokens/s/GPU and merge time
     replace the model's figures for the same GPU, method and model."""
-    from launcher import registry
+    from launcher.store import registry
 
     p = load_profile("sonia-h100")
     art = tmp_path / "artifacts" / "sonia-h100-1"
@@ -276,7 +276,7 @@ def test_a_fetched_cloud_run_calibrates_throughput_and_phases(tmp_path):
 
 
 def test_compare_ranks_a_multi_node_profile_beside_the_runbooks_own_layout():
-    from launcher.plan_compare import compare
+    from launcher.plan.compare import compare
 
     p = load_profile("qwen3-32b-4x4-a100")
     rows = compare(p, plan_profile(p, compare_layouts=False))["rows"]

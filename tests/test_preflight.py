@@ -114,7 +114,7 @@ def test_gradient_checkpointing_auto_decided_by_the_estimate():
 
 
 def test_model_shapes_by_name_and_from_config():
-    from payload.tiny import build_tiny_model, build_tiny_tokenizer
+    from payload.model.tiny import build_tiny_model, build_tiny_tokenizer
 
     assert preflight.dims_from_name("VocaborSilentii/Qwen3-VL-32B-Instruct").params == pytest.approx(33.3e9, rel=0.01)
     assert preflight.dims_from_name("Qwen/Qwen3-32B").layers == 64

@@ -40,11 +40,11 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
 
 
 def qwen25_tokenizer():
-    """The tiny tokenizer (payload/tiny.py, Qwen's special tokens) with Qwen2.5's own chat template
+    """The tiny tokenizer (payload/model/tiny.py, Qwen's special tokens) with Qwen2.5's own chat template
     (TRL ships a copy): no {% generation %} markers, so SFTTrainer swaps in its training template."""
     import trl
 
-    from payload.tiny import build_tiny_tokenizer
+    from payload.model.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
@@ -78,7 +78,7 @@ def test_alpaca_instruction_as_system_is_the_runbook_001_layout():
 
 
 def test_lovecraft_profile_declares_the_runbook_layout():
-    from launcher.profile import load_profile
+    from launcher.profiles.profile import load_profile
     from payload.config import SourceConfig
 
     src = load_profile("lovecraft-a100-spot").data.sources[0]
@@ -109,12 +109,12 @@ def test_token_view_masks_what_sft_trainer_masks(tmp_path, alpaca):
     """The preview's tokens and trained mask equal the ones TRL's SFTTrainer prepares for training."""
     from trl import SFTConfig, SFTTrainer
 
-    from launcher.profile import load_profile
-    from launcher.render import resolved_run_config
-    from payload import trainset
+    from launcher.profiles.profile import load_profile
+    from launcher.profiles.render import resolved_run_config
+    from payload.data import trainset
     from payload.config import TinyModel
     from payload.data import preview as pv
-    from payload.tiny import build_tiny_model
+    from payload.model.tiny import build_tiny_model
 
     p = load_profile("lovecraft-a100-spot", overrides=(f"data.sources.0.path={alpaca}",))
     cfg = resolved_run_config(p)

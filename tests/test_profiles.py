@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.profile import ProfileError, load_profile, profile_names, total_gpus
+from launcher.profiles.profile import ProfileError, load_profile, profile_names, total_gpus
 from launcher.catalog import plan_price
-from launcher.render import CONTROLLER_AUTOSTOP, render_all, render_profile, render_text, stale
+from launcher.profiles.render import CONTROLLER_AUTOSTOP, render_all, render_profile, render_text, stale
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = ["local-demo", "lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100", "spatial-vl-t4"]
@@ -237,7 +237,7 @@ def test_no_secret_values_in_rendered_files(monkeypatch):
 
 
 def test_plan_sonia_is_runpod_2x_h100_with_dollars():
-    from launcher.plan import plan_profile
+    from launcher.plan.estimate import plan_profile
 
     plan = plan_profile(load_profile("sonia-h100"))
     assert plan.cloud == "RunPod" and plan.instance_type == "2x_H100-SXM_SECURE"
@@ -248,7 +248,7 @@ def test_plan_sonia_is_runpod_2x_h100_with_dollars():
 
 
 def test_plan_multi_node_falls_through_to_a_cloud_that_can():
-    from launcher.plan import plan_profile
+    from launcher.plan.estimate import plan_profile
 
     plan = plan_profile(load_profile("qwen3-32b-4x4-a100"))
     assert plan.cloud == "Azure" and plan.num_nodes == 2 and plan.gpus == 16
@@ -258,7 +258,7 @@ def test_plan_multi_node_falls_through_to_a_cloud_that_can():
 
 
 def test_plan_lovecraft_matches_the_runbook_duration():
-    from launcher.plan import plan_profile
+    from launcher.plan.estimate import plan_profile
 
     plan = plan_profile(load_profile("lovecraft-a100-spot"))
     spot = catalog_row("runpod_vms.csv", "1x_A100-80GB-SXM_SECURE")["SpotPrice"]

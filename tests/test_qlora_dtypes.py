@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from payload import modeling
+from payload.model import modeling
 from train_fixtures import make_config
 
 DIMS = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,

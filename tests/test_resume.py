@@ -25,10 +25,10 @@ from train_fixtures import (  # noqa: E402
     train_in_process, wait_for, write_config, write_text_data, KILL_TIMEOUT,
 )
 
-from payload import checkpoints as ck  # noqa: E402
+from payload.volume import checkpoints as ck  # noqa: E402
 from payload import layout  # noqa: E402
 from payload.errors import BudgetExhausted  # noqa: E402
-from payload.money import CostTracker  # noqa: E402
+from payload.volume.money import CostTracker  # noqa: E402
 
 __all__ = ["train_env"]
 

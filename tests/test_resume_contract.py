@@ -20,9 +20,9 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from launcher import registry  # noqa: E402
+from launcher.store import registry  # noqa: E402
 from launcher.cli import cli  # noqa: E402
-from launcher.registry import Run  # noqa: E402
+from launcher.store.registry import Run  # noqa: E402
 from test_skypilot_backend import FakeSky  # noqa: E402
 
 BACKENDS = ("local", "ssh", "skypilot")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.profile import load_profile
+from launcher.profiles.profile import load_profile
 from payload.config import RunConfig
 from payload.data.records import canonicalize
-from payload.eval_config import best_metric, exported_checkpoint
+from payload.config.evaluation import best_metric, exported_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = {"000": "sonia-h100", "001": "lovecraft-a100-spot", "002": "well-log-ocr-spot",
@@ -38,7 +38,7 @@ class View:
     def attention(self, batch: str) -> list[str]:
         """The kernels the run tries for `batch` on an H100 with flash-attn, flex_attention left out
         (the runbooks knew only flash-attention 2, sdpa and eager)."""
-        from payload.attention import Machine, candidates
+        from payload.model.attention import Machine, candidates
 
         machine = Machine(cuda=True, capability=(9, 0), flash_attn=True)
         return [i for i, _ in candidates(self.cfg, batch, machine) if i != "flex_attention"]
@@ -201,7 +201,7 @@ def test_the_exported_checkpoint_is_said_not_silent():
 
 
 def test_the_header_of_every_profile_has_the_block():
-    from launcher.profile import profile_names
+    from launcher.profiles.profile import profile_names
 
     assert set(PROFILES.values()) <= set(profile_names())
     for name in profile_names():
@@ -215,7 +215,7 @@ def test_the_header_of_every_profile_has_the_block():
 def test_the_example_validate_prints_is_data_the_stage_accepts(tmp_path, fmt):
     from PIL import Image
 
-    from launcher.datahints import examples
+    from launcher.profiles.datahints import examples
     from payload.config import DataConfig
     from payload.data import prepare
 

@@ -1,4 +1,4 @@
-"""The payload's own resume check (payload/runconfig.py): a run resumed without the launcher (plain
+"""The payload's own resume check (payload/config/resume.py): a run resumed without the launcher (plain
 `sky jobs launch`, `python -m payload train`) with a config whose math differs from the resolved
 config recorded in its run directory is refused before anything trains; cadence changes and
 changes allowed with LAUNCH_ALLOW_CHANGE are accepted and appended to `config_history.jsonl`."""
@@ -13,7 +13,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import make_config, train_env, train_in_process  # noqa: E402
 
-from payload import layout, runconfig  # noqa: E402
+from payload import layout  # noqa: E402
+from payload.config import resume as runconfig
 from payload.config import dump_run_config  # noqa: E402
 from payload.errors import PayloadError  # noqa: E402
 

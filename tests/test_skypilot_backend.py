@@ -28,13 +28,14 @@ from sky.jobs import ManagedJobStatus  # noqa: E402
 from sky.skylet.job_lib import JobStatus  # noqa: E402
 from sky.utils.status_lib import ClusterStatus  # noqa: E402
 
-from launcher import registry, render  # noqa: E402
+from launcher.store import registry  # noqa: E402
+from launcher.profiles import render
 from launcher.backends import BackendError, LaunchSpec  # noqa: E402
 from launcher.backends import skypilot as sp  # noqa: E402
 from launcher.backends.skypilot import control  # noqa: E402
 from launcher.backends.skypilot.sdk import MANAGED_JOB_FIELDS  # noqa: E402
-from launcher.profile import REPO_ROOT, Profile, load_profile  # noqa: E402
-from launcher.registry import Run  # noqa: E402
+from launcher.profiles.profile import REPO_ROOT, Profile, load_profile  # noqa: E402
+from launcher.store.registry import Run  # noqa: E402
 
 HF, WANDB = "hf_test_secret_value_1234", "wandb_test_secret_value_5678"
 
@@ -581,7 +582,7 @@ def test_fetch_and_status_from_a_live_cluster(fake, cluster_ssh, tmp_path):
     assert (st.state, st.step, st.max_steps, st.loss, st.cost_usd) == ("running", 40, 600, 1.25, 3.5)
     assert fake.one("job_status")[1:] == (("r1",), {"job_ids": [7]})
 
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
 
     dest = tmp_path / "artifacts" / "r1"
     report = fetch(sp.SkyPilotBackend(), cluster_run(str(run_dir)), dest)  # no MANIFEST: a run still going
@@ -596,7 +597,7 @@ def test_fetch_and_status_from_a_live_cluster(fake, cluster_ssh, tmp_path):
 
 
 def test_fetch_detects_a_short_copy(fake, cluster_ssh, tmp_path, monkeypatch):
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
 
     run_dir = tmp_path / "volume" / "runs" / "r1"
     run_dir.mkdir(parents=True)
@@ -634,7 +635,7 @@ def test_managed_job_fetch_from_the_runpod_volume_s3_api(fake, monkeypatch, tmp_
         from artifact_fixtures import FakeS3
     except ImportError:
         from tests.artifact_fixtures import FakeS3
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
 
     monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
     monkeypatch.setenv("RUNPOD_S3_ACCESS_KEY", "user_abc")

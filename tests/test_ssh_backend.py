@@ -22,8 +22,8 @@ import yaml
 
 from launcher.backends import BackendError, LaunchSpec
 from launcher.backends.ssh import SSHBackend, _state
-from launcher.profile import REPO_ROOT
-from launcher.registry import Run
+from launcher.profiles.profile import REPO_ROOT
+from launcher.store.registry import Run
 from payload import layout
 
 try:  # tests/ is a plain directory (pytest puts it on sys.path) or, later, a package
@@ -230,7 +230,7 @@ def test_logs_follow_survives_dropped_connection(fake_run, sshd):
 
 
 def test_completed_status_and_fetch_verified(fake_run, tmp_path):
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
 
     backend, run = fake_run
     release(run)
@@ -423,8 +423,8 @@ def test_unreachable_host_status_does_not_raise(env):
 def demo_spec(tmp_path: Path, run_id: str, run: Run | None = None, export_mlx: bool = False,
               **train) -> LaunchSpec:
     """The real local-demo task (tiny model, CPU), rendered with `train` overrides."""
-    from launcher.profile import load_profile
-    from launcher.render import render_text
+    from launcher.profiles.profile import load_profile
+    from launcher.profiles.render import render_text
 
     prof = yaml.safe_load((REPO_ROOT / "clusters" / "local-demo.yaml").read_text())
     prof["train"].update(train)
@@ -455,7 +455,7 @@ def test_local_demo_end_to_end_over_ssh(sshd, env, tmp_path):
     assert code == 0, out.text()[-3000:]
     st = backend.status(run)
     assert st.state == "completed" and st.step == 10, st
-    from launcher.artifacts import fetch
+    from launcher.store.artifacts import fetch
 
     report = fetch(backend, run, tmp_path / "art")
     assert report.ok and report.checked == "sha256" and not report.notes, report  # the real MANIFEST

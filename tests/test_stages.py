@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from payload import checkpoints as ck
+from payload.volume import checkpoints as ck
 from payload import layout
 from stage_fixtures import stage_config, write_stage_data
 from train_fixtures import KILL_TIMEOUT, adapter_tensors, start_payload, train_env, wait_for, write_config  # noqa: F401
@@ -18,7 +18,7 @@ from train_fixtures import KILL_TIMEOUT, adapter_tensors, start_payload, train_e
 
 
 def _sha(path: Path) -> str:
-    from payload.checksums import sha256_file
+    from payload.volume.checksums import sha256_file
 
     return sha256_file(Path(path) / "adapter_model.safetensors")
 
@@ -33,7 +33,7 @@ def test_three_stages_chain_adapters_and_call_the_named_rewards(train_env, tmp_p
     monkeypatch.setenv("REWARD_LOG", str(log))
     data = write_stage_data(tmp_path / "data")
     cfg = stage_config(train_env, data)
-    import payload.stages as stages
+    import payload.train.stages as stages
 
     summary = stages.main(cfg)
     rd = cfg.run_dir
@@ -153,11 +153,11 @@ def test_a_profile_without_stages_is_unchanged():
 def test_fp16_is_chosen_where_bf16_is_missing_and_scales_the_loss(monkeypatch, tmp_path):
     """A T4 (CUDA, no bf16): dtype auto -> float16, trainer args fp16 (GradScaler) for SFT and DPO;
     then one fp16-autocast step with loss scaling on CPU, as far as this torch allows."""
-    from payload import modeling
+    from payload.model import modeling
     from payload.config import ModelConfig
-    from payload.preference import dpo_config
-    from payload.stage_config import stage_run_config
-    from payload.train import sft_config
+    from payload.train.preference import dpo_config
+    from payload.config.stages import stage_run_config
+    from payload.train.recipe import sft_config
 
     monkeypatch.setattr(modeling, "on_gpu", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
@@ -190,10 +190,10 @@ def test_spatial_profile_validates_renders_and_plans_each_stage():
     from click.testing import CliRunner
 
     from launcher.cli import cli
-    from launcher.plan import plan_profile
-    from launcher.profile import load_profile
+    from launcher.plan.estimate import plan_profile
+    from launcher.profiles.profile import load_profile
     from launcher.catalog import plan_price
-    from launcher.render import render_profile
+    from launcher.profiles.render import render_profile
 
     p = load_profile("spatial-vl-t4")
     assert [s.kind for s in p.stages] == ["sft", "dpo", "grpo"]
@@ -226,8 +226,8 @@ def test_spatial_profile_validates_renders_and_plans_each_stage():
 
 
 def test_a_stage_that_cannot_fit_is_refused_by_the_memory_estimate():
-    from launcher.plan import memory_verdict
-    from launcher.profile import load_profile
+    from launcher.plan.estimate import memory_verdict
+    from launcher.profiles.profile import load_profile
 
     p = load_profile("spatial-vl-t4")
     grpo = p.stages[2].model_copy(update={"train": {**p.stages[2].train, "per_device_batch_size": 64,
@@ -256,7 +256,7 @@ def test_vision_language_stages_train_on_images(train_env, tmp_path):
     body = stage_config(train_env, data, steps=(2, 2, 2)).model_dump(mode="json")
     body["model"], body["train"]["max_seq_length"] = VL_MODEL, 256
     body["stages"][2]["grpo"]["rewards"] = ["exact_match", "format"]
-    import payload.stages as stages
+    import payload.train.stages as stages
 
     cfg = RunConfig.model_validate(body)
     summary = stages.main(cfg)
@@ -268,8 +268,8 @@ def test_vision_language_stages_train_on_images(train_env, tmp_path):
 
 
 def test_validate_names_a_missing_stage_data_file_with_its_line():
-    from launcher.checks import data_file_report
-    from launcher.profile import resolve_profile_path
+    from launcher.profiles.checks import data_file_report
+    from launcher.profiles.profile import resolve_profile_path
 
     problems, _ = data_file_report(resolve_profile_path("spatial-vl-t4"))
     stage = [p for p in problems if "stages.2.data.sources.0.path: data/spatial/grpo.jsonl not found" in p]

@@ -1,4 +1,4 @@
-"""`launch down`'s save-and-exit request (payload/stop_request.py), on a real tiny CPU training run:
+"""`launch down`'s save-and-exit request (payload/volume/stop_request.py), on a real tiny CPU training run:
 the trainer sees the request file, saves a complete checkpoint whatever a save costs (a SIGTERM save is
 skipped when it would outlast the signal's deadline), records it in status.json and exits 5; the next
 session removes the old request and resumes from that checkpoint to the uninterrupted run's adapter."""
@@ -17,8 +17,9 @@ from train_fixtures import (  # noqa: E402
     wait_for, write_config, write_text_data,
 )
 
-from payload import checkpoints as ck  # noqa: E402
-from payload import layout, stop_request  # noqa: E402
+from payload.volume import checkpoints as ck  # noqa: E402
+from payload import layout  # noqa: E402
+from payload.volume import stop_request
 from payload.errors import EXIT_STOP_REQUESTED, state_for_exit  # noqa: E402
 
 __all__ = ["train_env"]

@@ -29,7 +29,7 @@ __all__ = ["train_env"]  # the fixture, imported for pytest
 def test_tiny_tokenizer_is_deterministic_and_has_qwen_specials(tmp_path):
     from transformers import AutoTokenizer
 
-    from payload.tiny import SPECIAL_TOKENS, build_tiny_tokenizer
+    from payload.model.tiny import SPECIAL_TOKENS, build_tiny_tokenizer
 
     build_tiny_tokenizer(tmp_path / "a")
     build_tiny_tokenizer(tmp_path / "b")
@@ -45,7 +45,7 @@ def test_tiny_tokenizer_is_deterministic_and_has_qwen_specials(tmp_path):
 
 def test_tiny_model_same_seed_gives_byte_identical_weights(tmp_path):
     from payload.config import ModelConfig, TinyModel
-    from payload.tiny import materialize_tiny
+    from payload.model.tiny import materialize_tiny
 
     for arch in ("qwen3", "qwen3_vl"):
         mc = ModelConfig(name_or_path="x", kind="causal_lm" if arch == "qwen3" else "image_text_to_text",
@@ -61,7 +61,7 @@ def test_tiny_model_same_seed_gives_byte_identical_weights(tmp_path):
 
 
 def _setup(cfg):
-    import payload.train as train
+    import payload.train.recipe as train
 
     run = train.Run(cfg=cfg, run_dir=cfg.run_dir)
     train.setup(run)
@@ -141,7 +141,7 @@ def test_loss_only_on_assistant_tokens_vl(train_env):
 
 
 def test_vision_tower_freeze_is_asserted(train_env):
-    from payload import modeling
+    from payload.model import modeling
 
     cfg = make_config(train_env, "vision", model=VL_MODEL)
     write_vl_data(cfg.run_dir, n_train=4, n_val=0)
@@ -254,7 +254,7 @@ def test_qlora_on_cpu_is_a_clear_error(train_env):
 
 
 def test_attention_fallback_order_is_logged(train_env, caplog):
-    from payload import modeling
+    from payload.model import modeling
 
     cfg = make_config(train_env, "attn", model={"name_or_path": "tiny", "tiny": {"arch": "qwen3"},
                                                 "attn_implementation": ["flash_attention_2", "eager", "sdpa"]})
@@ -270,7 +270,7 @@ def test_attention_fallback_order_is_logged(train_env, caplog):
 
 
 def test_deepspeed_zero3_config_from_switches(train_env):
-    from payload import modeling
+    from payload.model import modeling
     from payload.config import DeepSpeedConfig
 
     ds = modeling.deepspeed_config(DeepSpeedConfig(zero_stage=3, offload_optimizer=True, offload_params=True))

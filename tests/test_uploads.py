@@ -15,10 +15,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import uploads
+from launcher.profiles import uploads
 from launcher.cli import cli
-from launcher.profile import REPO_ROOT, load_profile, profile_names
-from launcher.render import render_text
+from launcher.profiles.profile import REPO_ROOT, load_profile, profile_names
+from launcher.profiles.render import render_text
 
 
 def _profile(*sources, kind="causal_lm"):
@@ -31,7 +31,7 @@ def repo(tmp_path, monkeypatch):
     """A repo with secrets lying around everywhere an upload could pick them up."""
     root = tmp_path / "repo"
     files = {
-        "payload/__init__.py": "", "payload/train.py": "x = 1\n", "payload/requirements-gpu.txt": "torch\n",
+        "payload/__init__.py": "", "payload/train/recipe.py": "x = 1\n", "payload/requirements-gpu.txt": "torch\n",
         "payload/data/sources.py": "", "payload/__pycache__/train.cpython-311.pyc": "cache",
         "payload/.env": "HF_TOKEN=hf_secret", "payload/id_ed25519": "KEY", "payload/notes.ipynb": "{}",
         "data/a.jsonl": '{"x": 1}\n', "data/b.jsonl": "unnamed\n", "data/.env": "SECRET=1",
@@ -54,7 +54,7 @@ def test_only_payload_code_the_config_and_named_data_travel(repo, tmp_path):
     p = _profile(("data/a.jsonl", None), ("data/vl/train.jsonl", None), (str(tmp_path / "outside.jsonl"), None),
                  ("../outside.jsonl", None), ("data/missing.jsonl", None), kind="image_text_to_text")
     up = uploads.upload_plan(p, repo / "sky/config/mine.yaml", "sky/config/mine.yaml")
-    assert set(up.files) == {"payload/__init__.py", "payload/train.py", "payload/requirements-gpu.txt",
+    assert set(up.files) == {"payload/__init__.py", "payload/train/recipe.py", "payload/requirements-gpu.txt",
                              "payload/data/sources.py", "data/a.jsonl", "data/vl/train.jsonl",
                              "data/vl/img/1.png", "sky/config/mine.yaml"}
     assert up.bytes == sum(p.stat().st_size for p in up.files.values())
@@ -89,8 +89,8 @@ def test_skypilot_gets_a_staged_workdir_of_exactly_the_list(monkeypatch):
     .skyignore that excludes nothing; the committed .skyignore is not in it."""
     from launcher.backends import LaunchSpec
     from launcher.backends import skypilot as sp
-    from launcher.registry import Run
-    from launcher.render import config_path, task_path
+    from launcher.store.registry import Run
+    from launcher.profiles.render import config_path, task_path
 
     spec = LaunchSpec(run=Run(id="sonia-h100-1", profile="sonia-h100", backend="skypilot"),
                       profile=load_profile("sonia-h100"), task_yaml=task_path("sonia-h100"),
@@ -101,7 +101,7 @@ def test_skypilot_gets_a_staged_workdir_of_exactly_the_list(monkeypatch):
     expected = uploads.upload_plan(spec.profile, spec.config_yaml, "sky/config/sonia-h100.yaml").files
     assert files == set(expected) | {".skyignore"}
     assert (staged / ".skyignore").read_text().startswith("#") and len((staged / ".skyignore").read_text().splitlines()) == 1
-    assert (staged / "payload/train.py").stat().st_ino == (REPO_ROOT / "payload/train.py").stat().st_ino
+    assert (staged / "payload/train/recipe.py").stat().st_ino == (REPO_ROOT / "payload/train/recipe.py").stat().st_ino
     uploads.remove_staged(spec.run.id)
     assert not staged.exists()
 
@@ -112,7 +112,7 @@ def test_committed_skyignore_keeps_secrets_out_of_a_plain_sky_launch(tmp_path):
     from sky.data import storage_utils
 
     root = tmp_path / "repo"
-    for rel in ("payload/train.py", "sky/config/x.yaml", "data/a.jsonl", ".skyignore"):
+    for rel in ("payload/train/recipe.py", "sky/config/x.yaml", "data/a.jsonl", ".skyignore"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes((REPO_ROOT / rel).read_bytes() if (REPO_ROOT / rel).is_file() else b"x")
     secrets = ("clusters/.env", ".env", "data/.env.local", "data/id_rsa", "payload/key.pem",
@@ -124,11 +124,11 @@ def test_committed_skyignore_keeps_secrets_out_of_a_plain_sky_launch(tmp_path):
     kept = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()
             and not any(p.relative_to(root).as_posix() == e or p.relative_to(root).as_posix().startswith(e.rstrip("/") + "/")
                         for e in excluded)}
-    assert kept == {"payload/train.py", "sky/config/x.yaml", "data/a.jsonl", ".skyignore"}
+    assert kept == {"payload/train/recipe.py", "sky/config/x.yaml", "data/a.jsonl", ".skyignore"}
 
 
 def test_up_dry_run_lists_the_upload_and_starts_nothing(tmp_path):
-    from launcher import registry
+    from launcher.store import registry
 
     r = CliRunner().invoke(cli, ["up", "local-demo", "--dry-run"])
     assert r.exit_code == 0, r.output
@@ -156,7 +156,7 @@ def test_a_data_path_that_leads_out_of_the_repo_by_any_route_is_not_uploaded(rep
 
 
 def test_the_boundary_rule(tmp_path):
-    from launcher.boundary import inside
+    from launcher.profiles.boundary import inside
 
     root = tmp_path / "root"
     (root / "d").mkdir(parents=True)

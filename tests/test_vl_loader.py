@@ -1,9 +1,9 @@
-"""Vision-language batches are collated in dataloader workers on a GPU (payload.train.dataloader_workers):
+"""Vision-language batches are collated in dataloader workers on a GPU (payload.train.recipe.dataloader_workers):
 the batches, and the main process's RNG stream (dropout), are the same as without workers."""
 
 import torch
 
-from payload import train
+from payload.train import recipe as train
 from train_fixtures import VL_MODEL, make_config, train_env, write_vl_data  # noqa: F401  (fixture)
 
 

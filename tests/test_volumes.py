@@ -20,11 +20,12 @@ from sky import exceptions as ex  # noqa: E402
 from sky.data.storage import StoreType  # noqa: E402
 from test_skypilot_backend import FakeSky, runpod_graphql, spec_for  # noqa: E402
 
-from launcher import registry, volumes  # noqa: E402
+from launcher.store import registry  # noqa: E402
+from launcher.runs import volumes
 from launcher.backends import BackendError  # noqa: E402
 from launcher.backends import skypilot as sp  # noqa: E402
 from launcher.cli import cli  # noqa: E402
-from launcher.registry import Run  # noqa: E402
+from launcher.store.registry import Run  # noqa: E402
 
 DAY = 86400
 
@@ -59,7 +60,7 @@ def launch(*args, input=None):
 
 
 def test_lists_size_age_cost_per_month_and_last_run(fake, monkeypatch):
-    from launcher import ui
+    from launcher.term import ui
 
     fake.results["storage_ls"] = [bucket()]
     save_run("sonia-h100-20261101-000000", "sonia-h100", volume={"name": "sonia-workspace"})
@@ -214,7 +215,7 @@ def test_no_stock_anywhere_creates_nothing_and_launches_nothing(fake, monkeypatc
 
 def test_a_reused_volume_out_of_stock_is_said_before_launch(monkeypatch):
     from launcher.backends.skypilot.runpod_volumes import stock_note
-    from launcher.profile import load_profile
+    from launcher.profiles.profile import load_profile
 
     monkeypatch.setenv("RUNPOD_API_KEY", "rp_key")
     runpod_graphql(monkeypatch, stock_answer(["US-CA-2"]))

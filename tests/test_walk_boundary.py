@@ -195,7 +195,7 @@ def test_an_infinite_budget_is_refused_in_the_profile_and_through_set(tmp_path):
 
 def test_json_output_is_strict_even_for_a_run_recorded_with_an_infinite_budget(tmp_path, monkeypatch):
     """A run an older version recorded with `budget $inf` (and a NaN price): `--json` stays JSON."""
-    from launcher import registry
+    from launcher.store import registry
 
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "user-launch-home"))
     registry.save(registry.Run(id="local-demo-20261126-000000", profile="local-demo", backend="local",

@@ -61,7 +61,7 @@ def assert_nothing_left(tmp_path: Path, port: int, monkeypatch) -> None:
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             env_home = None
         assert f"--port={port}" not in cmdline and env_home != home, f"API server left running: {cmdline}"
-    from launcher import registry
+    from launcher.store import registry
 
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "user-launch-home"))
     assert [r.id for r in registry.all_runs() if r.state in registry.ACTIVE_STATES] == []

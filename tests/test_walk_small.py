@@ -27,8 +27,8 @@ def user_home(tmp_path, monkeypatch):
 
 def local_run(tmp_path, rid: str, state: str, status: dict | None = None, **run):
     """A local-backend run of local-demo in the registry, its run dir holding `status.json`."""
-    from launcher import registry
-    from launcher.registry import Run
+    from launcher.store import registry
+    from launcher.store.registry import Run
     from payload import layout
 
     volume = tmp_path / "volume"
@@ -97,12 +97,12 @@ def test_status_json_with_no_runs_is_an_empty_list(tmp_path):
 
 
 def test_the_budget_stop_shows_sub_cent_money_and_names_the_users_fix():
-    from payload.money import usd
-    from payload.train import end_of_training
+    from payload.volume.money import usd
+    from payload.train.recipe import end_of_training
 
     assert [usd(x) for x in (None, 0, 0.00004, 0.0042, 0.01, 1234.5)] == \
         ["-", "$0.00", "<$0.0001", "$0.0042", "$0.01", "$1,234.50"]
-    from launcher.units import money
+    from launcher.term.units import money
 
     assert money(0.0042) == "$0.0042"  # one formatter for launch and the machine
     run = types.SimpleNamespace(
@@ -130,7 +130,7 @@ def test_volumes_without_skypilot_runs_starts_no_api_server_and_prints_no_escape
 def test_a_skypilot_session_stops_the_api_server_it_started_and_keeps_stdout_clean(monkeypatch, capsys):
     """With SkyPilot runs the SDK is asked: its coloured lines go to stderr without escapes (not a tty
     here) and a local API server the first call started is stopped (SkyPilot replaced at its edge)."""
-    from launcher import volumes
+    from launcher.runs import volumes
     from launcher.backends.skypilot import control
 
     stops, pids = [], iter([[], [4242]])  # none before the command; one with this command's mark after
@@ -186,8 +186,8 @@ def test_a_boolean_where_a_number_belongs_is_refused(tmp_path):
 
 
 def test_resume_of_a_completed_run_trains_further_only_with_more_steps(user_home):
-    from launcher.experiment import flat_config
-    from launcher.profile import load_profile
+    from launcher.runs.experiment import flat_config
+    from launcher.profiles.profile import load_profile
 
     rid = "local-demo-20261126-000003"
     local_run(user_home, rid, "completed", {"state": "completed", "exit_code": 0},

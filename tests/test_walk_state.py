@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import registry
-from launcher.profile import load_profile
+from launcher.store import registry
+from launcher.profiles.profile import load_profile
 
 try:
     from test_contract import _spec, machine_backend

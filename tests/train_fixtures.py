@@ -1,7 +1,7 @@
 """Helpers and fixtures of the training tests (test_train, test_resume, test_distributed).
 
 Tiny models on CPU, synthetic canonical records written straight into `{run_dir}/data/`, runs
-either in-process (`payload.train.main`) or as `python -m payload train --config FILE`
+either in-process (`payload.train.recipe.main`) or as `python -m payload train --config FILE`
 subprocesses (always with a timeout).
 """
 
@@ -216,7 +216,7 @@ def train_env(monkeypatch, tmp_path):
 
 
 def train_in_process(cfg) -> dict:
-    import payload.train as train
+    import payload.train.recipe as train
 
     return train.main(cfg)
 

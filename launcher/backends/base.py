@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 from ..errors import BackendError
-from ..registry import Run
+from launcher.store.registry import Run
 
 
 @dataclass
@@ -21,7 +21,7 @@ class LaunchSpec:
     """Everything a backend needs to start a run."""
 
     run: Run
-    profile: object  # launcher.profile.Profile
+    profile: object  # launcher.profiles.profile.Profile
     task_yaml: Path  # rendered sky/<profile>.yaml
     config_yaml: Path  # rendered sky/config/<profile>.yaml (resolved run config)
     envs: dict[str, str] = field(default_factory=dict)
@@ -114,7 +114,7 @@ class Backend(abc.ABC):
         `launch down`, launcher/backends/final_save.py); False when this backend cannot reach it."""
         return False
 
-    # Files: backends only move bytes. Layout, confinement and verification are launcher.artifacts'.
+    # Files: backends only move bytes. Layout, confinement and verification are launcher.store.artifacts'.
 
     @abc.abstractmethod
     def list_files(self, run: Run, roots: tuple[str, ...]) -> dict[str, int]:

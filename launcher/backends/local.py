@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 from payload import layout
-from payload.checksums import regular_files
+from payload.volume.checksums import regular_files
 
 from ..errors import BackendError
-from ..registry import Run
-from ..state import state_dir
+from launcher.store.registry import Run
+from launcher.store.state import state_dir
 from .base import Access, Backend, LaunchSpec, RemoteStatus, end_state, tail_offset
 from .tasks import load_task, node_env, node_script, workdir_files
 

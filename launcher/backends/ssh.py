@@ -33,9 +33,9 @@ import paramiko
 
 from payload import layout
 
-from ..artifacts import list_command, parse_listing
+from launcher.store.artifacts import list_command, parse_listing
 from ..errors import BackendError
-from ..registry import Run
+from launcher.store.registry import Run
 from .base import Access, Backend, LaunchSpec, RemoteStatus, end_state, remote_command, tail_offset
 from .ssh_scripts import DOWN_CMD, DRIVER, SEED_AND_LIST, START, STATUS_CMD
 from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect

@@ -14,7 +14,7 @@ from typing import Optional
 
 import yaml
 
-from ..uploads import upload_plan
+from launcher.profiles.uploads import upload_plan
 
 
 def load_task(task_yaml: Path) -> dict:
@@ -57,6 +57,6 @@ def export_lines(env: dict[str, str], skip: Optional[set[str]] = None) -> str:
 
 
 def workdir_files(profile, config_yaml: Path, config_rel: str) -> dict[str, Path]:
-    """What is uploaded as the workdir (launcher/uploads.py: an allowlist of the payload's code, the
+    """What is uploaded as the workdir (launcher/profiles/uploads.py: an allowlist of the payload's code, the
     run's resolved config at the path the task's LAUNCH_CONFIG names, and the profile's data files)."""
     return upload_plan(profile, config_yaml, config_rel).files

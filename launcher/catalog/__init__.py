@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..state import state_dir
+from launcher.store.state import state_dir
 
 HERE = Path(__file__).resolve().parent
 SNAPSHOT = HERE / "v8"
@@ -121,7 +121,7 @@ class Choice:
 
 def planning_task(p, use_spot: Optional[bool] = None) -> dict:
     """The rendered task as the optimizer gets it (no workdir: planning uploads nothing)."""
-    from ..render import task_dict
+    from launcher.profiles.render import task_dict
 
     d = task_dict(p, 0.0)
     if use_spot is not None:

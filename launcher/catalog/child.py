@@ -7,7 +7,7 @@ import sys
 from dataclasses import asdict
 
 from launcher.catalog import PlanError, optimize
-from launcher.profile import Profile
+from launcher.profiles.profile import Profile
 
 
 def main() -> None:

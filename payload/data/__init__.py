@@ -44,7 +44,7 @@ def load_tokenizer(cfg):
     import os
     from pathlib import Path
 
-    from payload import modeling
+    from payload.model import modeling
     from payload.errors import PayloadError
 
     os.environ.setdefault("HF_HOME", cfg.runtime.hf_home or str(Path(cfg.runtime.volume) / ".hf"))

@@ -1,6 +1,6 @@
 """What the trainer sees, before any GPU: the first training examples as records, roles and tokens.
 
-`launch data preview` (launcher/preview.py) calls these; nothing here re-implements a step:
+`launch data preview` (launcher/profiles/preview.py) calls these; nothing here re-implements a step:
 
 - the records are the data stage's own output: `check_sample` (sources -> transforms -> dedup ->
   split; the check `launch validate`, `plan` and `up` run too) writes train.jsonl, read back with
@@ -18,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from payload import layout, trainset
+from payload import layout
+from payload.data import trainset
 from payload.errors import PayloadError
 
 from .pipeline import check_sample
@@ -58,7 +59,7 @@ def role_view(record: dict, assistant_only_loss: bool) -> list[dict]:
 def load_cached_tokenizer(cfg):
     """(tokenizer, None) loaded the way training loads it, from a local model directory or the
     Hugging Face cache's snapshot (never the network); or (None, why) when it is not there."""
-    from payload import modeling
+    from payload.model import modeling
 
     m = cfg.model
     path = modeling.base_model_path(cfg) if m.tiny is not None else _local_snapshot(m.name_or_path, m.revision)

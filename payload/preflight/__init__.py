@@ -6,7 +6,7 @@ Each check gives `ok`, `warn` or `fail` with one line of detail; any `fail` rais
 listing the failing lines. Checks: data sources readable (local files exist and are non-empty; hub
 ids checked for syntax), base model reference, run directory and HF cache writable, free disk
 against what the run will write, HF_TOKEN present where needed (presence only, the value is never
-shown), the installed packages against the payload's minimums (payload/versions.py), the
+shown), the installed packages against the payload's minimums (payload/preflight/versions.py), the
 GPU-memory estimate against the GPU, and, over the network (runbook 002's pre-flight; skipped with
 LAUNCH_PREFLIGHT_OFFLINE=1 or HF_HUB_OFFLINE=1): each Hub dataset reachable, the base model on the
 Hub, WANDB_API_KEY valid (see "network checks" below for ok / fail / warn).
@@ -22,15 +22,7 @@ import os
 from dataclasses import asdict
 
 from payload.errors import PayloadError
-from payload.memory import (  # noqa: F401  (re-exported: preflight's public face)
-    GIB,
-    ModelDims,
-    dims_from_config,
-    dims_from_name,
-    estimate_gpu_memory_gb,
-    estimate_stage_memory_gb,
-    lora_trainable_params,
-)
+from payload.model.memory import GIB, ModelDims, dims_from_config, dims_from_name, estimate_gpu_memory_gb, estimate_stage_memory_gb, lora_trainable_params
 from payload.preflight.base import Check, log
 from payload.preflight.local import (  # noqa: F401  (re-exported)
     check_cuda,
@@ -64,7 +56,7 @@ def run_checks(cfg, env=None) -> tuple[list[Check], dict]:
     checks += [c for c in (check_cuda(env),) if c is not None]
     checks += check_remote(cfg, env)  # Hub datasets/model exist, W&B key valid (network; see below)
     if getattr(cfg, "stages", None):  # every stage must fit (DPO: pairs + reference, GRPO: generations)
-        from payload.stage_config import stage_run_config
+        from payload.config.stages import stage_run_config
 
         estimate: dict = {}  # the largest stage's
         for i, stage in enumerate(cfg.stages):

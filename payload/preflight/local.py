@@ -9,23 +9,16 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from payload import attention, layout
-from payload.memory import (
-    GIB,
-    ModelDims,
-    dims_from_config,
-    dims_from_name,
-    estimate_stage_memory_gb,
-    kernels_of,
-    lora_trainable_params,
-)
+from payload import layout
+from payload.model import attention
+from payload.model.memory import GIB, ModelDims, dims_from_config, dims_from_name, estimate_stage_memory_gb, kernels_of, lora_trainable_params
 from payload.preflight.base import DATA_SUFFIXES, PUBLIC_ORGS, TOKEN_FIX, Check, repo_id_problem
 
 
 def model_dims(cfg, env=None) -> Optional[ModelDims]:
     """The base model's shape: tiny config, local/cached config.json, or the name (see module doc)."""
     if cfg.model.tiny is not None:
-        from payload.tiny import build_tiny_tokenizer, tiny_config
+        from payload.model.tiny import build_tiny_tokenizer, tiny_config
 
         tok = build_tiny_tokenizer(None, vocab_size=cfg.model.tiny.vocab_size)
         return dims_from_config(tiny_config(cfg.model.tiny, tok).to_dict(), "tiny config")
@@ -224,8 +217,8 @@ def check_cuda(env) -> Optional[Check]:
 
 
 def check_versions(cfg) -> Check:
-    """The installed training stack against the payload's minimums (payload/versions.py)."""
-    from payload import versions
+    """The installed training stack against the payload's minimums (payload/preflight/versions.py)."""
+    from payload.preflight import versions
 
     bad = versions.problems(cfg)
     if bad:

@@ -174,7 +174,7 @@ def check_wandb_key(cfg, env, sleep=None) -> list[Check]:
     the key with the server when it is built; nothing is written to disk)."""
     key = env.get("WANDB_API_KEY")
     mode = str(env.get("WANDB_MODE") or "").lower()
-    from payload.eval_config import wandb_wanted
+    from payload.config.evaluation import wandb_wanted
 
     if not wandb_wanted(cfg) or not key or mode in ("offline", "dryrun", "disabled"):
         return []

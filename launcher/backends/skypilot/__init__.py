@@ -25,8 +25,8 @@ from payload import layout
 from payload.errors import END_STATES
 
 from ...errors import BackendError
-from ...registry import ACTIVE_STATES, STATES, Run
-from ...uploads import remove_staged, stage_workdir
+from launcher.store.registry import ACTIVE_STATES, STATES, Run
+from launcher.profiles.uploads import remove_staged, stage_workdir
 from ..base import Access, Backend, LaunchSpec, RemoteStatus, remote_command, remote_path
 from ..tasks import workdir_files
 from . import control
@@ -190,7 +190,7 @@ class SkyPilotBackend(Backend):
                                    f"{p.cluster.region}: drop cluster.region or use another volume name")
             note = stock_note(p, zone)
             if note:
-                from ...ui import err_console
+                from launcher.term.ui import err_console
 
                 err_console().print(f"[yellow]![/] {note}", soft_wrap=True)
         key_prefix = str(PurePosixPath(layout.run_dir(v.mount, "x")).parent.relative_to(v.mount))

@@ -20,7 +20,7 @@ import re
 import time
 from typing import Callable, Iterator, Optional
 
-from ...render import CONTROLLER_AUTOSTOP
+from launcher.profiles.render import CONTROLLER_AUTOSTOP
 
 DOWN_GRACE_S = 300  # bound on MOUNT_CACHED uploads (graceful down/cancel) and on a managed job's cancel
 SKY_KILL_AFTER_S = 30.0

@@ -1,6 +1,6 @@
 """Getting files back from SkyPilot runs: rsync/ssh through SkyPilot's generated SSH config for
 clusters, and the RunPod network volume's S3-compatible API for managed jobs (whose clusters are gone).
-These only move bytes; launcher/artifacts.py confines and verifies them.
+These only move bytes; launcher/store/artifacts.py confines and verifies them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
-from ...artifacts import list_command, parse_listing
+from launcher.store.artifacts import list_command, parse_listing
 from ...errors import BackendError
 from ..base import remote_path
 from .sdk import first_line, record_field, sdk, volume_record

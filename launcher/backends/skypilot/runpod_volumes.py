@@ -21,7 +21,7 @@ import os
 from typing import Optional
 
 from ...errors import BackendError
-from ...profile import CATALOG_DIR
+from launcher.profiles.profile import CATALOG_DIR
 from .price import picked_accelerator
 
 # RunPod datacenters with the S3-compatible API (docs.runpod.io/storage/s3-api), in this order of

@@ -1,0 +1,45 @@
+"""`launch up`'s question before a cloud run whose plan is over its own budget cap (issue 24).
+
+The plan here is `launch plan`'s, made from the optimizer's answer that `launch up` already has for
+the price (`catalog.choice_apart`, a child process): SkyPilot is never imported for offline planning
+into the process that goes on to call the SDK (issue 32: that process could not launch at all)."""
+
+from __future__ import annotations
+
+
+def confirm_over_budget(p, backend: str, interactive: bool) -> None:
+    """Before `launch up` starts a cloud run planned over its budget cap: say so in red and ask (a
+    script, with no terminal to ask on, gets the red line: the budget stop still ends the run at the cap)."""
+    if backend != "skypilot" or p.cluster.is_local:
+        return
+    import click
+
+    from launcher.catalog import PlanError
+    from launcher.term.ui import err_console, esc
+
+    try:
+        note = budget_note(p)
+    except Exception:  # noqa: BLE001 - planning is advice here; `up` reports its own errors
+        return
+    if not note:
+        return
+    err_console().print(f"[red]✗ {esc(note)}[/]")
+    if interactive and not click.confirm("Start it anyway?", default=False, err=True):
+        raise PlanError("not started: the plan is over the budget cap (raise budget.max_usd with "
+                        "--set budget.max_usd=N, or shorten the run)")
+
+
+def budget_note(p):
+    """The plan's over-budget line (None within the cap), as `launch plan PROFILE` prints it."""
+    from launcher.catalog import PlanError, choice_apart, fallback_choice
+    from launcher.plan.estimate import make_plan, with_accelerator
+
+    try:
+        choice = choice_apart(p)
+    except PlanError:
+        if p.budget.price_per_hour is None:
+            raise
+        choice = fallback_choice(p)
+    if len(p.cluster.accelerator_options) > 1:  # any_of: planned for the option SkyPilot takes
+        p = with_accelerator(p, choice.accelerators)
+    return make_plan(p, choice).budget_note

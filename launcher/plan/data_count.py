@@ -1,0 +1,131 @@
+"""Records and tokens of local data for `launch plan`, counted the way the data step will count them.
+
+The payload's own data pipeline (payload/data/pipeline.py `prepare`) runs into a temporary
+directory: the same `max_records`, filters, transforms, de-duplication and seeded split as
+`python -m payload data`. The train split's records are then counted in tokens:
+- text: with the model's tokenizer when its `tokenizer.json` is in the local Hugging Face cache
+  (offline, `tokenizers` only), else ~CHARS_PER_TOKEN characters per token (an estimate, and the
+  plan says so); each message adds CHAT_TOKENS_PER_MESSAGE template tokens (ChatML:
+  `<|im_start|>role\\n ... <|im_end|>\\n`);
+- images: the model's visual tokens for the image's pixels, capped at the processor's pixel limit:
+  Qwen-VL processors cut images into 16x16 patches (14x14 for Qwen2/2.5-VL) merged 2x2 into one
+  token, so tokens = min(pixels, max_pixels) / (2 x patch)^2 (Qwen3-VL's processor default
+  max_pixels is 16,777,216; data.max_image_pixels lowers it).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+CHARS_PER_TOKEN = 4.0  # English text with a ~150k-token BPE (Qwen, Llama 3): ~4 characters per token
+CHAT_TOKENS_PER_MESSAGE = 5
+QWEN3_VL_MAX_PIXELS = 16_777_216
+
+
+@dataclass
+class Counted:
+    records: int
+    tokens: float
+    test_records: int
+    how: str
+    lengths: Optional[list] = None
+    """Tokens of each train record (what `launch plan` says packing would save is computed from them)."""
+
+
+def count_local(p, base_dir: Path) -> Counted:
+    """Prepare the profile's local data into a temporary directory and count the train split."""
+    from payload.data.pipeline import prepare
+
+    tok, how = _tokenizer(p.model.name_or_path)
+    with tempfile.TemporaryDirectory(prefix="launch-plan-data-") as d:
+        stats = prepare(p.data, d, base_dir=base_dir, log=lambda line: None)
+        lengths = []
+        with open(Path(d) / "train.jsonl", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    lengths.append(record_tokens(json.loads(line), tok, Path(d), p))
+    return Counted(len(lengths), sum(lengths), int(stats["totals"].get("test") or 0),
+                   f"counted like the data step (max_records, filters, split), {how}", lengths)
+
+
+def record_tokens(rec: Any, tok, where: Path, p) -> float:
+    """Tokens of one canonical record: its text, its images' visual tokens, the chat template."""
+    texts, images, messages = [], [], 0
+    _walk(rec, texts, images)
+    if isinstance(rec, dict) and isinstance(rec.get("messages"), list):
+        messages = len(rec["messages"])
+    text = "\n".join(texts)
+    n = len(tok.encode(text).ids) if tok is not None else len(text) / CHARS_PER_TOKEN
+    return n + messages * CHAT_TOKENS_PER_MESSAGE + sum(image_tokens(ref, where, p) for ref in images)
+
+
+def _walk(x: Any, texts: list, images: list) -> None:
+    if isinstance(x, dict):
+        if x.get("type") == "image" and "image" in x:
+            images.append(x["image"])
+            return
+        for k, v in x.items():
+            if k in ("role", "source", "type"):
+                continue
+            if k in ("image", "images") and v is not None:
+                images.extend(v if isinstance(v, list) else [v])
+                continue
+            _walk(v, texts, images)
+    elif isinstance(x, list):
+        for v in x:
+            _walk(v, texts, images)
+    elif isinstance(x, str):
+        texts.append(x)
+
+
+def image_tokens(ref: Any, where: Path, p) -> float:
+    """Visual tokens of one image at the processor's limit (module docstring)."""
+    patch = 14 if any(v in p.model.name_or_path for v in ("Qwen2-VL", "Qwen2.5-VL")) else 16
+    limit = min(QWEN3_VL_MAX_PIXELS, p.data.max_image_pixels)
+    pixels = float(limit)
+    if isinstance(ref, str):
+        for path in (where / ref, Path(ref)):
+            if path.is_file():
+                try:
+                    from PIL import Image
+
+                    with Image.open(path) as im:
+                        pixels = float(im.width * im.height)
+                except (OSError, ValueError):
+                    pass
+                break
+    return min(pixels, limit) / (2 * patch) ** 2
+
+
+def _tokenizer(model: str):
+    """(tokenizers.Tokenizer or None, how the text is counted): the model's, from the local HF cache."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from tokenizers import Tokenizer
+
+        path = try_to_load_from_cache(model, "tokenizer.json")
+        if isinstance(path, str):
+            return Tokenizer.from_file(path), f"{model}'s tokenizer"
+    except Exception:  # noqa: BLE001 - no cache, an odd model id: the estimate is used and labelled
+        pass
+    return None, f"~{CHARS_PER_TOKEN:g} characters/token (estimate; the model's tokenizer is not cached here)"
+
+
+def estimate_from_files(p, base_dir: Path) -> Optional[Counted]:
+    """count_local, or None when a file cannot be read here (the plan falls back to file sizes).
+    Data the run's data stage refuses (past the sample `validate` reads) is refused: one line."""
+    from payload.errors import PayloadError
+
+    from launcher.profiles.profile import ProfileError
+
+    try:
+        return count_local(p, base_dir)
+    except PayloadError as e:
+        raise ProfileError([f"{p.name}: {e} (read in full to count its tokens; the run's data step would "
+                            "refuse it the same way)"]) from None
+    except (OSError, ValueError, KeyError):
+        return None

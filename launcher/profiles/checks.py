@@ -1,0 +1,222 @@
+"""Everything checkable before money, checked before money: `validate`, `plan` and `up` load a
+profile through `load_checked`, which reports the profile's config problems and its local data
+files (missing, unreadable, empty, or where the upload will not take them) in one report, before
+any credential, price lookup or SDK call. Once the files are there, their records are read the way
+the run's data stage reads them (`record_report`: the payload's own check, the one `launch data
+preview` runs, on the first SAMPLE_RECORDS of each local source): data the trainer would refuse
+(binary, invalid JSON, missing or mistyped fields, a top-level array of lists...) is refused here
+with the data stage's own line (file:line, what, fix), before anything starts or is rented.
+
+The profile loader itself (`load_profile`) stays free of file-system checks: `render --all` and the
+shipped-profile tests must work on a checkout without anyone's private data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+from typing import Optional
+
+from payload.config import ConfigError, line_for, load_yaml_with_lines
+
+from launcher.profiles.datahints import missing_file_hint
+from launcher.profiles.profile import REPO_ROOT, Profile, ProfileError, apply_override, load_profile, resolve_profile_path
+from launcher.term.units import human_size
+from launcher.profiles.uploads import repo_relative
+
+
+def shown_path(path: Path):
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def outside_problem(rel: str, on_this_machine: bool, what: str = "file") -> Optional[str]:
+    """Why a local path a profile names (a data file, an image root) cannot be used, by the boundary
+    rule (launcher/profiles/boundary.py: inside the repo by every route, links included), else None. On the
+    local backend an absolute path is read where it lies (nothing is uploaded); elsewhere only what is
+    inside the repo travels."""
+    p = PurePosixPath(rel)
+    if p.is_absolute():
+        if on_this_machine:
+            return None
+        return (f"{rel} is an absolute path on this machine, which is not uploaded; put the {what} under "
+                "data/ and give its path from the repo root, e.g. data/my.jsonl")
+    if not p.parts or ".." in p.parts:
+        return f"{rel} is outside the repo, which is all that is uploaded to the machine; move it under data/"
+    if repo_relative(rel) is None:
+        return (f"{rel} leads out of the repo through a symbolic link (to {(REPO_ROOT / rel).resolve()}); a link "
+                f"out of the repo is never followed or uploaded: copy the {what} under data/ instead of linking it")
+    return None
+
+
+def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optional[int]]:
+    """(problem, size) of one data.sources[].path as the run will read it (from the workdir)."""
+    problem = outside_problem(rel, on_this_machine)
+    if problem:
+        return problem, None
+    target = Path(rel) if PurePosixPath(rel).is_absolute() else REPO_ROOT / rel
+    if not target.exists():
+        return f"{rel} not found (looked for {target}); put the file there or fix the path", None
+    if not target.is_file():
+        return f"{rel} is not a file ({target})", None
+    if not os.access(target, os.R_OK):
+        return f"{rel} is not readable ({target}); fix its permissions", None
+    size = target.stat().st_size
+    if size == 0:
+        return f"{rel} is empty ({target})", 0
+    return None, size
+
+
+def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
+                     overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """(problems, present) for the local data files a profile file names (after `--set` overrides):
+    problems as `file:line: key: what; fix`, present as `path (size)`. `on_this_machine`: the run uses
+    the local backend, where an absolute path works (default: when the profile's infra is `local`)."""
+    try:
+        data, lines = load_yaml_with_lines(path)
+        for item in overrides:
+            apply_override(data, lines, item)
+    except ConfigError:
+        return [], []  # the profile's own loading reports it
+    shown = shown_path(path)
+    if on_this_machine is None:
+        infra = (data.get("cluster") or {}).get("infra") if isinstance(data.get("cluster"), dict) else None
+        on_this_machine = infra == "local" or infra == ["local"]
+    problems, present, hints = [], [], []
+    for prefix, i, src in ((pre, i, src) for pre, sources in _source_lists(data) for i, src in enumerate(sources)):
+        images = src.get("image_root") if isinstance(src, dict) else None
+        problem = outside_problem(images, on_this_machine, "image directory") \
+            if isinstance(images, str) and images not in ("", ".") else None
+        if problem:
+            loc = (*prefix, "data", "sources", i, "image_root")
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+            hints.append("")
+        rel = src.get("path") if isinstance(src, dict) else None
+        if not isinstance(rel, str) or not rel:
+            continue
+        problem, size = _check_file(rel, on_this_machine)
+        loc = (*prefix, "data", "sources", i, "path")
+        if problem:
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+            hints.append(missing_file_hint(src) if problem.startswith(f"{rel} not found") else "")
+        else:
+            present.append(f"{rel} ({human_size(size)})")
+    for loc, file in _reward_files(data):
+        problem = outside_problem(file, on_this_machine, "reward file")
+        target = Path(file) if PurePosixPath(file).is_absolute() else REPO_ROOT / file
+        if problem is None and not target.is_file():
+            problem = f"{file} not found (looked for {target}); put the reward module there or fix the path"
+        if problem:
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+            hints.append("")
+    if problems and present:
+        problems[-1] += f" (present: {', '.join(present)})"
+    return [p + h for p, h in zip(problems, hints)], present
+
+
+def _source_lists(data: dict) -> list[tuple[tuple, list]]:
+    """(key prefix, sources) of the run's `data:` and of each stage's own `data:` (`stages:`)."""
+    out = []
+    blocks = [((), data)] + [(("stages", j), st) for j, st in enumerate(data.get("stages") or [])
+                             if isinstance(data.get("stages"), list)]
+    for prefix, block in blocks:
+        d = block.get("data") if isinstance(block, dict) else None
+        sources = d.get("sources") if isinstance(d, dict) else None
+        if isinstance(sources, list):
+            out.append((prefix, sources))
+    return out
+
+
+def _reward_files(data: dict) -> list[tuple[tuple, str]]:
+    """(key, file) of every user reward `FILE.py:FUNCTION` in the profile's GRPO stages."""
+    out = []
+    stages = data.get("stages") if isinstance(data.get("stages"), list) else []
+    for j, st in enumerate(stages):
+        grpo = st.get("grpo") if isinstance(st, dict) else None
+        rewards = grpo.get("rewards") if isinstance(grpo, dict) else None
+        for k, spec in enumerate(rewards if isinstance(rewards, list) else []):
+            file = spec.rpartition(":")[0] if isinstance(spec, str) else ""
+            if file.endswith(".py"):
+                out.append((("stages", j, "grpo", "rewards", k), file))
+    return out
+
+
+def check_profile(name_or_path: str, backend: Optional[str] = None,
+                  overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str], list[str]]:
+    """(profile, present data files, data problems); config problems (and data problems with them,
+    so the user sees everything at once) raise one ProfileError. `backend`: the one `launch up` will
+    use (default: local for `infra: local`, else a remote one)."""
+    path = resolve_profile_path(name_or_path)
+    problems: list[str] = []
+    profile = None
+    try:
+        profile = load_profile(str(path), overrides=overrides)
+    except ProfileError as e:
+        problems = list(e.problems)
+    data_problems, present = data_file_report(path, None if backend is None else backend == "local", overrides)
+    if problems:
+        raise ProfileError(problems + data_problems)
+    if not data_problems:  # every file is there: its records, as the data stage will read them
+        record_problems, present = record_report(path, profile, overrides)
+        if record_problems:
+            raise ProfileError(record_problems)
+    return profile, present, data_problems
+
+
+def record_report(path: Path, p: Profile, overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """(problems, checked) for the records of the profile's local sources (its `data:` and each
+    stage's own): the payload's data-stage check (`check_sample`) on the first SAMPLE_RECORDS of each,
+    problems as `file:line: key: the data stage's line`, checked as `path: N records read ...`."""
+    blocks = [((), p.data)] + [(("stages", j), st.data) for j, st in enumerate(p.stages) if st.data is not None]
+    blocks = [(prefix, block) for prefix, block in blocks if not all(s.hf_dataset for s in block.sources)]
+    if not blocks:  # hub datasets only: read on the machine (`launch data preview` says so)
+        return [], []
+    import tempfile
+
+    from payload.data.pipeline import SAMPLE_RECORDS, check_sample
+
+    data, lines = load_yaml_with_lines(path)
+    for item in overrides:
+        apply_override(data, lines, item)
+    shown = shown_path(path)
+    problems, checked = [], []
+    for prefix, block in blocks:
+        with tempfile.TemporaryDirectory(prefix="launch-data-check-") as tmp:
+            stats, found = check_sample(block, tmp, base_dir=REPO_ROOT)
+        for i, line in found:
+            loc = (*prefix, "data", "sources") + ((i, "path") if i is not None else ())
+            key = ".".join(map(str, loc))
+            first = f" (the first {SAMPLE_RECORDS:,} records were read)" if i is not None and \
+                stats["sources"].get(block.sources[i].name, {}).get("in", 0) >= SAMPLE_RECORDS else ""
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {key}: {line}{first}")
+        for s in block.sources:
+            st = stats["sources"].get(s.name)
+            if st is not None and not found:
+                checked.append(_checked_line(s.path, st, SAMPLE_RECORDS))
+    return problems, checked
+
+
+def _checked_line(rel: str, st: dict, limit: int) -> str:
+    """`path (size): N records read like the data step, D dropped (first: file:line: why)`."""
+    size = ""
+    for target in (REPO_ROOT / rel, Path(rel)):
+        if target.is_file():
+            size = f" ({human_size(target.stat().st_size)})"
+            break
+    first = "the first " if st["in"] >= limit else ""
+    line = f"{rel}{size}: {first}{st['in']:,} records read like the run's data step, {st['dropped']:,} dropped"
+    if st["problems"]:
+        line += f" (first: {st['problems'][0]['where']}: {st['problems'][0]['reason']})"
+    return line
+
+
+def load_checked(name_or_path: str, backend: Optional[str] = None,
+                 overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str]]:
+    """(profile, present data files) or one ProfileError with every config and data problem:
+    what `validate` and `up` use (a run cannot start without its data)."""
+    profile, present, data_problems = check_profile(name_or_path, backend, overrides)
+    if data_problems:
+        raise ProfileError(data_problems)
+    return profile, present

@@ -1,0 +1,193 @@
+"""`launch compare RUN RUN [RUN...]`: runs side by side, one column per run, and their loss curves
+overlaid in one PNG.
+
+Rows: the profile, each config key whose value differs between the runs (only those: the resolved
+config recorded with each run at start and on every resume, launcher/runs/experiment.py), the code
+commit, steps, final and best eval loss, the task metric the profile ranks checkpoints by
+(CER/WER/...), tokens/s, billed hours and dollars. What a run produced is read from its fetched
+artifacts (`launch down --fetch-artifacts`), else where it runs (as `launch checkpoints` reads a
+live run: backend.read_run_file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from payload import layout
+
+from launcher.errors import BackendError
+
+
+def _json(text: Optional[str]):
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def _records(text: Optional[str]) -> list[dict]:
+    out = []
+    for line in (text or "").splitlines():
+        row = _json(line)
+        if not isinstance(row, dict):
+            break  # a line cut off by a kill
+        out.append(row)
+    return out
+
+
+def produced(run, dest: Path) -> tuple[dict, list[dict], str]:
+    """(training summary, metric records, where they came from): fetched artifacts first, else live."""
+    for d in ([Path(run.artifacts)] if run.artifacts else []) + [Path(dest) / run.id]:
+        if (d / "metrics.jsonl").is_file():
+            summary = _json(_read(d / "training_summary.json"))
+            return summary if isinstance(summary, dict) else {}, _records(_read(d / "metrics.jsonl")), str(d)
+    from launcher.runs.lifecycle import backend_for
+
+    try:
+        be = backend_for(run)
+        summary, metrics = be.read_run_file(run, layout.SUMMARY), be.read_run_file(run, layout.METRICS)
+    except BackendError:
+        summary, metrics = None, None
+    summary = _json(summary)
+    where = f"its {run.backend} machine" if metrics is not None else "nowhere (not fetched, machine gone)"
+    return summary if isinstance(summary, dict) else {}, _records(metrics), where
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _number(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def run_row(run, dest: Path) -> dict:
+    """One run's column: metrics from what it produced, cost from the registry (billed time)."""
+    from launcher.runs.lifecycle import current_row
+
+    billed = current_row(run)
+    run = billed.pop("_run")
+    summary, records, source = produced(run, dest)
+    evals = [r["eval_loss"] for r in records if _number(r.get("eval_loss")) is not None]
+    rates = [r["tokens_per_s"] for r in records if _number(r.get("tokens_per_s"))]
+    steps = [r["step"] for r in records if _number(r.get("step")) is not None]
+    best = summary.get("best_metric") if isinstance(summary.get("best_metric"), dict) else {}
+    handle = run.handle or {}
+    return {
+        "id": run.id, "profile": run.profile, "state": run.state, "source": source,
+        "commit": (handle.get("provenance") or {}).get("commit"),
+        "dirty": (handle.get("provenance") or {}).get("dirty"),
+        "data_sha256": (handle.get("provenance") or {}).get("data_sha256") or {},
+        "steps": _number(summary.get("steps")) or (max(steps) if steps else billed.get("step")),
+        "final_eval_loss": _number(summary.get("final_eval_loss")) or (evals[-1] if evals else None),
+        "best_eval_loss": _number(summary.get("best_eval_loss")) or (min(evals) if evals else None),
+        "metric": {"key": best.get("key"), "value": _number(best.get("value"))} if best.get("key") else None,
+        "tokens_per_s": _number(summary.get("tokens_per_s")) or (round(sum(rates) / len(rates), 1) if rates else None),
+        "hours": round(billed["billed_s"] / 3600, 4), "cost_usd": billed["cost_usd"],
+        "config": handle.get("config") if isinstance(handle.get("config"), dict) else _config_of(run),
+        "_records": records,
+    }
+
+
+def _config_of(run) -> dict:
+    """A run recorded before its config was: the profile with its recorded overrides, if it loads."""
+    from launcher.runs.experiment import flat_config
+    from launcher.profiles.profile import ProfileError, load_profile
+
+    try:
+        return flat_config(load_profile(run.profile, tuple((run.handle or {}).get("overrides") or [])))
+    except (ProfileError, OSError):
+        return {}
+
+
+def differing(rows: list[dict]) -> dict[str, dict[str, object]]:
+    """{key: {run id: value}} for every config key whose value is not the same in all runs."""
+    keys = sorted(set().union(*(r["config"] for r in rows)))
+    out = {}
+    for k in keys:
+        values = {r["id"]: r["config"].get(k) for r in rows}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            out[k] = values
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def table_rows(rows: list[dict], diff: dict) -> list[dict]:
+    """Transposed: one table row per attribute, keyed by run id."""
+    from launcher.term.ui import duration, money
+
+    def line(name, f):
+        return {"": name, **{r["id"]: f(r) for r in rows}}
+
+    out = [line("profile", lambda r: r["profile"]), line("state", lambda r: r["state"])]
+    out += [{"": k, **{rid: _fmt(v) for rid, v in values.items()}} for k, values in diff.items()]
+    out.append(line("code", lambda r: (r["commit"] or "-")[:12] + (" dirty" if r["dirty"] else "")))
+    for name in sorted(set().union(*(r["data_sha256"] for r in rows))):  # same path, other content
+        if len({str(r["data_sha256"].get(name)) for r in rows}) > 1:
+            out.append(line(f"data {name}", lambda r, n=name: (r["data_sha256"].get(n) or "-")[:12]))
+    out.append(line("steps", lambda r: _fmt(r["steps"])))
+    out.append(line("final eval loss", lambda r: _fmt(r["final_eval_loss"])))
+    out.append(line("best eval loss", lambda r: _fmt(r["best_eval_loss"])))
+    for key in dict.fromkeys(r["metric"]["key"] for r in rows if r["metric"] and r["metric"]["key"] != "eval_loss"):
+        out.append(line(f"best {key}", lambda r, k=key: _fmt(r["metric"]["value"]) if r["metric"] and
+                        r["metric"]["key"] == k else "-"))
+    out.append(line("tokens/s", lambda r: "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"))
+    out.append(line("billed time", lambda r: duration(r["hours"] * 3600)))
+    out.append(line("$ spent", lambda r: money(r["cost_usd"])))
+    return out
+
+
+def plot_path(dest: Path, ids: list[str]) -> Path:
+    name = "_vs_".join(ids)
+    if len(name) > 150:
+        name = f"{ids[0]}_vs_{len(ids) - 1}_more-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return Path(dest) / "compare" / f"{name}.png"
+
+
+@click.command()
+@click.argument("run_ids", nargs=-1, required=True, metavar="RUN RUN [RUN...]")
+@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True,
+              help="Where `launch down --fetch-artifacts` put the runs' artifacts; the plot goes to DEST/compare/.")
+@click.option("--plot", "plot_to", type=click.Path(dir_okay=False), help="Write the overlay PNG here instead.")
+@click.option("--json", "as_json", is_flag=True)
+def compare(run_ids, dest, plot_to, as_json):
+    """Compare runs: differing config, code, steps, eval loss, metric, tokens/s, hours, $; loss curves overlaid.
+
+    Example: launch compare local-demo-20261125-101500 local-demo-20261125-113000
+    """
+    from payload.volume.observe import plot_overlay
+
+    from launcher.store import registry
+    from launcher.term.tables import Column, print_table
+    from launcher.term.ui import cell, console, literal
+
+    if len(set(run_ids)) < 2:
+        raise click.BadParameter("name at least two different runs", param_hint="RUN")
+    rows = [run_row(registry.get(rid), Path(dest)) for rid in dict.fromkeys(run_ids)]
+    diff = differing(rows)
+    target = Path(plot_to) if plot_to else plot_path(Path(dest), [r["id"] for r in rows])
+    png = plot_overlay([(r["id"], r["_records"]) for r in rows], target, "loss: " + " vs ".join(r["id"] for r in rows))
+    runs_json = [{k: v for k, v in r.items() if not k.startswith("_") and k != "config"} for r in rows]
+    columns = [Column("", lambda t: cell(t[""]), must_copy=True)]
+    columns += [Column(r["id"], lambda t, rid=r["id"]: cell(t[rid]), must_copy=True) for r in rows]
+    print_table(table_rows(rows, diff), columns, as_json, console=console(),
+                json_value={"runs": runs_json, "differing": diff, "plot": str(png) if png else None})
+    if not as_json:
+        for r in rows:
+            console().print(literal("  ", f"{r['id']}: from {r['source']}"), soft_wrap=True)
+        console().print(literal("  ", f"plot: {png}" if png else "plot: no losses logged yet"), soft_wrap=True)

@@ -1,0 +1,198 @@
+"""A run is one experiment: `launch up --resume` keeps the run's config, and the record says what
+produced it.
+
+- Resume: the run's recorded `--set` overrides and `--env` are applied again; a `--set` given on the
+  resume goes on top and into the run's history (when, which keys, old -> new). Cadence and money
+  may change; a change of the math of the run in flight is refused in one line unless allowed with
+  `--allow-change KEY` (the rules: payload/config/resume.py, which the payload applies again itself).
+- Provenance, recorded at start: the project's git commit, whether the tree was dirty (the diff of
+  tracked files stored beside the run in the state dir, untracked files named), sha256 of the
+  profile file and of the payload lock, the launch version, the data sources' sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+from payload.config import resume as runconfig
+
+from launcher import __version__
+from launcher.errors import BackendError
+
+PAYLOAD_LOCK = "payload/requirements-gpu.lock"
+
+
+# ------------------------------------------------------------------------------------------ resume
+
+
+def resume_target(profile_name: str, resume: str):
+    """The run `--resume [RUN]` names (`latest`: the profile's newest run)."""
+    from launcher.store import registry
+
+    if resume != "latest":
+        return registry.get(resume)
+    candidates = [r for r in registry.all_runs() if r.profile == profile_name]
+    if not candidates:
+        raise BackendError(f"nothing to resume: {profile_name} has no earlier run (drop --resume)")
+    return candidates[0]
+
+
+def key_of(item: str) -> str:
+    return item.partition("=")[0].strip()
+
+
+def merge_overrides(old: list, new: tuple) -> list[str]:
+    """The run's overrides with `new` on top: a key set again replaces its earlier value."""
+    keys = {key_of(i) for i in new}
+    return [i for i in old if key_of(i) not in keys] + list(new)
+
+
+def carried(run, sets: tuple, envs: dict) -> tuple[tuple, dict]:
+    """(overrides, environment) of a resume: the run's recorded ones with this command's on top."""
+    handle = run.handle or {}
+    return tuple(merge_overrides(handle.get("overrides") or [], sets)), {**(handle.get("envs") or {}), **envs}
+
+
+def flat_config(p) -> dict:
+    """The profile as resolved for a run (overrides applied), flattened to {dotted key: value}."""
+    body = p.model_dump(mode="json")
+    return {k: v for k, v in runconfig.flatten(body).items() if not runconfig.matches(k, runconfig.IGNORED_KEYS)}
+
+
+def check_resume(run, p, profile_arg: str, sets: tuple, allow: tuple) -> dict:
+    """The history entry of resuming `run` as `p` (overrides merged); BackendError (one line) when
+    a key that changes the math changes without `--allow-change KEY`. The baseline is the config
+    recorded when the run started (older runs: the profile with the recorded overrides)."""
+    baseline = (run.handle or {}).get("config")
+    if not isinstance(baseline, dict):
+        from launcher.profiles.profile import load_profile
+
+        baseline = flat_config(load_profile(profile_arg, tuple((run.handle or {}).get("overrides") or [])))
+    changes = runconfig.diff(baseline, flat_config(p))
+    bad = runconfig.refused(changes, allow)
+    if bad:
+        raise BackendError(f"--resume {run.id}: {runconfig.refusal(bad, changes, f'launch up {run.profile}')}")
+    entry = runconfig.entry(changes, allow, "launch up --resume")
+    return {**entry, "event": "resume", "set": list(sets)}
+
+
+def start_entry(sets: tuple) -> dict:
+    return {"at": time.time(), "by": "launch up", "event": "start", "set": list(sets)}
+
+
+def recorded(run, p, sets: tuple, envs: dict, entry: dict, provenance: Optional[dict]) -> dict:
+    """The run's handle after a start or resume: overrides, env, resolved config, history, provenance."""
+    handle = dict(run.handle or {})
+    handle.update(overrides=list(sets), envs=envs, config=flat_config(p),
+                  history=[*(handle.get("history") or []), entry])
+    if provenance is not None:
+        handle["provenance"] = provenance
+    return handle
+
+
+def allow_env(allow: tuple) -> dict:
+    """The environment that tells the payload a math change was allowed on purpose."""
+    return {runconfig.ALLOW_ENV: ",".join(allow)} if allow else {}
+
+
+# -------------------------------------------------------------------------------------- provenance
+
+
+def _git(*args: str) -> Optional[str]:
+    from launcher.profiles.profile import REPO_ROOT
+
+    try:
+        done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _sha256(path: Path) -> Optional[str]:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def provenance(p, profile_arg: str, run_id: str) -> dict:
+    """What produced the run: code (commit, dirty + stored diff), profile, payload lock, data, version."""
+    from launcher.profiles.profile import REPO_ROOT, resolve_profile_path
+    from launcher.store.state import private_dir, state_dir, write_private
+    from launcher.profiles.uploads import repo_relative
+
+    commit = (_git("rev-parse", "HEAD") or "").strip() or None
+    changed = (_git("status", "--porcelain") or "").splitlines() if commit else []
+    dirty = bool(changed) if commit else None
+    untracked = [line[3:] for line in changed if line.startswith("?? ")]
+    diff_path = None
+    if dirty:
+        diff = _git("diff", "HEAD") or ""
+        d = private_dir(private_dir(state_dir() / "provenance") / run_id)
+        diff_path = str(write_private(d / "code.diff", diff))
+    data = {}
+    for s in p.data.sources:
+        rel = repo_relative(s.path) if s.path else None
+        data[s.name] = (_sha256(REPO_ROOT / rel) if rel else None) if s.path else \
+            f"hf:{s.hf_dataset}" + (f"@{s.revision}" if getattr(s, "revision", None) else "")
+    return {"commit": commit, "dirty": dirty, "diff": diff_path, "untracked": untracked[:50],
+            "profile_sha256": _sha256(resolve_profile_path(profile_arg)),
+            "payload_lock_sha256": _sha256(REPO_ROOT / PAYLOAD_LOCK), "launch_version": __version__,
+            "data_sha256": data}
+
+
+# ------------------------------------------------------------------------------------------ status
+
+
+def _short(value) -> str:
+    return str(value)[:12] if value else "-"
+
+
+def _when(ts) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if isinstance(ts, (int, float)) else "?"
+
+
+def status_lines(row: dict) -> list[str]:
+    """`launch status RUN`: what produced the run (one line) and its config history (a line each)."""
+    lines = []
+    prov = row.get("provenance")
+    if isinstance(prov, dict):
+        dirty = " (dirty: diff in " + str(prov.get("diff")) + ")" if prov.get("dirty") else ""
+        lines.append(f"code {_short(prov.get('commit'))}{dirty}, profile sha256 {_short(prov.get('profile_sha256'))}, "
+                     f"payload lock {_short(prov.get('payload_lock_sha256'))}, launch {prov.get('launch_version')}")
+    for e in row.get("history") or []:
+        if not isinstance(e, dict):
+            continue
+        if e.get("event") == "start":
+            what = "with " + ", ".join(e.get("set") or []) if e.get("set") else "with the profile as is"
+            lines.append(f"history: {_when(e.get('at'))} started {what}")
+            continue
+        changes = e.get("changes") or {}
+        said = ", ".join(f"{k} {runconfig.brief(v[0])} -> {runconfig.brief(v[1])}" for k, v in changes.items()) \
+            or "no config change"
+        allowed = f" (allowed: {', '.join(e['allowed'])})" if e.get("allowed") else ""
+        lines.append(f"history: {_when(e.get('at'))} resumed: {said}{allowed}")
+    return lines
+
+
+def print_differences(row: dict) -> None:
+    """Under `launch status RUN`'s table: the payload's budget warning, the attention kernel it loaded
+    and why, then one line per way the run differs from its profile (`--set` overrides, `--env`
+    additions), what produced it, its history."""
+    from launcher.term.ui import console, literal
+
+    if row.get("budget_warning"):
+        console().print(literal("[yellow]![/] ", row["budget_warning"]), soft_wrap=True)
+    if row.get("attention"):
+        console().print(literal("  ", "attention: " + row["attention"]), soft_wrap=True)
+    if row.get("overrides"):
+        console().print(literal("  ", "differs from profile: " + ", ".join(row["overrides"])), soft_wrap=True)
+    if row.get("envs"):
+        console().print(literal("  ", "extra environment: " + ", ".join(f"{k}={v}" for k, v in row["envs"].items())),
+                        soft_wrap=True)
+    for line in status_lines(row):
+        console().print(literal("  ", line), soft_wrap=True)

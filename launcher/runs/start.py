@@ -1,0 +1,314 @@
+"""`launch up`: pick or resume a run, check it, render its task, ask before a run planned over its
+budget, start it on its backend, and record it (launcher/runs/lifecycle.py follows it from there)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+
+from launcher.runs.lifecycle import follow_run, interactive, refresh
+
+SECRET_NAMES = ("HF_TOKEN", "WANDB_API_KEY")
+TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
+
+
+@click.command()
+@click.argument("profile")
+@click.option("--backend", type=click.Choice(["local", "ssh", "skypilot"]), default=None,
+              help="Default: local for `infra: local` profiles, skypilot otherwise.")
+@click.option("--host", help="ssh backend: user@host[:port] of an existing GPU machine.")
+@click.option("--identity", "identity_file", help="ssh backend: private key file.")
+@click.option("--accept-new-host-key", is_flag=True, help="ssh backend: trust a host seen for the first time.")
+@click.option("--resume", "resume", default=None, is_flag=False, flag_value="latest",
+              help="Continue RUN (default: this profile's latest) from its newest complete checkpoint.")
+@click.option("--new", "force_new", is_flag=True, help="Start a fresh run even if an earlier one could resume.")
+@click.option("--nodes", type=int, help="local backend: number of local node processes.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a profile value (YAML) for this run, e.g. --set train.learning_rate=1e-4 or, for a "
+                   "list item, --set data.sources.0.path=d.jsonl; the task is rendered for the run and the "
+                   "overrides recorded with it (`launch status RUN` shows them).")
+@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
+              help="Extra environment for the run's processes (on top of the profile's `envs:`); never a "
+                   "secret: secrets stay in your environment and are passed by name.")
+@click.option("--allow-change", "allow", multiple=True, metavar="KEY",
+              help="With --resume: accept a change of KEY that changes the math of the run in flight (model, "
+                   "data, method, lora, learning rate, schedule, sequence length, batch shape, seed); recorded.")
+@click.option("--follow", is_flag=True, help="Follow the logs after starting.")
+@click.option("--dry-run", is_flag=True, help="Render and check, print what would be uploaded and started; start nothing.")
+@click.option("--rehearse", is_flag=True, help="Quick validation: the same profile and backend with max_steps 10 "
+              "on at most 100 records per source; the run id says `rehearsal`.")
+def up(profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, env_items, follow,
+       dry_run, rehearse=False, allow=()):
+    """Render the SkyPilot task, upload the payload, start the run (detached).
+
+    Example: launch up local-demo --follow
+    """
+    from launcher.store import registry
+    from launcher.backends import LaunchSpec, get_backend
+    from launcher.errors import BackendError
+    from launcher.profiles.checks import load_checked
+    from launcher.profiles.profile import load_profile
+    from launcher.term.ui import console, esc, hints, money
+
+    if allow and not resume:
+        raise click.BadParameter("--allow-change goes with --resume (a new run takes any config)",
+                                 param_hint="--allow-change")
+    # Config and local data files first, all in one report: nothing starts, nothing bills before.
+    extra_env = _env_option(env_items)
+    from launcher.runs import experiment
+
+    prior = experiment.resume_target(load_profile(profile).name, resume) if resume and not force_new else None
+    new_sets = sets
+    if prior is not None:  # a resume keeps the run's config: its recorded --set and --env, this command's on top
+        sets, extra_env = experiment.carried(prior, sets, extra_env)
+        backend, host, identity_file = _resume_place(prior, backend, host, identity_file)
+    p = load_checked(profile, backend)[0] if not sets else load_with_overrides(profile, sets, backend)
+    rehearsal = ()
+    if rehearse:  # the rehearsal's cuts are overrides too, allowed on every backend (launcher/runs/rehearse.py)
+        from launcher.runs.rehearse import overrides
+
+        if resume:
+            raise BackendError("--rehearse starts a fresh short run; drop --resume")
+        rehearsal = overrides(p)
+        p = load_with_overrides(profile, (*sets, *rehearsal), backend)
+    backend = backend or ("local" if p.cluster.is_local else "skypilot")
+    if backend == "ssh" and not host:
+        raise BackendError("--backend ssh needs --host user@host[:port]")
+    if backend == "local":
+        _require_training_extras()
+    if backend == "skypilot" and not dry_run and not p.cluster.is_local:
+        from launcher.backends.skypilot import check_credentials_here
+
+        check_credentials_here(p)  # no credentials: said now, before seconds of planning and an API server
+    run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse, explicit_new=force_new,
+                              reserve=not dry_run)
+    entry = experiment.check_resume(run, p, profile, new_sets, allow) if resuming else \
+        experiment.start_entry((*sets, *rehearsal))
+    source = "registry"
+    if not resuming:
+        run.price_per_hour, source = price_for(p, backend)
+    # cloud: sky/ stays the profile's render; --set, a rehearsal's cuts and a profile from outside
+    # clusters/ (never over the committed render its `name:` names) render into the run's directory
+    per_run = any(not item.startswith("budget.") for item in (*sets, *rehearsal)) or not from_clusters(profile)
+    if dry_run:
+        return _dry_run(p if per_run or backend != "skypilot" else load_profile(profile), run, backend, source,
+                        per_run)
+    if not resuming:  # issue 24: a run planned over its own budget cap is started only when confirmed
+        from launcher.plan.budget_gate import confirm_over_budget
+
+        confirm_over_budget(p, backend, interactive())
+    run.budget_usd = p.budget.max_usd  # a `--resume --set budget.max_usd=...` is the run's budget from now
+    if run.billed_s is None:  # new, or recorded before billing was accrued: what it billed so far
+        run.billed_s, run.billed_usd = run.billed()
+    run.billing_since = time.time()  # billed from here: provisioning and setup included
+    task_yaml, config_yaml = render_for_run(load_profile(profile) if backend == "skypilot" and not per_run else p,
+                                             run, backend, source, per_run=per_run)
+    options = {"local": {"num_nodes": nodes}, "skypilot": {},
+               "ssh": {"host": host, "accept_new_host_key": accept_new_host_key, "identity_file": identity_file}}
+    be = get_backend(backend, **{k: v for k, v in options[backend].items() if v is not None})
+    secrets = {k: os.environ[k] for k in SECRET_NAMES if os.environ.get(k)}
+    envs = {**extra_env, **experiment.allow_env(allow), "LAUNCH_RUN_ID": run.id,
+            "LAUNCH_PRICE_PER_HOUR": f"{run.price_per_hour:.4f}",
+            "LAUNCH_BUDGET_USD": f"{p.budget.max_usd:g}"}
+    spec = LaunchSpec(run=run, profile=p, task_yaml=task_yaml, config_yaml=config_yaml, envs=envs,
+                      secrets=secrets, resume=resuming)
+    with console().status(f"starting {esc(run.id)} on {backend}..."):
+        started = be.up(spec)
+    started.state = "running"
+    started.ended_at = None
+    # What this start differs from its profile by (values only: secrets are never --env or --set).
+    provenance = None if resuming else experiment.provenance(p, profile, run.id)
+    started.handle = experiment.recorded(started, p, (*sets, *rehearsal), extra_env, entry, provenance)
+    registry.save(started)
+    verb = "resumed" if spec.resume else "started"
+    spent = f", {money(run.billed()[1])} spent so far" if spec.resume else ""
+    console().print(f"[green]✓[/] {verb} [bold]{esc(run.id)}[/] ({esc(p.name)} on {backend}, "
+                    f"{money(run.price_per_hour)}/h, budget {money(p.budget.max_usd)}{spent})")
+    if follow:
+        return follow_run(started, progress=False)
+    hints(f"launch logs {run.id} --follow", f"launch status {run.id}", f"launch down {run.id} --fetch-artifacts")
+
+
+def _resume_place(prior, backend, host, identity_file):
+    """A resume continues where the run ran: its backend, and for ssh its host and key, unless given.
+    Another backend would start it over on a machine that has none of its checkpoints: refused."""
+    from launcher.errors import BackendError
+
+    if backend is not None and backend != prior.backend:
+        raise BackendError(f"--resume {prior.id}: the run ran on the {prior.backend} backend and its checkpoints are "
+                           f"there; drop --backend {backend}, or start a fresh run with --new")
+    handle = prior.handle or {}
+    if prior.backend == "ssh":
+        host, identity_file = host or handle.get("host"), identity_file or handle.get("identity_file")
+    return prior.backend, host, identity_file
+
+
+def _require_training_extras():
+    import importlib.util
+
+    missing = [m for m in TRAIN_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        from launcher.errors import BackendError
+
+        raise BackendError(f"the local backend trains on this machine and needs {', '.join(missing)}: "
+                           "run `make install` (or pip install -e '.[train]' with torch==2.13.0 for CPU)")
+
+
+def _env_option(items: tuple[str, ...]) -> dict[str, str]:
+    from launcher.profiles.profile import parse_env_items
+
+    from launcher.errors import BackendError
+
+    try:
+        return parse_env_items(items)
+    except ValueError as e:
+        raise BackendError(f"--env: {e}") from None
+
+
+def load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
+    """The profile with KEY=VALUE overrides applied in memory (nothing is written), checked like
+    `launch up` checks every profile (config and data files in one report)."""
+    from launcher.profiles.checks import load_checked
+
+    return load_checked(profile, backend, overrides=tuple(sets))[0]
+
+
+def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explicit_new: bool = False,
+              reserve: bool = True):
+    """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile. A dry
+    run (`reserve` False) names the id the run would get without reserving it in the registry."""
+    from launcher.store import registry
+    from launcher.errors import BackendError
+
+    active = registry.active_for_profile(p.name)
+    if active and not resume and not explicit_new:  # --new: the user asked for a second run, it gets its own id
+        state = refresh(active)
+        if state.active:
+            raise BackendError(f"{p.name} already has an active run {active.id} ({state.state}): follow it with "
+                               f"`launch logs {active.id} --follow`, stop it with `launch down {active.id}`, "
+                               f"or start another with --new")
+    if resume and not force_new:
+        from launcher.runs.experiment import resume_target
+
+        old = resume_target(p.name, resume)
+        if old.state == "completed" and not _trains_further(old, p):
+            raise BackendError(f"run {old.id} already completed; to train it further resume it with more steps "
+                               f"(`launch up {p.name} --resume {old.id} --set train.max_steps=N`, N above the "
+                               f"{_trained(old)} it trained), or start a fresh run with --new")
+        old.state, old.reason = "starting", None
+        return old, True
+    if not force_new:
+        latest = next((r for r in registry.all_runs() if r.profile == p.name), None)
+        if latest is not None and refresh(latest).state in ("preempted", "failed", "stopped", "budget_exhausted"):
+            from launcher.term.ui import console, literal
+
+            console().print(literal("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
+                                    f"one (continue it instead with `launch up {p.name} --resume {latest.id}`)"))
+    from launcher.runs.rehearse import run_id_prefix
+
+    prefix = run_id_prefix(p.name) if rehearse else p.name
+    run_id = registry.new_run_id(prefix) if reserve else f"{prefix}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return registry.Run(id=run_id, profile=p.name,
+                        backend=backend,
+                        config_hash=p.config_hash(), budget_usd=p.budget.max_usd), False
+
+
+def _trained(run) -> str:
+    cfg = (run.handle or {}).get("config") or {}
+    steps, epochs = cfg.get("train.max_steps"), cfg.get("train.epochs")
+    return f"{steps} steps" if steps else f"{epochs} epoch(s)" if epochs else "steps"
+
+
+def _trains_further(run, p) -> bool:
+    """A completed run resumed with more training (train.max_steps, else train.epochs, above what it
+    was started with) continues from its last checkpoint to the new end (README: Runs are experiments)."""
+    cfg = (run.handle or {}).get("config") or {}
+    steps, epochs = cfg.get("train.max_steps"), cfg.get("train.epochs")
+    if p.train.max_steps:
+        return isinstance(steps, int) and p.train.max_steps > steps
+    return steps is None and isinstance(epochs, (int, float)) and p.train.epochs > epochs
+
+
+def price_for(p, backend: str) -> tuple[float, str]:
+    """($/h, source) for a new run: RunPod's API (skypilot backend), else the catalog snapshot, else
+    the profile's price. Local profiles use their notional price."""
+    if backend == "skypilot":
+        from launcher.backends.skypilot import hourly_price
+
+        return hourly_price(p)
+    from launcher.catalog import plan_price
+
+    return plan_price(p), "catalog or profile"
+
+
+def render_for_run(p, run, backend: str, price_source: str, per_run: bool = False):
+    """Cloud: the committed sky/ files (re-rendered if stale), or with `--set` overrides (`per_run`) a
+    copy in the run's own directory, as local/ssh runs always get: sky/ stays the profile's render."""
+    from launcher.profiles.render import config_path, render_text, task_path, write
+    from launcher.store.state import private_dir, state_dir, write_private
+
+    if backend == "skypilot" and not per_run:
+        task_text, config_text = render_text(p, _committed_price(p, run, price_source))
+        write({task_path(p.name): task_text, config_path(p.name): config_text})
+        return task_path(p.name), config_path(p.name)
+    task_text, config_text = render_text(p, run.price_per_hour)
+    d = private_dir(private_dir(state_dir() / "rendered") / run.id)
+    return write_private(d / "task.yaml", task_text), write_private(d / f"{p.name}.yaml", config_text)
+
+
+def from_clusters(profile: str) -> bool:
+    """Whether `profile` (a name or a path) is one of clusters/, whose render is the committed sky/."""
+    from launcher.profiles.profile import in_clusters, resolve_profile_path
+
+    return in_clusters(resolve_profile_path(profile))
+
+
+def _committed_price(p, run, price_source: str) -> float:
+    """sky/ is committed and CI runs `launch render --check`: it is rendered with the offline price, as
+    `launch render` does. A live price reaches the run through LAUNCH_PRICE_PER_HOUR instead."""
+    if price_source in ("runpod-api", "registry"):
+        from launcher.backends.skypilot import hourly_price
+
+        return hourly_price(p, live=False)[0]
+    return run.price_per_hour
+
+
+def _dry_run(p, run, backend: str, price_source: str, per_run: bool = False) -> None:
+    """`up --dry-run`: the task rendered as `launch up` would render it (cloud: as the committed sky/
+    file, said whether that is up to date; otherwise, or with --set overrides, a per-run copy) into a
+    temp dir that is removed (a dry run writes nothing), parsed by SkyPilot for the skypilot backend,
+    and the upload list."""
+    import shutil
+    import tempfile
+
+    import yaml
+
+    from launcher.profiles.render import render_text, task_path
+    from launcher.profiles.uploads import print_dry_run
+
+    if backend == "skypilot" and not per_run:
+        task_text, config_text = render_text(p, _committed_price(p, run, price_source))
+        committed = task_path(p.name)
+        fresh = committed.exists() and committed.read_text() == task_text
+        checked = f"sky/{committed.name} ({'up to date' if fresh else 'stale: `launch up` re-renders it'})"
+    else:
+        task_text, config_text = render_text(p, run.price_per_hour)
+        checked = f"rendered from {p.name}'s profile for the {backend} backend (a per-run copy)"
+    d = Path(tempfile.mkdtemp(prefix="launch-dry-run-"))
+    try:
+        task_yaml, config_yaml = d / "task.yaml", d / f"{p.name}.yaml"
+        task_yaml.write_text(task_text)
+        config_yaml.write_text(config_text)
+        if backend == "skypilot":
+            from launcher.catalog import import_sky_offline
+
+            config = yaml.safe_load(task_text)
+            config.pop("workdir", None)
+            import_sky_offline().Task.from_yaml_config(config)  # SkyPilot's parser: schema errors raise
+            checked += ", parsed by SkyPilot"
+        print_dry_run(p, backend, run.id, task_yaml, config_yaml, checked)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

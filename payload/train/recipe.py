@@ -1,0 +1,487 @@
+"""Training stage: `python -m payload train --config RUN.yaml`, or `payload.train.recipe.main(cfg)`.
+
+Same entry point for one process, `torchrun --nproc_per_node N`, and several nodes. The phases are
+plain functions, in the order torchtune's recipes use (setup, load_checkpoint, train, save,
+cleanup); the work is TRL's `SFTTrainer` (assistant-only loss, packing, PEFT) on transformers'
+`Trainer` (resume with RNG/optimizer/scheduler/data position, DDP, DeepSpeed). What is added here:
+checkpoint markers with checksums and retention, verified resume, the run's lease, time/budget/SIGTERM
+stops with a named end (state, exit code and reason in status.json), cost, metrics and the outputs.
+
+Inputs: `{run_dir}/data/{train,val}.jsonl` with canonical records
+`{"messages": [{"role", "content": str | [{"type": "text", "text"} | {"type": "image", "image": path}]}],
+"source": ...}` (written by `python -m payload data`; run here first if missing).
+Outputs: layout.ADAPTER_DIR, SUMMARY, METRICS, LOSS_PLOT, HIGH_LOSS, STATUS, COST.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from payload import layout
+from payload.model import attention
+from payload.volume import lease
+from payload.model import modeling
+from payload.volume import observe
+from payload.config import resume as runconfig
+from payload.volume import stop_request
+from payload.volume import timings
+from payload.outputs import tracking
+from payload.data import trainset
+from payload.volume import checkpoints as ck
+from payload.volume import verify
+from payload.train.trainer import ResumeLossState, trainer_class
+from payload.config import dump_run_config
+from payload.config.evaluation import best_metric, export_choice
+from payload.errors import (
+    EXIT_BUDGET, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, BudgetExhausted, PayloadError, exit_code_for, one_line,
+)
+from payload.volume.money import CostCallback, CostTracker, resume_hint, usd
+
+log = logging.getLogger("payload.train")
+STARTED_FROM = "started_from.json"  # in the stage's directory: the adapter it started from and its sha256
+
+
+@dataclass
+class Run:
+    """Everything the phases share."""
+
+    cfg: Any
+    run_dir: Path
+    t0: float = field(default_factory=time.monotonic)
+    stop: ck.StopSignal = field(default_factory=ck.StopSignal)
+    tracker: Optional[CostTracker] = None
+    control: Optional[ck.RunControl] = None
+    trainer: Any = None
+    attn: Optional[str] = None
+    attn_reason: Optional[str] = None
+    padding_free: bool = False
+    counts: dict = field(default_factory=dict)
+    val_records: list = field(default_factory=list)
+    resume: Optional[Path] = None
+    state: str = "starting"
+    reason: Optional[str] = None
+    lease: Optional[lease.Lease] = None
+
+    @property
+    def main(self) -> bool:
+        return observe.rank() == 0
+
+
+def main(cfg, setup_fn=None) -> dict:
+    """Train (or resume) the run described by `cfg`; returns the training summary. Every end is
+    recorded in status.json (state, exit_code, reason) before this returns or raises. `setup_fn`
+    builds the data, model and trainer instead of SFT's (payload/train/preference.py's for a DPO or GRPO
+    stage); a run with `stages:` trains through payload/train/stages.py, which calls this once per stage."""
+    observe.setup_logging()
+    if getattr(cfg, "stages", None):
+        raise ValueError("a config with `stages:` trains through payload.train.stages.main (python -m payload train)")
+    run = Run(cfg=cfg, run_dir=cfg.run_dir)
+    if run.main:  # before anything is written: a live trainer elsewhere means exit 4, nothing touched
+        run.lease = lease.acquire(run.run_dir, cfg.runtime.run_id)
+    try:
+        done = already_trained(run)
+        if done is not None:
+            return done
+        setup(run, setup_fn)
+        load_checkpoint(run)
+        train(run)
+        summary = save(run)
+    except BaseException as e:
+        record_failure(run, e)
+        raise
+    finally:
+        cleanup(run)
+    if run.state == "budget_exhausted":
+        raise BudgetExhausted(run.reason)
+    if run.state == "stopped":
+        raise (stop_request.StopRequested if stop_request.honoured(run.control) else ck.TrainingInterrupted)(run.reason)
+    return summary
+
+
+def start_from_adapter(cfg, model):
+    """(PeftModel with the previous stage's adapter, trainable; None): nothing new is initialised."""
+    from peft import PeftModel
+
+    path = cfg.init_adapter
+    if not (path / "adapter_config.json").is_file():
+        raise PayloadError(f"stage {cfg.stage.label}: the previous stage's adapter is missing ({path}); "
+                           "rerun the run to train that stage again")
+    log.info("stage %s starts from %s", cfg.stage.label, path)
+    if observe.rank() == 0:  # what this stage started from, checkable against the previous stage's adapter
+        from payload.volume.checksums import sha256_file
+        from payload.volume.observe import atomic_write_json
+
+        weights = path / "adapter_model.safetensors"
+        atomic_write_json(cfg.run_dir / STARTED_FROM, {"adapter": str(path), "sha256": sha256_file(weights)
+                                                       if weights.is_file() else None})
+    return PeftModel.from_pretrained(model, str(path), is_trainable=True), None
+
+
+def record_failure(run: Run, exc: BaseException) -> None:
+    """status.json says how the run failed (not when the lease was another trainer's: its run)."""
+    if isinstance(exc, lease.LeaseHeld):
+        return
+    code = exit_code_for(exc)
+    if not isinstance(exc, (PayloadError, KeyboardInterrupt)):
+        observe.write_traceback(run.run_dir)
+    step = run.trainer.state.global_step if run.trainer is not None else None
+    observe.write_end(run.run_dir, code, one_line(exc), step=step)
+    if code == EXIT_CRASH:
+        log.error("crashed at step %s: %s", step, one_line(exc))
+
+
+# -------------------------------------------------------------------------------------------- setup
+
+
+def already_trained(run: Run) -> Optional[dict]:
+    """A finished run with the same config hash is not trained again (a restarted job moves on)."""
+    path = run.run_dir / layout.SUMMARY
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("state") in ("completed", "stopped_early") and \
+            summary.get("config_hash") == run.cfg.config_hash() and (run.run_dir / layout.ADAPTER_DIR).is_dir():
+        log.info("training already finished (%s); nothing to do", path)
+        return summary
+    return None
+
+
+def setup(run: Run, build=None) -> None:
+    """Directories, signals, cost, data, tokenizer, model and the trainer (`build(run)` makes the last
+    four for a DPO or GRPO stage)."""
+    cfg, rd = run.cfg, run.run_dir
+    _set_env(cfg)
+    observe.quiet_libraries()
+    if run.main:
+        stop_request.clear(cfg)
+        (rd / layout.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+        runconfig.write_resolved(rd, dump_run_config(cfg))  # on a resume: refuses a change of the math
+    observe.write_status(rd, state="loading", step=0, max_steps=cfg.train.max_steps, exit_code=None, reason=None,
+                         ended_at=None)
+    run.stop.install()
+    run.tracker = CostTracker(rd, cfg.runtime.price_per_hour, cfg.runtime.budget_usd, write=run.main,
+                              warn_fraction=cfg.runtime.budget_warn_fraction)
+    modeling.check_deepspeed_available(cfg)
+    if cfg.train.method == "qlora":
+        modeling.quantization_config(cfg.train.quantization)  # fail fast, before any download
+    if build is not None:
+        return build(run)
+    dtype = modeling.resolve_dtype(cfg.model)
+    # The TrainingArguments set up the process group (torchrun), so they come first; without
+    # validation data they are rebuilt with evaluation off (dataclasses.replace re-validates).
+    args = sft_config(cfg, has_eval=True, dtype=dtype)
+    with args.main_process_first(local=False, desc="base model and data"):
+        path = modeling.base_model_path(cfg)
+        processing = modeling.load_processing_class(path, cfg.model.kind, cfg.model.trust_remote_code,
+                                                    cfg.model.revision)
+        train_records, run.val_records = trainset.ensure_data(cfg, tokenizer_of(processing))
+    images = cfg.model.kind == "image_text_to_text" and trainset.has_images(train_records + run.val_records)
+    run.padding_free, why_batch = trainset.padding_free(cfg, images)
+    batch = attention.batch_kind(cfg.train.packing, run.padding_free)
+    model, run.attn, run.attn_reason = modeling.load_model_for(cfg, path, dtype, batch)
+    log.info("batches: %s (%s)", attention.BATCH_LABEL[batch], why_batch)
+    if run.main:
+        observe.write_status(rd, attention=f"{run.attn}: {run.attn_reason}")
+    model, peft_config = modeling.prepare_for_method(cfg, model)
+    if args.use_liger_kernel != modeling.use_liger(cfg, model):  # `auto`: off where its patch fails
+        args = dataclasses.replace(args, use_liger_kernel=False)
+    if getattr(cfg, "init_adapter", None) is not None:  # a later stage: train on from the previous adapter
+        model, peft_config = start_from_adapter(cfg, model)
+    # Records without images take TRL's text path (a processor tokenizes them as the VL collator
+    # would), where padding-free batches are allowed; records with images take the VL collator.
+    train_ds = trainset.build_dataset(train_records, images, "train.jsonl")
+    eval_ds = trainset.build_dataset(run.val_records, images, "val.jsonl") if run.val_records else None
+    if eval_ds is None:
+        args = dataclasses.replace(args, eval_strategy="no", metric_for_best_model=None, greater_is_better=None)
+    if run.main:
+        tracking.start(cfg)  # before the Trainer: its WandbCallback reuses this run
+    run.control = ck.RunControl(cfg.train.checkpoints, run.stop, run.tracker, cfg.train.logging_steps,
+                                has_eval=eval_ds is not None, lease=run.lease)
+    run.trainer = trainer_class()(
+        model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=processing,
+        peft_config=peft_config, callbacks=trainer_callbacks(run, eval_ds is not None),
+    )
+    run.trainer.launch_run = run
+    if run.padding_free and not cfg.train.packing:
+        trainset.use_padding_free_collator(run.trainer)
+    observe.quiet_trainer(run.trainer)
+    modeling.cast_adapters(cfg, run.trainer.model)  # QLoRA adapters per modeling.dtype_plan
+    run.counts = modeling.check_vision_frozen(cfg, run.trainer.model)
+
+
+def _set_env(cfg) -> None:
+    os.environ.setdefault("HF_HOME", cfg.runtime.hf_home or str(Path(cfg.runtime.volume) / ".hf"))
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(cfg.run_dir / layout.LOGS_DIR / "tensorboard"))
+    os.environ.setdefault("WANDB_PROJECT", "launch")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in cfg.train.report_to:
+        pkg = "tensorboard" if name == "tensorboard" else "wandb"
+        import importlib.util
+
+        if importlib.util.find_spec(pkg) is None:
+            raise PayloadError(f"train.report_to lists `{name}` but the {pkg} package is not installed")
+
+
+def tokenizer_of(processing):
+    return getattr(processing, "tokenizer", processing)
+
+
+def trainer_callbacks(run: Run, has_eval: bool) -> list:
+    cbs = [run.control, stop_request.SaveAndExit(run.cfg, run.control), ResumeLossState(run),
+           CostCallback(run.tracker), observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
+    cfg = run.cfg
+    cbs.append(tracking.TrackingCallback(run.tracker, gpu=cfg.wandb is None or cfg.wandb.gpu_stats))
+    if cfg.evaluation is not None and cfg.evaluation.during_training and has_eval and not _zero3(cfg):
+        from payload.outputs.evaluate import GenerationEval
+
+        cbs.append(GenerationEval(run, run.val_records))  # before early stopping: it reads these metrics
+    patience = run.cfg.train.early_stopping_patience
+    if patience:
+        if not has_eval:
+            raise PayloadError("train.early_stopping_patience needs validation data (a `val` split in data sources)")
+        from transformers import EarlyStoppingCallback
+
+        cbs.append(EarlyStoppingCallback(early_stopping_patience=patience))
+    return cbs
+
+
+def sft_config(cfg, has_eval: bool, dtype):
+    """TRL SFTConfig (a transformers TrainingArguments) from the run config.
+
+    Speed choices (measured by `make gpu-check`): `packing` makes TRL pack with best-fit decreasing
+    and train padding-free (one row, position_ids restart per record; exact with every attention
+    implementation in transformers 5, varlen with flash-attention); the loss always goes through
+    TRL's fused LM head (no B x S x V logits); gradient checkpointing and Liger per
+    `modeling.gradient_checkpointing` / `modeling.use_liger`; fp16 mixed precision on GPUs without bf16.
+    """
+    import dataclasses as dc
+
+    import torch
+    from trl import SFTConfig
+
+    t = cfg.train
+    vl = cfg.model.kind == "image_text_to_text"
+    gpu = modeling.on_gpu()
+    if t.method == "full" and dtype == torch.float16 and not t.deepspeed:
+        raise PayloadError("full fine-tuning in float16 needs fp32 master weights: add train.deepspeed, "
+                           "or set model.dtype: float32")
+    # transformers renamed gradient_checkpointing to activation_checkpointing (the old name warns) and
+    # added `every_n_layers` with it; before that, checkpointing is every layer or none
+    every, _why = modeling.checkpointing_decision(cfg)
+    workers = dataloader_workers(cfg, gpu)
+    names = {f.name for f in dc.fields(SFTConfig)}
+    ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    ckpt_kwargs = {"use_reentrant": False}
+    if every > 1 and ckpt == "activation_checkpointing":
+        ckpt_kwargs["every_n_layers"] = every
+    return SFTConfig(
+        **{ckpt: every > 0, f"{ckpt}_kwargs": ckpt_kwargs},
+        use_liger_kernel=modeling.use_liger(cfg),
+        output_dir=str(ck.checkpoints_dir(cfg.run_dir)),
+        run_name=cfg.runtime.run_id,
+        per_device_train_batch_size=t.per_device_batch_size,
+        per_device_eval_batch_size=t.per_device_eval_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        num_train_epochs=t.epochs,
+        max_steps=t.max_steps or -1,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=t.warmup_ratio,  # < 1: a fraction of the total steps
+        weight_decay=t.weight_decay,
+        optim=t.optimizer,
+        max_grad_norm=t.max_grad_norm,
+        bf16=dtype == torch.bfloat16 and gpu,
+        fp16=dtype == torch.float16 and gpu,
+        use_cpu=not gpu,
+        seed=t.seed,
+        logging_strategy="steps",
+        logging_steps=t.logging_steps,
+        eval_strategy="steps" if has_eval else "no",
+        eval_steps=t.eval_steps,
+        save_strategy="steps",
+        save_steps=t.checkpoints.save_steps,
+        save_total_limit=None,  # retention is ours (best-K + recent-K), see checkpoints.apply_retention
+        metric_for_best_model=best_metric(cfg)[0] if has_eval else None,
+        greater_is_better=best_metric(cfg)[1] if has_eval else None,
+        report_to=tracking.report_to(cfg) or "none",
+        disable_tqdm=True,
+        dataloader_num_workers=workers,  # not persistent: see dataloader_workers
+        max_length=t.max_seq_length,
+        packing=t.packing,
+        packing_strategy="bfd",
+        eval_packing=False,  # per-sample eval losses (high-loss samples) need unpacked rows
+        assistant_only_loss=t.assistant_only_loss,
+        ddp_find_unused_parameters=None if vl else False,
+        deepspeed=modeling.deepspeed_config(t.deepspeed) if t.deepspeed else None,
+    )
+
+
+VL_LOADER_WORKERS = 4  # per rank; bench/bench_vl_step.py measures what the collation costs
+
+
+def dataloader_workers(cfg, gpu: bool) -> int:
+    """Vision-language batches are made on the fly by TRL's collator (images decoded, resized and cut
+    into patches, the chat template tokenized): on a GPU that runs in dataloader worker processes,
+    beside the step, instead of in the main process between steps. The sampler stays in the main
+    process, so the batches are the same; the workers start again each epoch (not persistent) so the
+    main process draws from its RNG as without workers, and dropout stays the same. Text batches are
+    tokenized beforehand: no workers; none on CPU either (no GPU step to overlap with)."""
+    if not gpu or cfg.model.kind != "image_text_to_text":
+        return 0
+    per_rank = (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(0, min(VL_LOADER_WORKERS, per_rank - 1))
+
+
+# ------------------------------------------------------------------------------------ resume / train
+
+
+def load_checkpoint(run: Run) -> None:
+    """Pick the newest complete checkpoint that verifies (half-written ones are removed first,
+    damaged ones are quarantined on the way)."""
+    root = ck.checkpoints_dir(run.run_dir)
+    args = run.trainer.args
+    with args.main_process_first(local=False, desc="checkpoint cleanup"):
+        if run.main:
+            ck.clean_incomplete(root)
+    run.resume = verify.pick_resume(root, args.process_index, args.world_size)
+    step = ck.step_of(run.resume) if run.resume else 0
+    dropped = observe.truncate_metrics(run.run_dir / layout.METRICS, step)
+    if run.resume:
+        marker = ck.read_marker(run.resume)
+        # the keys that change the math (a checkpoint saved before math_hash existed: the whole config)
+        key, now = (("math_hash", runconfig.math_hash(run.cfg)) if "math_hash" in marker
+                    else ("config_hash", run.cfg.config_hash()))
+        if marker.get(key) not in (None, now):
+            log.warning("resuming %s, saved with a different config (%s %s, now %s)",
+                        run.resume.name, key, marker.get(key), now)
+        log.info("resuming from %s (dropped %d metric lines logged after it)", run.resume.name, dropped)
+
+
+def train(run: Run) -> None:
+    observe.write_status(run.run_dir, state="training", resumed_from=run.resume.name if run.resume else None)
+    try:
+        result = run.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
+        run.counts["train_runtime_s"] = round(result.metrics.get("train_runtime", 0.0), 3)
+    except ck.TrainingFinished as e:
+        log.info("nothing left to train: %s", e)
+        run.counts["train_runtime_s"] = 0.0
+    run.state, run.reason = end_of_training(run)
+
+
+def end_of_training(run: Run) -> tuple[str, Optional[str]]:
+    """(state, reason) once the training loop returned; a lost lease raises (nothing more is written)."""
+    st, c, cfg = run.trainer.state, run.control, run.cfg
+    step, total = st.global_step, st.max_steps
+    if c.reason == "lease_lost":
+        raise lease.LeaseHeld(f"another trainer took over this run's lease at step {step}; this one stopped "
+                              "without saving")
+    if c.reason == stop_request.REASON:
+        return "stopped", stop_request.end_reason(step, total)
+    if c.reason == "stopped":
+        import signal
+
+        sig = signal.Signals(run.stop.signum).name if run.stop.signum else "a signal"
+        if c.stop_saved:
+            kept = f"checkpoint-{step} saved"
+        else:
+            last = ck.latest_complete(ck.checkpoints_dir(run.run_dir))
+            kept = (f"no checkpoint saved (a save takes ~{c.stop_save_s:.1f} s, more than the "
+                    f"{ck.SIGTERM_SAVE_BUDGET_S} s allowed); resumes from {last.name if last else 'step 0'}")
+        return "stopped", f"stopped by {sig} at step {step} of {total}; {kept}"
+    if c.reason == "budget_exhausted":
+        return "budget_exhausted", (
+            f"budget of {usd(cfg.runtime.budget_usd)} reached at step {step} of {total} (spent "
+            f"{usd(run.tracker.usd())}); checkpoint-{step} saved: continue with {resume_hint(cfg.runtime.profile)}")
+    if total and step < total:
+        metric = best_metric(cfg)[0].removeprefix("eval_").replace("loss", "eval loss")
+        return "completed", f"stopped early at step {step} of {total} (early stopping: {metric} stopped improving)"
+    return "completed", None
+
+
+# ------------------------------------------------------------------------------------- save/cleanup
+
+_EXIT = {"completed": EXIT_OK, "budget_exhausted": EXIT_BUDGET, "stopped": EXIT_INTERRUPTED}
+
+
+def save(run: Run) -> dict:
+    """Best adapter (or final full weights) from a checkpoint that verifies, high-loss samples,
+    plot, summary, final status."""
+    cfg, rd, trainer = run.cfg, run.run_dir, run.trainer
+    finished = run.state == "completed"
+    root = ck.checkpoints_dir(rd)
+    prefer, key, greater = export_choice(cfg)
+    best = (ck.latest_complete(root) if prefer == "latest" else ck.best_checkpoint(root, key, greater)) \
+        if run.main else None
+    if run.main:
+        if finished:
+            best = verify.export_verified(root, rd / layout.ADAPTER_DIR, prefer, key, greater)
+            if best is None:
+                raise PayloadError(f"training finished but no checkpoint in {root} verifies to export "
+                                   f"the {'weights' if prefer == 'latest' else 'adapter'}: see the lines above")
+        if finished and trainer.eval_dataset is not None and not _zero3(cfg):
+            observe.write_high_loss(trainer, trainer.eval_dataset, run.val_records, cfg.train.high_loss_samples,
+                                    rd / layout.HIGH_LOSS)
+            tracking.log_high_loss(cfg, rd / layout.HIGH_LOSS)
+        observe.plot_losses(rd / layout.METRICS, rd / layout.LOSS_PLOT, title=f"{cfg.name} ({cfg.runtime.run_id})")
+    summary = _summary(run, best)
+    if run.main:
+        observe.write_summary(rd, summary)
+    observe.write_end(rd, stop_request.exit_code(run.control, _EXIT[run.state]), run.reason, step=summary["steps"],
+                      cost_usd=summary["cost_usd"], **stop_request.final_fields(cfg, run.control, summary["steps"]),
+                      eta_s=0 if finished else None, loss=summary["final_loss"],
+                      eval_loss=summary["final_eval_loss"])
+    log.info("training %s at step %d: best %s, cost $%.4f%s", run.state, summary["steps"],
+             summary["best_checkpoint"], summary["cost_usd"], f" ({run.reason})" if run.reason else "")
+    return summary
+
+
+def _zero3(cfg) -> bool:
+    return bool(cfg.train.deepspeed and cfg.train.deepspeed.zero_stage == 3)
+
+
+def _summary(run: Run, best: Optional[Path]) -> dict:
+    records = observe.read_metrics(run.run_dir / layout.METRICS)
+    losses = [r["loss"] for r in records if r.get("loss") is not None]
+    evals = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
+    real = [r["real_token_fraction"] for r in records if r.get("real_token_fraction") is not None]
+    st, cfg = run.trainer.state, run.cfg
+    return {
+        "state": run.state, "exit_code": stop_request.exit_code(run.control, _EXIT[run.state]), "reason": run.reason,
+        "run_id": cfg.runtime.run_id, "config_hash": cfg.config_hash(),
+        "model": cfg.model.name_or_path, "kind": cfg.model.kind, "method": cfg.train.method,
+        "attn_implementation": run.attn, "attn_reason": run.attn_reason,
+        "padding_free": run.padding_free, "steps": st.global_step, "max_steps": st.max_steps,
+        "epoch": st.epoch, "best_checkpoint": best.name if best else None,
+        "best_eval_loss": ck.read_marker(best).get("eval_loss") if best else None,
+        "best_metric": {"key": best_metric(cfg)[0], "value": ck.read_marker(best).get(best_metric(cfg)[0])}
+        if best else None,
+        "final_loss": losses[-1] if losses else None, "final_eval_loss": evals[-1] if evals else None,
+        "first_loss": losses[0] if losses else None, "resumed_from": run.resume.name if run.resume else None,
+        "duration_s": round(time.monotonic() - run.t0, 3), "total_seconds": round(run.tracker.seconds(), 3),
+        "cost_usd": round(run.tracker.usd(), 6), "sessions": run.tracker.sessions,
+        **timings.rates(records),
+        "real_token_fraction": round(sum(real) / len(real), 4) if real else None,
+        "adapter_dir": layout.ADAPTER_DIR if run.state == "completed" else None,
+        **run.counts, "finished_at": observe.now_iso(),
+    }
+
+
+def cleanup(run: Run) -> None:
+    run.stop.restore()
+    tracking.finish()
+    if run.lease is not None:
+        run.lease.release()
+    if run.tracker is not None:
+        run.tracker.save()
+    run.trainer = None
+    import gc
+
+    gc.collect()
