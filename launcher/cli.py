@@ -182,7 +182,8 @@ def plan(profile, as_json, rehearse=False, compare=False):
     """
     from launcher.profiles.checks import check_profile
     from launcher.plan.estimate import plan_profile
-    from launcher.term.ui import err_console, print_plan
+    from launcher.plan.show import print_plan
+    from launcher.term.ui import err_console
 
     p, _, data_problems = check_profile(profile)  # planning costs nothing: missing data is a warning here
     if rehearse:
@@ -213,7 +214,7 @@ def profiles(as_json):
 
     Example: launch profiles
     """
-    from launcher.term.ui import print_profiles
+    from launcher.plan.show import print_profiles
 
     print_profiles(as_json)
 

@@ -66,172 +66,9 @@ def hints(*commands: str) -> None:
         c.print(f"  [dim]→[/] [bold]{esc(cmd)}[/]")
 
 
-def print_plan(p, plan) -> None:
-    from rich.table import Table
-
-    t = Table(show_header=False, box=None, padding=(0, 2))
-    t.add_column(style="bold", no_wrap=True)
-    t.add_column()
-    where = f"{plan.cloud} {plan.instance_type}" + (f" in {plan.region}" if plan.region else "")
-    mode = "spot (managed job, auto-recovery)" if plan.use_spot else "on-demand"
-    t.add_row("Profile", cell(f"{p.name}: {p.description or ''}"))
-    t.add_row("Instance", cell(f"{where}  [{plan.num_nodes} x {plan.accelerators}, {mode}]"))
-    t.add_row("Price", f"{money(plan.price_per_hour)}/h  ({plan.price_source})")
-    for o in plan.any_of:  # any_of accelerators: the choice, then the fallbacks, cheapest first
-        what = (f"{o['cloud']} {o['instance_type']} {money(o['price_per_hour'])}/h" if o.get("price_per_hour")
-                is not None else f"not placeable: {o.get('error', '')}")
-        t.add_row("Chosen" if o["chosen"] else "Fallback", cell(f"{o['accelerators']}: {what}"))
-    if p.cluster.use_spot:
-        from launcher.profiles.render import CONTROLLER_AUTOSTOP
-
-        t.add_row("Controller", f"SkyPilot's jobs controller, a small CPU machine billed while up; torn "
-                                f"down after {CONTROLLER_AUTOSTOP['idle_minutes']} idle min "
-                                "(jobs.controller.resources.autostop, set by launch up)")
-    elif not p.cluster.is_local:
-        t.add_row("Autostop", f"the cluster is torn down {p.cluster.autostop_minutes} idle min after the job")
-    t.add_row("Training", cell(f"{p.train.method} of {p.model.name_or_path}, {plan.train_tokens / 1e6:,.2f}M "
-                               f"tokens ({plan.data_source})"))
-    thr = plan.throughput or {}
-    spread = f" ({thr['low']:,.0f}-{thr['high']:,.0f})" if thr.get("low") else ""
-    t.add_row("Throughput", cell(f"~{plan.tokens_per_s_per_gpu:,.0f}{spread} tokens/s/GPU x {plan.gpus} GPU(s)  "
-                                 f"({plan.throughput_source})"))
-    if plan.speed.get("link"):
-        t.add_row("Network", _network_line(plan.speed))
-    rh = (plan.ranges or {}).get("hours")
-    span = f" (range {rh['low']:.2f}-{rh['high']:.2f} h)" if rh else ""
-    t.add_row("Duration", f"~{plan.train_hours:.2f} h training + {plan.overhead_hours:.2f} h other billed phases "
-                          f"= ~{plan.total_hours:.2f} h{span}")
-    t.add_row("Phases", ", ".join(f"{ph['name']} {hours(ph['hours'])}" for ph in plan.phases))
-    for st in plan.stages:  # a profile with stages: time, cost and memory of each
-        mem = f", {st['memory']} ~{st['memory_gb']:g} GiB" if st.get("memory_gb") else ""
-        r = st.get("hours_range")
-        span = f" ({hours(r['low'])}-{hours(r['high'])})" if r else ""
-        t.add_row(f"Stage {esc(st['name'])}", f"{st['kind']}: {st['records']:,} records, ~{hours(st['hours'])}{span}, "
-                                              f"~{money(st['usd'])}{mem}")
-    ru = (plan.ranges or {}).get("usd")
-    span = f" (range {money(ru['low'])}-{money(ru['high'])})" if ru else ""
-    cap = f"[red]budget cap {money(plan.budget_usd)}[/]" if plan.budget_note else f"budget cap {money(plan.budget_usd)}"
-    t.add_row("Cost", f"~{money(plan.total_usd)}{span}  ({cap} = {plan.budget_hours:.1f} h at this price)")
-    if plan.packing:
-        t.add_row("Packing", cell(plan.packing))
-    if plan.alternative:
-        a = plan.alternative
-        kind = "spot" if a["use_spot"] else "on-demand"
-        own = f"~{a['total_hours']:.2f} h, " if a.get("total_hours") is not None else ""
-        t.add_row("Alternative", f"{kind}: {a['cloud']} {a['instance_type']} {money(a['price_per_hour'])}/h "
-                                 f"→ {own}~{money(a['total_usd'])}")
-    if plan.layout:
-        lo = plan.layout
-        t.add_row("Layout", f"{lo['num_nodes']} x {lo['accelerators']} ({lo['instance_type']}, {lo['network']}) "
-                            f"would be {lo['bound']}-bound: ~{lo['total_hours']:.1f} h, ~{money(lo['total_usd'])}")
-    if plan.memory.get("status") not in (None, "n/a"):
-        t.add_row("GPU memory", f"{plan.memory['status']}: {plan.memory['detail']}")
-    for s in plan.storage:
-        t.add_row("Storage", _storage_line(s))
-    if plan.disk:
-        t.add_row("Disk", f"{plan.disk['size_gb']} GB per node (needs ~{plan.disk['needed_gb']} GB)")
-    if plan.secrets:
-        t.add_row("Secrets", ", ".join(f"{k} ({v})" for k, v in plan.secrets.items())
-                  + "  - passed at launch, never written")
-    else:
-        t.add_row("Secrets", "none needed")
-    console().print(t)
-    if plan.budget_note:
-        console().print(f"[red]✗ {esc(plan.budget_note)}[/]")
-    if plan.spot_note:
-        console().print(f"[yellow]![/] {esc(plan.spot_note)}")
-    if plan.save_note:
-        console().print(f"[yellow]![/] {esc(plan.save_note)}")
-    for line in plan_warnings(plan):
-        console().print(f"[yellow]![/] {line}", soft_wrap=True)
-    hints(f"launch up {p.name}")
-
-
-def _network_line(speed: dict) -> str:
-    link = speed["link"]
-    return (f"{link['kind']} {link['gbps']:,.0f} Gb/s per node: {speed['bound']}-bound "
-            f"({speed['network_s']:.1f} s network vs {speed['compute_s']:.1f} s compute per micro-step; "
-            f"{link['source']})")
-
-
-def _storage_line(s: dict) -> str:
-    cost = "price unknown" if s["usd_per_month"] is None else f"{money(s['usd_per_month'])}/month"
-    size = f"~{s['size_gb']:,.0f} GB (estimate)" if s["kind"] == "bucket" else \
-        f"{s['size_gb']:,.0f} GB (~{s['needed_gb']:,.0f} GB used)"
-    return (f"{s['kind']} {s['name']} ({s['type']}), {size}: {cost} while it exists, "
-            f"also after `launch down` (delete: launch volumes rm {s['name']})")
-
-
-def plan_warnings(plan) -> list[str]:
-    out = []
-    if plan.snapshot_warning:
-        out.append(plan.snapshot_warning)
-    if plan.memory.get("status") == "does not fit":
-        out.append(f"GPU memory: {plan.memory['detail']} does not fit: the payload's preflight will refuse "
-                   "to train; lower train.per_device_batch_size or max_seq_length, or use a bigger GPU")
-    elif plan.memory.get("status") == "tight":
-        out.append(f"GPU memory: {plan.memory['detail']} is tight (estimate +-20%): may run out of memory")
-    disk = plan.disk
-    if disk and disk["size_gb"] < disk["needed_gb"]:
-        out.append(f"cluster.disk_size {disk['size_gb']} GB is below the ~{disk['needed_gb']} GB the run "
-                   "puts on each node's disk: raise it")
-    elif disk and disk["size_gb"] > 1.5 * disk["needed_gb"] and "kubernetes" in plan.cloud.lower():
-        out.append(f"cluster.disk_size {disk['size_gb']} GB is far above the ~{disk['needed_gb']} GB needed: "
-                   "large disk requests exclude Kubernetes node pools")
-    for s in plan.storage:
-        if s["kind"] == "volume" and s["needed_gb"] > s["size_gb"]:
-            out.append(f"volume {s['name']}: ~{s['needed_gb']:,.0f} GB to store but {s['size_gb']:,.0f} GB "
-                       "provisioned: raise cluster.volume.size_gb")
-    return out
-
-
-def print_profiles(as_json: bool) -> None:
-    from launcher.plan.estimate import plan_profile
-    from launcher.profiles.profile import ProfileError, load_profile, profile_names
-
-    rows = []
-    for name in profile_names():
-        try:
-            p = load_profile(name)
-            pl = plan_profile(p, compare_layouts=False, twin=False)  # the table shows no spot/on-demand twin
-            monthly = [s["usd_per_month"] for s in pl.storage if s["usd_per_month"] is not None]
-            rows.append({"profile": name, "accelerators": p.cluster.accelerators_label,
-                         "nodes": p.cluster.num_nodes, "spot": p.cluster.use_spot,
-                         "infra": ",".join(p.cluster.infra_list), "method": p.train.method,
-                         "price_per_hour": pl.price_per_hour, "est_hours": pl.total_hours,
-                         "est_usd": pl.total_usd, "gpu_memory": pl.memory.get("status"),
-                         "storage_usd_per_month": round(sum(monthly), 2) if monthly else None, "error": None})
-        except (ProfileError, Exception) as e:  # one broken profile must not hide the others
-            rows.append({"profile": name, "error": str(e).splitlines()[0]})
-    from launcher.term.tables import print_table
-
-    print_table(rows, PROFILE_COLUMNS, as_json, console=console())
-
-
-def _gpus(r: dict):
-    if r["error"]:
-        from rich.text import Text
-
-        return Text(f"invalid: {r['error']}", style="red")
-    return (f"{r['nodes']}x " if r["nodes"] > 1 else "") + r["accelerators"] + (" spot" if r["spot"] else "")
-
-
-def _ok(fn):
-    return lambda r: "" if r.get("error") else fn(r)
-
-
 def _columns():
     from launcher.term.tables import Column
 
-    profiles = [
-        Column("profile", "profile", must_copy=True),
-        Column("GPUs", _gpus, wrap_min=16),
-        Column("$/h", _ok(lambda r: money(r["price_per_hour"])), must_copy=True, justify="right"),
-        Column("hours", _ok(lambda r: f"{r['est_hours']:.1f}"), priority=2, justify="right"),
-        Column("est. $", _ok(lambda r: money(r["est_usd"])), must_copy=True, justify="right"),
-        Column("memory", _ok(lambda r: r["gpu_memory"] or "-"), priority=3),
-        Column("$/month", _ok(lambda r: money(r["storage_usd_per_month"])), priority=1, justify="right"),
-    ]
     status = [
         Column("run", "id", must_copy=True),
         Column("profile", "profile", must_copy=True, priority=1),  # the run id starts with it
@@ -245,7 +82,7 @@ def _columns():
         Column("ETA", lambda r: duration(r.get("eta_s")), priority=3, justify="right"),
         Column("projected", lambda r: money(r.get("projected_cost_usd")), priority=2, justify="right"),
     ]
-    return profiles, status
+    return status
 
 
 def _state(r: dict):
@@ -274,4 +111,4 @@ def print_status(rows: list[dict], as_json: bool = False, json_value=None) -> No
     print_table(rows, STATUS_COLUMNS, as_json, console=console(), json_value=json_value)
 
 
-PROFILE_COLUMNS, STATUS_COLUMNS = _columns()
+STATUS_COLUMNS = _columns()
