@@ -1,6 +1,6 @@
-"""What `launch plan` adds around its middle figure: the low-high range of hours and dollars, the eval
-by generation phase, spot told honestly, what the checkpoint cadence costs, and the over-budget line
-(`launch up` asks: budget_gate.py).
+"""A plan's dollars: the middle figure (every billed phase x $/hour, `billed`) and what `launch plan`
+adds around it: the low-high range of hours and dollars, the eval by generation phase, spot told
+honestly, what the checkpoint cadence costs, and the over-budget line (`launch up` asks: budget_gate.py).
 
 - Range: training (and the stages, and the spot recoveries that scale with training) take the
   throughput range of launcher/plan/speed.py; every other phase keeps its figure. low = the fast end.
@@ -26,6 +26,14 @@ SCALES_WITH_TRAINING = ("training", "spot recoveries")
 TEST_SHARE_ASSUMED = 0.1
 SAVE_SHARE_NOTE = 0.10  # checkpoint saves above this share of the planned dollars get a line
 SAVE_FACTORS = (2, 5, 10, 20, 50)
+
+
+def billed(phases: list, price: float) -> tuple[float, float, float]:
+    """The plan's middle figure: (training hours, total billed hours, dollars) of its billed phases
+    (launcher/plan/phases.py) at `price` per hour."""
+    train_h = sum(ph.hours for ph in phases if ph.name == "training")
+    total_h = sum(ph.hours for ph in phases)
+    return train_h, total_h, round(total_h * price, 4)
 
 
 def eval_generation_hours(p, decode_steps_per_s: float, steps: int, test_records: Optional[int]) -> tuple[float, str]:
