@@ -1,3 +1,39 @@
-"""launch: infrastructure as code for fine-tuning LLMs on rented GPUs (the local CLI)."""
+"""launch: infrastructure as code for fine-tuning LLMs on rented GPUs (the local CLI).
+
+The folders are the table of contents (README.md "Architecture" draws the tree). Each group is one
+idea, imports only the groups below it (GROUPS), and is imported by other groups only through its face
+(FACES: the modules other groups may import; the rest are its own business). tests/test_groups.py
+fails on an import that runs back up or reaches past a face, and on a declaration nobody uses.
+"""
 
 __version__ = "0.1.0"
+
+# Bottom to top. A top-level module is a group of its own: `launcher` is this file (the version).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "launcher": (),
+    "errors": (),
+    "doors": (),
+    "term": (),
+    "store": ("errors", "term"),
+    "profiles": ("term", "store"),
+    "catalog": ("profiles", "store"),
+    "plan": ("term", "store", "profiles", "catalog"),
+    "backends": ("errors", "term", "store", "profiles", "catalog"),
+    "runs": ("launcher", "errors", "term", "store", "profiles", "catalog", "plan", "backends"),
+    "results": ("errors", "term", "store", "profiles", "backends", "runs"),
+    "cli": ("launcher", "errors", "term", "store", "profiles", "catalog", "plan", "runs", "results"),
+}
+
+# What other groups may import of each group (modules relative to the group; "" is its __init__).
+FACES: dict[str, tuple[str, ...]] = {
+    "launcher": ("",),
+    "errors": ("",),
+    "term": ("ui", "tables", "units", "logtext"),
+    "store": ("state", "registry", "artifacts"),
+    "profiles": ("profile", "checks", "render", "uploads", "preview", "scaffold"),
+    "catalog": ("",),
+    "plan": ("estimate", "show", "compare", "storage", "budget_gate"),
+    "backends": ("", "local", "final_save", "skypilot", "skypilot.control", "skypilot.sdk"),
+    "runs": ("start", "lifecycle", "experiment", "rehearse", "access", "volumes"),
+    "results": ("fetched", "compare"),
+}

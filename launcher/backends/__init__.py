@@ -4,6 +4,9 @@ Every backend implements the same small interface (`base.Backend`); the CLI neve
 it talks to. This package's face: the contract's names (re-exported from `base` and
 launcher/errors.py) and `get_backend(name, **options)`, which imports a backend only when asked, so
 `launch --help` stays fast. Backends themselves import `base`, never this module.
+
+The group may import store/ (the run registry), profiles/ (render, uploads), catalog/ (prices),
+term/ and errors; runs/ and results/ drive it.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ SkyPilot reads catalogs from `$SKY_RUNTIME_DIR/.sky/catalogs/v8/` and has no set
 elsewhere, so `launch` keeps its own runtime dir (under the launch state dir) holding a copy of the
 snapshot, and seeds SkyPilot's enabled-clouds cache there with the clouds the snapshot covers (the
 credential check is the one thing that needs the network). The user's own `~/.sky` is untouched.
+
+The group may import profiles/ (a profile's resources) and store/ (the state dir); plan/, backends/
+and runs/ ask it.
 """
 
 from __future__ import annotations

@@ -1,1 +1,9 @@
-""""""
+"""A run's life: start it, follow it, resume it, stop it, and what keeps billing after.
+
+`start` is `launch up` (pick or resume a run, check, render, start, record); `experiment` holds the
+resume rule (a resumed run keeps its recorded config; what may change is payload/config/resume.py's)
+and the run's provenance; `rehearse` is `--rehearse`; `lifecycle` is `logs`, `status`, `cost` and
+`down`, and the refresh of a run's state and bill; `access` is `launch ssh`/`exec`; `volumes` is what
+keeps billing after `down`. It may import backends/, plan/, catalog/, profiles/, store/, term/,
+errors and the launcher's version.
+"""

@@ -9,6 +9,11 @@ The sections themselves live in payload/config/schema.py and are re-exported her
 module); this one adds the training stages, the whole `RunConfig`, and loading/dumping with errors
 that name the file, line and key. Every field's docstring is its help text. Cross-field rules live
 in `model_validator`s and name the keys involved, so a user sees which line of which file to change.
+
+The group: this face, `schema` (the sections), `stages` (each stage's run config), `evaluation`
+(`evaluation:`, `wandb:`), `resume` (what may change when a run resumes, checked on the machine too)
+and `yamlio` (bounded YAML reading). It may import only the payload's base (errors, layout); every
+other group, and the launcher, reads it.
 """
 
 from __future__ import annotations
@@ -182,9 +187,9 @@ class RunConfig(Strict):
     the previous stage's adapter. Empty: one SFT stage on `data:` with `train:` (as without stages)."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     evaluation: Optional[EvalConfig] = None
-    """Generation metrics (CER/WER/exact match) during training and on the test split (eval_config.py)."""
+    """Generation metrics (CER/WER/exact match) during training and on the test split (config/evaluation.py)."""
     wandb: Optional[WandbConfig] = None
-    """Weights & Biases project/entity/name/tags (eval_config.py); off without WANDB_API_KEY."""
+    """Weights & Biases project/entity/name/tags (config/evaluation.py); off without WANDB_API_KEY."""
 
     @field_validator("name")
     @classmethod

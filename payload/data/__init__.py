@@ -9,6 +9,10 @@ applies the per-source transforms (strip `<think>`, inject a system prompt, drop
 duplicates across all sources, splits per source with the seed, and writes `train.jsonl`,
 `val.jsonl`, `test.jsonl` and `data_stats.json` to `{run_dir}/data/`. A `.complete` marker makes
 the stage idempotent: a resumed job with the same config and inputs returns the cached stats.
+
+The group: `sources` -> `records` -> `transforms` -> `pipeline` -> `writer`, with `images` and
+`problems`; `preview` (what the trainer sees) and `trainset` (canonical records as the datasets TRL
+reads). It may import config/, model/ (the tokenizer) and the base; outputs/ and train/ read it.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ Hub, WANDB_API_KEY valid (see "network checks" below for ok / fail / warn).
 Model size comes from, in order: a local `config.json` (local path, the HF cache, or the tiny
 config), else a table of known Qwen shapes looked up by name ("Qwen3-VL-32B-Instruct" ->
 qwen3-vl/32), else the size in the name ("70B" -> 70e9 parameters, shape of the nearest known row).
+
+The group: `local` (this machine), `remote` (Hub, W&B), `base` (the check type), `versions` (the
+installed packages against the payload's minimums). It may import config/, model/ (memory,
+attention) and the base; it runs as its own stage.
 """
 
 from __future__ import annotations

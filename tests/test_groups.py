@@ -1,0 +1,171 @@
+"""launcher/ and payload/ are grouped by idea: each folder one idea, the arrows between groups one way and
+declared (GROUPS in each package's __init__), and a group reached from outside only through its face
+(FACES). Imports counted as scripts/import_cycles.py counts them: module level, in functions, type only.
+"""
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("import_cycles", REPO / "scripts" / "import_cycles.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def group_of(module: str) -> tuple[str, str]:
+    """(group, the module's name inside its group): `launcher.plan.cost` -> (plan, cost), a top-level
+    module is a group of its own (`launcher.cli` -> (cli, "")), the package itself is its own name."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return parts[0], ""
+    return parts[1], ".".join(parts[2:])
+
+
+def declared(package: str, root: Path = REPO) -> tuple[dict, dict]:
+    """GROUPS and FACES as written in `<package>/__init__.py` (read, not imported)."""
+    tree = ast.parse((root / package / "__init__.py").read_text())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found[node.target.id] = ast.literal_eval(node.value)
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            found[node.targets[0].id] = ast.literal_eval(node.value)
+    return found["GROUPS"], found["FACES"]
+
+
+def violations(package: str, root: Path = REPO) -> list[str]:
+    """Every way the package's imports break its declared groups, one line each."""
+    script = _script()
+    groups, faces = declared(package, root)
+    mods = {m: p for m, p in script.modules(root).items() if m.split(".")[0] == package}
+    out = [f"{m}: in no declared group (add `{group_of(m)[0]}` to GROUPS in {package}/__init__.py)"
+           for m in sorted(mods) if group_of(m)[0] not in groups]
+    seen = set()
+    order = {g: i for i, g in enumerate(groups)}
+    for g, below in groups.items():
+        out += [f"GROUPS: {g} -> {b} runs up (declare groups bottom to top)" for b in below
+                if order.get(b, len(order)) >= order[g]]
+    arrows, faced = set(), set()
+    for edge in script.edges(mods):
+        a, b, line = edge[0], edge[1], edge[3]
+        if b not in mods or (a, b, line) in seen:
+            continue
+        seen.add((a, b, line))
+        (ga, _), (gb, inside) = group_of(a), group_of(b)
+        if ga == gb or ga not in groups:
+            continue
+        where = f"{mods[a].relative_to(root).as_posix()}:{line} imports {b}"
+        if gb not in groups[ga]:
+            out.append(f"{where}: {ga} may not import {gb} (an arrow back up: move the code to the group "
+                       "that owns the idea, or declare the arrow in GROUPS if it runs down)")
+        else:
+            arrows.add((ga, gb))
+        if gb in faces and inside in faces[gb] or gb not in faces and inside == "":
+            faced.add((gb, inside))
+        else:
+            out.append(f"{where}: not part of {gb}'s face (FACES: {', '.join(faces.get(gb, ())) or 'its __init__'})")
+    out += [f"GROUPS: {g} -> {b} declared but no module of {g} imports {b}"
+            for g, below in groups.items() for b in below if (g, b) not in arrows]
+    out += [f"FACES: {g}.{m or '__init__'} declared but imported by no other group"
+            for g, ms in faces.items() for m in ms if (g, m) not in faced]
+    return out
+
+
+@pytest.mark.parametrize("package", ["launcher", "payload"])
+def test_groups_import_one_way_through_their_faces(package):
+    found = violations(package)
+    assert not found, "\n".join(found)
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    (tmp_path / "bench").mkdir(exist_ok=True)
+    for rel, text in {"payload/__init__.py": "", **files}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+DECLARED = ('GROUPS = {"launcher": (), "low": (), "high": ("low",)}\n'
+            'FACES = {"low": ("face",)}\n')
+
+
+def test_an_import_back_up_or_past_a_face_is_named_with_its_line(tmp_path):
+    root = _tree(tmp_path, {
+        "launcher/__init__.py": DECLARED,
+        "launcher/low/__init__.py": "",
+        "launcher/low/face.py": "def f():\n    from launcher.high import top\n",
+        "launcher/low/private.py": "",
+        "launcher/high/__init__.py": "",
+        "launcher/high/top.py": "from launcher.low import face\nfrom launcher.low import private\n",
+    })
+    found = violations("launcher", root)
+    assert any(f.startswith("launcher/low/face.py:2 imports launcher.high.top: low may not import high (an "
+                            "arrow back up") for f in found), found
+    assert any(f.startswith("launcher/high/top.py:2 imports launcher.low.private: not part of low's face "
+                            "(FACES: face)") for f in found), found
+    assert not any("launcher/high/top.py:1" in f for f in found)  # down, through the face: fine
+
+
+def test_a_declaration_nobody_uses_or_one_that_runs_up_is_stale(tmp_path):
+    root = _tree(tmp_path, {
+        "launcher/__init__.py": 'GROUPS = {"launcher": (), "low": ("high",), "high": ("low",), "x": ()}\n'
+                                'FACES = {"low": ("face", "gone")}\n',
+        "launcher/low/__init__.py": "",
+        "launcher/low/face.py": "",
+        "launcher/high/__init__.py": "",
+        "launcher/high/top.py": "from launcher.low import face\n",
+        "launcher/other/__init__.py": "",
+    })
+    found = violations("launcher", root)
+    assert "launcher.other: in no declared group (add `other` to GROUPS in launcher/__init__.py)" in found
+    assert "GROUPS: low -> high runs up (declare groups bottom to top)" in found
+    assert "GROUPS: low -> high declared but no module of low imports high" in found
+    assert "FACES: low.gone declared but imported by no other group" in found
+
+
+def _group_folders():
+    for package in ("launcher", "payload"):
+        for init in sorted((REPO / package).glob("*/__init__.py")):
+            yield init.parent
+
+
+@pytest.mark.parametrize("folder", list(_group_folders()), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_group_says_what_it_owns_and_what_it_may_import(folder):
+    doc = " ".join((ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or "").split())
+    assert len(doc) > 200 and "may import" in doc, f"{folder.name}/__init__.py: a one-paragraph docstring " \
+        "saying what the group owns and what it may import"
+
+
+def test_no_folder_holds_more_than_twelve_modules():
+    crowded = {}
+    for package in ("launcher", "payload"):
+        for folder in [REPO / package, *(p for p in (REPO / package).rglob("*") if p.is_dir())]:
+            n = len([p for p in folder.glob("*.py") if p.name != "__init__.py"])
+            if n > 12:
+                crowded[folder.relative_to(REPO).as_posix()] = n
+    assert not crowded, f"folders over 12 modules: {crowded}"
+
+
+# "Where is ... decided?" (issue 31): the answer is a path a newcomer finds from the folder names. The
+# README's architecture map gives the same answers; these keep them true.
+DECIDED = {
+    "a plan's dollars": ("launcher/plan/cost.py", "def billed"),
+    "a run's resume rule": ("launcher/runs/experiment.py", "def check_resume"),
+    "what may change on resume": ("payload/config/resume.py", "def changes_math"),
+    "a fetch's verification": ("launcher/store/artifacts.py", "def _verify"),
+    "a checkpoint's retention": ("payload/volume/checkpoints.py", "def apply_retention"),
+    "the training step": ("payload/train/trainer.py", "class "),
+}
+
+
+@pytest.mark.parametrize("question", list(DECIDED))
+def test_where_it_is_decided(question):
+    path, needle = DECIDED[question]
+    assert needle in (REPO / path).read_text(), f"{question}: {path} no longer holds `{needle}`"
