@@ -221,7 +221,12 @@ def profiles(as_json):
 
 # ------------------------------------------------------------------------------------ runs
 
-from launcher.runs.lifecycle import cost, down, logs, status  # noqa: E402  (click commands; light imports only)
+from launcher.runs.lifecycle import (  # noqa: E402  (click commands; light imports only)
+    cost,
+    down,
+    logs,
+    status,
+)
 from launcher.runs.start import up  # noqa: E402
 
 for _cmd in (up, logs, status, down, cost):
@@ -240,7 +245,11 @@ from launcher.runs.access import exec_, ssh  # noqa: E402  (click commands; ligh
 cli.add_command(ssh)
 cli.add_command(exec_)
 
-from launcher.results.fetched import chat, checkpoints, eval_  # noqa: E402  (checkpoints/eval/chat of a run; light imports)
+from launcher.results.fetched import (  # noqa: E402  (checkpoints/eval/chat of a run; light imports)
+    chat,
+    checkpoints,
+    eval_,
+)
 
 for _cmd in (checkpoints, eval_, chat):
     cli.add_command(_cmd)

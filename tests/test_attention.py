@@ -17,7 +17,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import make_config, train_env  # noqa: E402
 
-from payload.model.attention import PACKED, PADDED, PADDING_FREE, Machine, batch_kind, candidates, order  # noqa: E402
+from payload.model.attention import (  # noqa: E402
+    PACKED,
+    PADDED,
+    PADDING_FREE,
+    Machine,
+    batch_kind,
+    candidates,
+    order,
+)
 
 __all__ = ["train_env"]  # the fixture, imported for pytest
 

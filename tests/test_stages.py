@@ -13,7 +13,14 @@ import torch
 from payload.volume import checkpoints as ck
 from payload import layout
 from stage_fixtures import stage_config, write_stage_data
-from train_fixtures import KILL_TIMEOUT, adapter_tensors, start_payload, train_env, wait_for, write_config  # noqa: F401
+from train_fixtures import (  # noqa: F401
+    KILL_TIMEOUT,
+    adapter_tensors,
+    start_payload,
+    train_env,
+    wait_for,
+    write_config,
+)
 
 
 

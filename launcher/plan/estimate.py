@@ -13,7 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from payload.model.memory import dims_from_name, estimate_stage_memory_gb, lora_trainable_params, planned_kernels
+from payload.model.memory import (
+    dims_from_name,
+    estimate_stage_memory_gb,
+    lora_trainable_params,
+    planned_kernels,
+)
 
 from launcher.profiles.profile import REPO_ROOT, Profile, total_gpus
 from launcher.profiles.render import profile_secrets
@@ -22,7 +27,17 @@ from launcher.plan import cost as plan_ranges
 from launcher.plan.calibration import calibrated
 from launcher.plan.phases import LOCAL_OVERHEAD_H, Phase, measured, phases, tokens_per_sequence
 from launcher.plan.speed import Throughput, estimate
-from launcher.plan.throughput import DPO_FACTOR, GPUS, GRPO_TRAIN_FACTOR, NO_BF16, cross_node_bytes_per_microstep, decode_steps_per_s, effective_speed, link_for, model_size_b
+from launcher.plan.throughput import (
+    DPO_FACTOR,
+    GPUS,
+    GRPO_TRAIN_FACTOR,
+    NO_BF16,
+    cross_node_bytes_per_microstep,
+    decode_steps_per_s,
+    effective_speed,
+    link_for,
+    model_size_b,
+)
 
 BYTES_PER_TOKEN = 4.0  # ~4 bytes of UTF-8 JSON per token for English chat data (documented guess)
 TIGHT_FRACTION = 0.9  # as the payload's preflight: above 90% of GPU memory "tight, may OOM"

@@ -29,7 +29,27 @@ import yaml
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from payload.config.evaluation import EvalConfig, WandbConfig
-from payload.config.schema import CheckpointConfig, DataConfig, DeepSpeedConfig, LoraConfig, ModelConfig, NAME_RE, OutputsConfig, QuantizationConfig, ROLES, RUN_ID_RE, RuntimeConfig, SourceConfig, Strict, TinyModel, TrainConfig, check_name, safe_id, shown, slugify
+from payload.config.schema import (  # noqa: F401  (re-exported: this module is the schema's public face)
+    CheckpointConfig,
+    DataConfig,
+    DeepSpeedConfig,
+    LoraConfig,
+    ModelConfig,
+    NAME_RE,
+    OutputsConfig,
+    QuantizationConfig,
+    ROLES,
+    RUN_ID_RE,
+    RuntimeConfig,
+    SourceConfig,
+    Strict,
+    TinyModel,
+    TrainConfig,
+    check_name,
+    safe_id,
+    shown,
+    slugify,
+)
 
 
 # --- training stages (runbook 003: SFT -> DPO -> GRPO; payload/config/stages.py derives each stage's config)

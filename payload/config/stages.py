@@ -17,7 +17,12 @@ from typing import Optional
 
 from pydantic import PrivateAttr
 
-from payload.config import STAGES_DIR, RunConfig, StageConfig, stage_train  # noqa: F401  (the schema lives in config)
+from payload.config import (  # noqa: F401  (the schema lives in config)
+    STAGES_DIR,
+    RunConfig,
+    StageConfig,
+    stage_train,
+)
 
 
 class StageRunConfig(RunConfig):
