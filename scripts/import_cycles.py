@@ -159,7 +159,7 @@ def main(argv=None) -> int:
                     help="also list every function-level and type-only import between modules")
     args = ap.parse_args(argv)
     if args.all:
-        for a, b, where, line in sorted(edges(modules())):
+        for a, b, where, line in sorted(set(edges(modules()))):
             if where != MODULE:
                 print(f"  {a}:{line} -> {b}{LABELS[where]}")
     found = module_cycles()
