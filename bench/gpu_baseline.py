@@ -36,12 +36,12 @@ class PadCollator:
 
 
 def load_model(cfg, spec: dict):
-    from payload.model import modeling
+    from payload.model import attention, modeling
 
     dtype = modeling.resolve_dtype(cfg.model)
-    attn = cfg.model.attn_implementation
-    # the runbooks' recipe is sdpa; a mode that leaves the kernel to the payload (`auto`) is held to that
-    kw = {"dtype": dtype, "attn_implementation": "sdpa" if isinstance(attn, str) else attn[0]}
+    # the first kernel a mode lists; the runbooks' recipe is sdpa, so a mode that leaves the kernel to the
+    # payload (`auto`: nothing listed, payload.model.attention.listed) is held to that
+    kw = {"dtype": dtype, "attn_implementation": (attention.listed(cfg) or ["sdpa"])[0]}
     if cfg.train.method == "qlora":
         kw["quantization_config"] = modeling.quantization_config(cfg.train.quantization)
     model = modeling.auto_class(cfg.model.kind).from_pretrained(cfg.model.name_or_path, **kw)

@@ -96,7 +96,7 @@ def estimate(cfg, fused_lm_head: bool, kernels=None) -> dict:
     `kernels` (payload/model/memory.py Kernels), for the kernels and batch rows the run actually used."""
     from payload.model import modeling
     from payload.model.memory import estimate_gpu_memory_gb
-    from payload.preflight import model_dims
+    from payload.model.dims import model_dims
 
     every, why = modeling.checkpointing_decision(cfg)
     if not modeling.on_gpu():  # the estimate for this run as the payload decided it (off on CPU)
@@ -126,7 +126,7 @@ def full_offload(spec: dict) -> bool:
     return bool(cfg.train.deepspeed and mem and estimate(cfg, True)["estimate_gb"] > 0.9 * mem)
 
 def flops(result: dict, cfg, lengths, trainable: int, device: str | None) -> None:
-    from payload.preflight import model_dims
+    from payload.model.dims import model_dims
 
     dims = model_dims(cfg)
     ctx = context_length(lengths)

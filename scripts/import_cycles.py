@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Find import cycles among the modules of launcher/, payload/ and bench/ (AST only: nothing is imported).
 
-Every import between two modules is an edge: module-level ones (what runs when a module is imported,
-`if TYPE_CHECKING:` blocks excepted) and those inside functions, since a function-level import that
-closes a loop only hides the cycle (two modules that need each other hold one concept). No exception:
+Every import between two modules is an edge: module-level ones (what runs when a module is imported),
+those inside functions and those under `if TYPE_CHECKING:`, since a function-level or a type-only import
+that closes a loop only hides the cycle (two modules that need each other hold one concept, and a type
+both use belongs where both can import it). No exception:
 a package's `__init__` that imports its submodules (a lazy factory such as
 `launcher.backends.get_backend`) is fine as long as the submodules import their siblings (`base`),
 never the package itself.
 
     python scripts/import_cycles.py          # exit 1 and one line per cycle when there is one
-    python scripts/import_cycles.py --all    # also every function-level edge
+    python scripts/import_cycles.py --all    # also every function-level and type-only edge
 """
 
 from __future__ import annotations
@@ -46,19 +47,25 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
+# Where an import runs: when its module is imported, when a function is called, or never (type checkers only).
+MODULE, FUNCTION, TYPE_ONLY = "module", "function", "type only"
+LABELS = {MODULE: "", FUNCTION: " (in a function)", TYPE_ONLY: " (type only)"}
+
+
 def _imports(tree: ast.Module):
-    """(node, module_level) for every import statement."""
-    def walk(nodes, top: bool):
+    """(node, MODULE | FUNCTION | TYPE_ONLY) for every import statement."""
+    def walk(nodes, where: str):
         for node in nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                yield node, top
+                yield node, where
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                yield from walk(ast.iter_child_nodes(node), False)
+                yield from walk(ast.iter_child_nodes(node), FUNCTION if where == MODULE else where)
             elif isinstance(node, ast.If) and _is_type_checking(node):
-                yield from walk(node.orelse, top)
+                yield from walk(node.body, TYPE_ONLY)
+                yield from walk(node.orelse, where)
             else:
-                yield from walk(ast.iter_child_nodes(node), top)
-    yield from walk(tree.body, True)
+                yield from walk(ast.iter_child_nodes(node), where)
+    yield from walk(tree.body, MODULE)
 
 
 def _resolve(name: str, mods: dict[str, Path]) -> str | None:
@@ -70,13 +77,14 @@ def _resolve(name: str, mods: dict[str, Path]) -> str | None:
     return None
 
 
-def edges(mods: dict[str, Path]) -> list[tuple[str, str, bool, int]]:
-    """(importer, imported, module_level, line) for every import between the packages' modules."""
+def edges(mods: dict[str, Path]) -> list[tuple[str, str, str, int]]:
+    """(importer, imported, where, line) for every import between the packages' modules; `where` is
+    MODULE, FUNCTION or TYPE_ONLY."""
     out = []
     for mod, path in mods.items():
         is_pkg = path.name == "__init__.py"
         package = mod if is_pkg else mod.rpartition(".")[0]
-        for node, top in _imports(ast.parse(path.read_text(), str(path))):
+        for node, where in _imports(ast.parse(path.read_text(), str(path))):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -91,7 +99,7 @@ def edges(mods: dict[str, Path]) -> list[tuple[str, str, bool, int]]:
             for t in targets:
                 dst = _resolve(t, mods)
                 if dst and dst != mod:
-                    out.append((mod, dst, top, node.lineno))
+                    out.append((mod, dst, where, node.lineno))
     return out
 
 
@@ -129,7 +137,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def module_cycles(root: Path = ROOT) -> list[tuple[list[str], list[str]]]:
-    """[(modules in the cycle, the imports that close it as `a:line -> b`, `(in a function)` marked)]."""
+    """[(modules in the cycle, the imports that close it as `a:line -> b`, `(in a function)` and
+    `(type only)` marked)]."""
     mods = modules(root)
     es = edges(mods)
     graph: dict[str, set[str]] = {}
@@ -138,20 +147,21 @@ def module_cycles(root: Path = ROOT) -> list[tuple[list[str], list[str]]]:
     out = []
     for comp in cycles(graph):
         members = set(comp)
-        links = sorted({f"{a}:{line} -> {b}" + ("" if top else " (in a function)")
-                        for a, b, top, line in es if a in members and b in members})
+        links = sorted({f"{a}:{line} -> {b}{LABELS[where]}"
+                        for a, b, where, line in es if a in members and b in members})
         out.append((comp, links))
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--all", action="store_true", help="also list every function-level import between modules")
+    ap.add_argument("--all", action="store_true",
+                    help="also list every function-level and type-only import between modules")
     args = ap.parse_args(argv)
     if args.all:
-        for a, b, top, line in sorted(edges(modules())):
-            if not top:
-                print(f"  (function-level) {a}:{line} -> {b}")
+        for a, b, where, line in sorted(set(edges(modules()))):
+            if where != MODULE:
+                print(f"  {a}:{line} -> {b}{LABELS[where]}")
     found = module_cycles()
     for comp, links in found:
         print(f"import cycle: {' <-> '.join(comp)}  ({'; '.join(links)})")

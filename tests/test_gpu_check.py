@@ -56,6 +56,7 @@ def test_smoke_runs_every_mode_in_its_own_process_and_writes_the_table(tmp_path)
     assert rows[("lora-bf16-sdpa", "payload")]["real_token_fraction"] == 1.0
     assert rows[("lora-bf16-sdpa", "baseline")]["real_token_fraction"] < 1.0  # padded batches
     assert rows[("lora-bf16-sdpa", "payload")]["gradient_checkpointing_reason"] == "auto: off on CPU"
+    assert rows[("lora-bf16-vl", "baseline")]["attn_used"] == "sdpa"  # `auto` (nothing listed): the runbooks' sdpa
     for name in set(gpu_modes.MODE_NAMES) - set(gpu_modes.SMOKE_MODES):
         assert rows[(name, "payload")]["status"] == "skipped", rows[(name, "payload")]
     assert "needs a CUDA GPU" in rows[("full-zero3", "payload")]["reason"]  # deepspeed: the GPU run counts

@@ -1,4 +1,5 @@
-"""No import cycles in launcher/, payload/ or bench/ (scripts/import_cycles.py, AST only)."""
+"""No import cycles in launcher/, payload/ or bench/, counting function-level and type-only imports
+(scripts/import_cycles.py, AST only)."""
 
 import importlib.util
 import subprocess
@@ -48,14 +49,26 @@ def test_a_package_factory_is_a_cycle_only_when_its_submodules_import_the_packag
         "launcher/backends/__init__.py": "from .base import Backend\ndef get():\n    from .local import Local\n",
         "launcher/backends/base.py": "class Backend: ...\n",
         "launcher/backends/local.py": "from .base import Backend\n",
-        "launcher/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from launcher.y import Y\n",
-        "launcher/y.py": "import launcher.x\n",
     })
     assert _script().module_cycles(root) == []
     (root / "launcher/backends/local.py").write_text("from . import Backend\n")
     found = _script().module_cycles(root)
     assert [c for c, _ in found] == [["launcher.backends", "launcher.backends.local"]]
     assert "launcher.backends:3 -> launcher.backends.local (in a function)" in found[0][1]
+
+
+def test_a_type_only_import_that_closes_a_loop_is_a_cycle_and_named(tmp_path):
+    """A type hint is an arrow too (issue 31: trainer took `Run` from the recipe that imports the
+    trainer): `if TYPE_CHECKING:` hides the loop from Python, not from the reader."""
+    root = _tree(tmp_path, {
+        "launcher/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from launcher.y import Y\n",
+        "launcher/y.py": "import launcher.x\n",
+        "payload/p.py": "import typing\nif typing.TYPE_CHECKING:\n    pass\nelse:\n    from payload.q import Q\n",
+        "payload/q.py": "import payload.p\n",
+    })
+    found = _script().module_cycles(root)
+    assert found == [(["launcher.x", "launcher.y"], ["launcher.x:3 -> launcher.y (type only)", "launcher.y:1 -> launcher.x"]),
+                     (["payload.p", "payload.q"], ["payload.p:5 -> payload.q", "payload.q:1 -> payload.p"])]
 
 
 def test_the_script_exits_zero_on_this_tree():

@@ -11,6 +11,7 @@ import pytest
 from payload import preflight
 from payload.config import RunConfig, SourceConfig, load_run_config
 from payload.errors import PayloadError
+from payload.model.dims import model_dims
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB_DATA = {"sources": [{"name": "hub", "hf_dataset": "someone/chat-data"}]}
@@ -125,7 +126,7 @@ def test_model_shapes_by_name_and_from_config():
     cfg = demo_cfg("/unused")
     tok = build_tiny_tokenizer(None, vocab_size=cfg.model.tiny.vocab_size)
     real = sum(p.numel() for p in build_tiny_model(cfg.model.tiny, tok).parameters())
-    assert preflight.model_dims(cfg).params == pytest.approx(real, rel=0.01)
+    assert model_dims(cfg).params == pytest.approx(real, rel=0.01)
 
 
 def test_gpu_count_and_memory_from_the_environment():
@@ -213,7 +214,7 @@ def test_disk_too_small_fails_and_counts_the_merged_copy(tmp_path):
                                head_dim=128, vocab=152064, tied=False)  # ~50T params: never fits
     check = preflight.check_disk(cfg, huge, env={})
     assert check.status == "fail" and "needs ~" in check.detail and "keep_best" in check.detail
-    tiny = preflight.model_dims(cfg)
+    tiny = model_dims(cfg)
     needs = {str(p): n for p, n, _ in preflight.disk_needs(cfg, tiny)}
     no_merge = cfg.model_copy(update={"outputs": cfg.outputs.model_copy(update={"merge": False})})
     needs2 = {str(p): n for p, n, _ in preflight.disk_needs(no_merge, tiny)}

@@ -4,6 +4,7 @@ the batches, and the main process's RNG stream (dropout), are the same as withou
 import torch
 
 from payload.train import recipe as train
+from payload.train.run import Run
 from train_fixtures import VL_MODEL, make_config, train_env, write_vl_data  # noqa: F401  (fixture)
 
 
@@ -11,7 +12,7 @@ def test_vl_batches_and_rng_are_the_same_with_dataloader_workers(train_env):
     cfg = make_config(train_env, "workers", model=VL_MODEL, train={"max_steps": 2})
     write_vl_data(cfg.run_dir, n_train=12, n_val=0)
     (cfg.run_dir / "data" / "val.jsonl").unlink()
-    run = train.Run(cfg=cfg, run_dir=cfg.run_dir)
+    run = Run(cfg=cfg, run_dir=cfg.run_dir)
     try:
         train.setup(run)
         assert run.trainer.args.dataloader_num_workers == 0  # on CPU: nothing to overlap with

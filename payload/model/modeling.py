@@ -59,7 +59,7 @@ def checkpointing_decision(cfg) -> tuple[int, str]:
     CPU, and on a GPU the least checkpointing the memory estimate fits this GPU with
     (payload.model.memory.choose_checkpointing, for WORLD_SIZE GPUs)."""
     from payload.model.memory import choose_checkpointing
-    from payload.preflight import model_dims
+    from payload.model.dims import model_dims
 
     setting = cfg.train.gradient_checkpointing
     if isinstance(setting, bool):

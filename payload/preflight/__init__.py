@@ -11,13 +11,12 @@ GPU-memory estimate against the GPU, and, over the network (runbook 002's pre-fl
 LAUNCH_PREFLIGHT_OFFLINE=1 or HF_HUB_OFFLINE=1): each Hub dataset reachable, the base model on the
 Hub, WANDB_API_KEY valid (see "network checks" below for ok / fail / warn).
 
-Model size comes from, in order: a local `config.json` (local path, the HF cache, or the tiny
-config), else a table of known Qwen shapes looked up by name ("Qwen3-VL-32B-Instruct" ->
-qwen3-vl/32), else the size in the name ("70B" -> 70e9 parameters, shape of the nearest known row).
+Model size comes from payload.model.dims.model_dims (tiny config, local or cached `config.json`, else
+the name).
 
 The group: `local` (this machine), `remote` (Hub, W&B), `base` (the check type), `versions` (the
 installed packages against the payload's minimums). It may import config/, model/ (memory,
-attention) and the base; it runs as its own stage.
+attention, dims) and the base; it runs as its own stage.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import os
 from dataclasses import asdict
 
 from payload.errors import PayloadError
+from payload.model.dims import model_dims
 from payload.model.memory import GIB, ModelDims, dims_from_config, dims_from_name, estimate_gpu_memory_gb, estimate_stage_memory_gb, lora_trainable_params
 from payload.preflight.base import Check, log
 from payload.preflight.local import (  # noqa: F401  (re-exported)
@@ -39,8 +39,6 @@ from payload.preflight.local import (  # noqa: F401  (re-exported)
     check_writable,
     disk_needs,
     gpu_info,
-    hf_home,
-    model_dims,
 )
 from payload.preflight.remote import check_remote, offline_reason  # noqa: F401  (re-exported)
 

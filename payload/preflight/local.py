@@ -3,7 +3,6 @@ directories, free disk, the token's presence, package versions, and the GPU-memo
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -11,37 +10,9 @@ from typing import Optional
 
 from payload import layout
 from payload.model import attention
-from payload.model.memory import GIB, ModelDims, dims_from_config, dims_from_name, estimate_stage_memory_gb, kernels_of, lora_trainable_params
+from payload.model.dims import hf_home, hub_cache_dir
+from payload.model.memory import GIB, ModelDims, estimate_stage_memory_gb, kernels_of, lora_trainable_params
 from payload.preflight.base import DATA_SUFFIXES, PUBLIC_ORGS, TOKEN_FIX, Check, repo_id_problem
-
-
-def model_dims(cfg, env=None) -> Optional[ModelDims]:
-    """The base model's shape: tiny config, local/cached config.json, or the name (see module doc)."""
-    if cfg.model.tiny is not None:
-        from payload.model.tiny import build_tiny_tokenizer, tiny_config
-
-        tok = build_tiny_tokenizer(None, vocab_size=cfg.model.tiny.vocab_size)
-        return dims_from_config(tiny_config(cfg.model.tiny, tok).to_dict(), "tiny config")
-    for path in _config_paths(cfg, env):
-        try:
-            return dims_from_config(json.loads(path.read_text()), str(path))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return dims_from_name(cfg.model.name_or_path)
-
-
-def hf_home(cfg, env=None) -> Path:
-    env = os.environ if env is None else env
-    return Path(cfg.runtime.hf_home or env.get("HF_HOME") or Path(cfg.runtime.volume) / ".hf")
-
-
-def _hub_cache_dir(cfg, env=None) -> Path:
-    return hf_home(cfg, env) / "hub" / ("models--" + cfg.model.name_or_path.replace("/", "--"))
-
-
-def _config_paths(cfg, env) -> list[Path]:
-    local = Path(cfg.model.name_or_path).expanduser()
-    return [local / "config.json", *sorted(_hub_cache_dir(cfg, env).glob("snapshots/*/config.json"))]
 
 
 # -------------------------------------------------------------------------------------- checks
@@ -130,7 +101,7 @@ def disk_needs(cfg, dims: ModelDims, env=None) -> list[tuple[Path, float, Path]]
     t, p = cfg.train, dims.params
     out = []
     if cfg.model.tiny is None and not Path(cfg.model.name_or_path).expanduser().exists():
-        out.append((hf_home(cfg, env), 2 * p, _hub_cache_dir(cfg, env)))
+        out.append((hf_home(cfg, env), 2 * p, hub_cache_dir(cfg, env)))
     keep = t.checkpoints.keep_best + t.checkpoints.keep_recent
     run = 14 * p * keep + 2 * p if t.method == "full" else 12 * lora_trainable_params(cfg, dims) * keep
     out.append((cfg.run_dir, run + (2 * p if cfg.outputs.merge else 0), cfg.run_dir))
@@ -165,7 +136,7 @@ def check_token(cfg, env) -> Check:
         return Check("hf_token", "ok", "HF_TOKEN present (value not shown)")
     hub = [s.hf_dataset for s in cfg.data.sources if s.hf_dataset]
     if cfg.model.tiny is None and not Path(cfg.model.name_or_path).expanduser().exists() \
-            and not _hub_cache_dir(cfg, env).is_dir():
+            and not hub_cache_dir(cfg, env).is_dir():
         hub.append(cfg.model.name_or_path)
     private = [r for r in dict.fromkeys(hub) if "/" in r and r.split("/")[0].lower() not in PUBLIC_ORGS]
     if private:

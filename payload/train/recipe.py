@@ -20,9 +20,8 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from payload import layout
 from payload.model import attention
@@ -36,6 +35,7 @@ from payload.outputs import tracking
 from payload.data import trainset
 from payload.volume import checkpoints as ck
 from payload.volume import verify
+from payload.train.run import Run
 from payload.train.trainer import ResumeLossState, trainer_class
 from payload.config import dump_run_config
 from payload.config.evaluation import best_metric, export_choice
@@ -46,32 +46,6 @@ from payload.volume.money import CostCallback, CostTracker, resume_hint, usd
 
 log = logging.getLogger("payload.train")
 STARTED_FROM = "started_from.json"  # in the stage's directory: the adapter it started from and its sha256
-
-
-@dataclass
-class Run:
-    """Everything the phases share."""
-
-    cfg: Any
-    run_dir: Path
-    t0: float = field(default_factory=time.monotonic)
-    stop: ck.StopSignal = field(default_factory=ck.StopSignal)
-    tracker: Optional[CostTracker] = None
-    control: Optional[ck.RunControl] = None
-    trainer: Any = None
-    attn: Optional[str] = None
-    attn_reason: Optional[str] = None
-    padding_free: bool = False
-    counts: dict = field(default_factory=dict)
-    val_records: list = field(default_factory=list)
-    resume: Optional[Path] = None
-    state: str = "starting"
-    reason: Optional[str] = None
-    lease: Optional[lease.Lease] = None
-
-    @property
-    def main(self) -> bool:
-        return observe.rank() == 0
 
 
 def main(cfg, setup_fn=None) -> dict:

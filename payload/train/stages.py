@@ -27,6 +27,7 @@ from payload.volume import observe
 from payload.errors import BudgetExhausted, PayloadError
 from payload.volume.money import resume_hint, usd
 from payload.config.stages import stage_dir_name, stage_run_config
+from payload.train.run import Run
 
 log = logging.getLogger("payload.train")
 STAGE_OUTPUTS = layout.STAGE_ADAPTERS
@@ -46,7 +47,7 @@ def main(cfg) -> dict:
         summaries, adapter = [], None
         for i in range(len(cfg.stages)):
             scfg = stage_run_config(cfg, i, adapter)
-            done = train.already_trained(train.Run(cfg=scfg, run_dir=scfg.run_dir))
+            done = train.already_trained(Run(cfg=scfg, run_dir=scfg.run_dir))
             if done is not None:
                 log.info("stage %d/%d %s already finished: skipped", i + 1, len(cfg.stages), scfg.stage.label)
             else:

@@ -12,16 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from payload.volume import checkpoints as ck
 from payload.volume import observe
 from payload.config import resume as runconfig
 from payload.config import dump_run_config
 from payload.config.evaluation import best_metric
-
-if TYPE_CHECKING:
-    from payload.train.recipe import Run
+from payload.train.run import Run
 
 log = logging.getLogger("payload.train")
 

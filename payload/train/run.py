@@ -1,0 +1,41 @@
+"""A training run's state, shared by the recipe's phases and the trainer (payload/train/recipe.py sets it
+up and passes it along; payload/train/trainer.py reads its config, stop signal and resume point at each
+save). Its own module so both can import it: the recipe imports the trainer, never the other way."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from payload.volume import checkpoints as ck
+from payload.volume import lease
+from payload.volume import observe
+from payload.volume.money import CostTracker
+
+
+@dataclass
+class Run:
+    """Everything the phases share."""
+
+    cfg: Any
+    run_dir: Path
+    t0: float = field(default_factory=time.monotonic)
+    stop: ck.StopSignal = field(default_factory=ck.StopSignal)
+    tracker: Optional[CostTracker] = None
+    control: Optional[ck.RunControl] = None
+    trainer: Any = None
+    attn: Optional[str] = None
+    attn_reason: Optional[str] = None
+    padding_free: bool = False
+    counts: dict = field(default_factory=dict)
+    val_records: list = field(default_factory=list)
+    resume: Optional[Path] = None
+    state: str = "starting"
+    reason: Optional[str] = None
+    lease: Optional[lease.Lease] = None
+
+    @property
+    def main(self) -> bool:
+        return observe.rank() == 0
