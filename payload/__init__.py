@@ -31,8 +31,7 @@ FACES: dict[str, tuple[str, ...]] = {
     "retry": ("",),
     "config": ("", "stages", "evaluation", "resume"),
     "volume": ("checkpoints", "checksums", "verify", "observe", "money", "lease", "stop_request", "timings"),
-    "model": ("modeling", "attention", "memory", "tiny"),
-    "preflight": ("",),
+    "model": ("modeling", "attention", "memory", "dims"),
     "data": ("", "trainset"),
     "outputs": ("evaluate", "infer", "tracking"),
 }
