@@ -285,3 +285,12 @@ def test_compare_ranks_a_multi_node_profile_beside_the_runbooks_own_layout():
     runbook = next(r for r in rows if r["instance_type"] == "Standard_NC96ads_A100_v4" and r["nodes"] == 4
                    and not r["spot"])
     assert runbook["total_usd"] > 5 * own["total_usd"]  # 80 Gb/s Ethernet: ZeRO-3 waits on the network
+
+
+def test_a_plan_under_a_cent_keeps_its_range_in_dollars():
+    """A CPU demo plans ~$0.0010: its range is not printed as $0.00-$0.00 (dollars keep 4 decimals)."""
+    from launcher.profiles.profile import load_profile
+
+    plan = plan_profile(load_profile("local-demo"))
+    usd = plan.ranges["usd"]
+    assert 0 < usd["low"] <= usd["mid"] <= usd["high"] and usd["mid"] == pytest.approx(plan.total_usd, rel=0.01)

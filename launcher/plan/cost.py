@@ -63,8 +63,10 @@ def ranged(phases: list, train_low_factor: float, train_high_factor: float, pric
     scaled = sum(ph.hours for ph in phases if ph.name in SCALES_WITH_TRAINING)
     low = mid - scaled + scaled * train_low_factor
     high = mid - scaled + scaled * train_high_factor
-    hours = {"low": round(low, 3), "mid": round(mid, 3), "high": round(high, 3)}
-    return {"hours": hours, "usd": {k: round(v * price, 2) for k, v in hours.items()}}
+    exact = {"low": low, "mid": mid, "high": high}
+    # dollars from the unrounded hours, to the 4 decimals of the middle figure (a CPU demo costs $0.0010)
+    return {"hours": {k: round(v, 3) for k, v in exact.items()},
+            "usd": {k: round(v * price, 4) for k, v in exact.items()}}
 
 
 def spot_note(use_spot: bool, price: float, total_usd: float, alt: Optional[dict]) -> Optional[str]:
