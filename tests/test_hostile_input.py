@@ -393,7 +393,7 @@ def test_the_schema_has_float_keys_to_check():
             "train.checkpoints.save_every_minutes"} <= keys
 
 
-@pytest.mark.parametrize("key", [".".join(k) for k in _float_keys(__import__("launcher.profiles.profile").profile.Profile)])
+@pytest.mark.parametrize("key", [".".join(k) for k in _float_keys(__import__("launcher.profiles.profile").profiles.profile.Profile)])
 @pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1e400"])
 def test_no_float_key_takes_a_non_finite_number(key, value):
     from launcher.profiles.profile import ProfileError, load_profile

@@ -91,3 +91,28 @@ def test_skypilot_up_reads_and_validates_the_profile_once(monkeypatch):
     r, reads, validations = counted.launch("up", "sonia-h100")
     assert "started sonia-h100-" in r.output
     assert (reads, validations) == (1, 1), r.output
+
+
+def test_the_optimizers_child_neither_reads_nor_validates_the_profile():
+    """`launch up`'s price and budget gate ask SkyPilot's optimizer in a child process
+    (launcher/catalog/child.py): it gets the planning task on stdin, opens no profile and never
+    imports the profile schema, and answers as before (tests/test_skypilot_backend.py: $6.58/h)."""
+    import json
+    import subprocess
+    import sys
+
+    from launcher.catalog import child_input
+    from launcher.profiles.profile import load_profile
+
+    p = load_profile("sonia-h100")
+    watch = ("import runpy, sys\n"
+             "sys.addaudithook(lambda event, args: event == 'open' and '/clusters/' in str(args[0]) and "
+             "print('opened', args[0], file=sys.stderr))\n"
+             "runpy.run_module('launcher.catalog.child', run_name='__main__')\n"
+             "print('schema imported' if 'launcher.profiles.profile' in sys.modules else '', file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", watch], input=child_input(p), capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
+    answer = json.loads(done.stdout.splitlines()[-1])
+    assert (answer["cloud"], answer["accelerators"], answer["num_nodes"], answer["node_price_per_hour"]) == \
+        ("RunPod", "H100-SXM:2", 1, 6.58)
