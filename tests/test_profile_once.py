@@ -78,6 +78,10 @@ def test_local_up_dry_run_and_resume_read_and_validate_the_profile_once(monkeypa
     assert "resumed" in r.output and (reads, validations) == (1, 1), r.output
     counted.launch("down", first)
 
+    # A rehearsal is a second config: its cuts are computed from the validated profile, then checked.
+    r, reads, validations = counted.launch("up", "local-demo", "--rehearse", "--dry-run")
+    assert (reads, validations) == (1, 2), r.output
+
 
 def test_skypilot_up_reads_and_validates_the_profile_once(monkeypatch):
     pytest.importorskip("sky")
