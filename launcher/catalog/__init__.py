@@ -137,10 +137,20 @@ def planning_task(p, use_spot: Optional[bool] = None) -> dict:
 
 def task_from_profile(p, use_spot: Optional[bool] = None):
     """A sky.Task built from the rendered task YAML (SkyPilot's own parser)."""
+    return _sky_task(planning_task(p, use_spot))
+
+
+def _sky_task(task: dict):
     import yaml
 
     sky = import_sky_offline()
-    return sky.Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(planning_task(p, use_spot))))
+    return sky.Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(task)))
+
+
+def about(p) -> dict:
+    """What the optimizer's answer and its refusal name besides the task: the profile's name, its
+    accelerators as the profile lists them, its node count."""
+    return {"name": p.name, "label": p.cluster.accelerators_label, "num_nodes": p.cluster.num_nodes}
 
 
 # The optimizer's answer is a function of the task, the snapshot and SkyPilot's version: kept in this
@@ -162,23 +172,29 @@ def _snapshot_key() -> str:
     return h.hexdigest()
 
 
-def _answer_key(p, use_spot: Optional[bool]) -> str:
+def _answer_key(task: dict) -> str:
     import hashlib
 
-    task = json.dumps(planning_task(p, use_spot), sort_keys=True, default=str)
-    return hashlib.sha256(f"{_snapshot_key()}\0{task}".encode()).hexdigest()[:32]
+    text = json.dumps(task, sort_keys=True, default=str)
+    return hashlib.sha256(f"{_snapshot_key()}\0{text}".encode()).hexdigest()[:32]
 
 
 def optimize(p, use_spot: Optional[bool] = None) -> Choice:
     """Run SkyPilot's optimizer on the profile's task; raises PlanError with SkyPilot's reason. Once
     per task: the answer is kept (see OPTIMIZER_CACHE) for this process and later ones."""
-    key = _answer_key(p, use_spot)
+    return optimize_task(planning_task(p, use_spot), about(p))
+
+
+def optimize_task(task: dict, about: dict) -> Choice:
+    """`optimize` of a planning task (`planning_task`) and its profile's `about`: what the optimizer's
+    child process gets (launcher/catalog/child.py), so it neither reads nor validates the profile."""
+    key = _answer_key(task)
     path = offline_runtime_dir() / OPTIMIZER_CACHE
     if key not in _OPTIMIZED:
         _OPTIMIZED.update(_read_answers(path))
     if key not in _OPTIMIZED:
         try:
-            _OPTIMIZED[key] = asdict(_optimize(p, use_spot))
+            _OPTIMIZED[key] = asdict(_optimize(task, about))
         except PlanError as e:
             _OPTIMIZED[key] = {"error": str(e)}
         _write_answers(path, key, _OPTIMIZED[key])
@@ -189,7 +205,7 @@ def optimize(p, use_spot: Optional[bool] = None) -> Choice:
 
 
 def _cached(p, use_spot: Optional[bool] = None) -> bool:
-    key = _answer_key(p, use_spot)
+    key = _answer_key(planning_task(p, use_spot))
     return key in _OPTIMIZED or key in _read_answers(offline_runtime_dir() / OPTIMIZER_CACHE)
 
 
@@ -217,11 +233,11 @@ def _write_answers(path: Path, key: str, answer: dict) -> None:
         pass  # a cache: the next process runs the optimizer again
 
 
-def _optimize(p, use_spot: Optional[bool]) -> Choice:
+def _optimize(task_config: dict, about: dict) -> Choice:
     sky = import_sky_offline()
     from sky import exceptions, optimizer
 
-    task = task_from_profile(p, use_spot)
+    task = _sky_task(task_config)
     with sky.Dag() as dag:
         dag.add(task)
     try:
@@ -229,12 +245,12 @@ def _optimize(p, use_spot: Optional[bool]) -> Choice:
             optimizer.Optimizer.optimize(dag, quiet=True)
     except exceptions.ResourcesUnavailableError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no matching instance"
-        raise PlanError(f"{p.name}: SkyPilot found no instance in the catalog snapshot ({SNAPSHOT_DATE}) "
-                        f"for {p.cluster.accelerators_label} x {p.cluster.num_nodes} node(s): {first}") from None
+        raise PlanError(f"{about['name']}: SkyPilot found no instance in the catalog snapshot ({SNAPSHOT_DATE}) "
+                        f"for {about['label']} x {about['num_nodes']} node(s): {first}") from None
     r = task.best_resources
     chosen = ",".join(f"{k}:{v:g}" for k, v in (r.accelerators or {}).items())  # any_of: the one SkyPilot took
     return Choice(cloud=str(r.cloud), instance_type=r.instance_type, region=r.region,
-                  accelerators=chosen or p.cluster.accelerators_label, num_nodes=p.cluster.num_nodes,
+                  accelerators=chosen or about["label"], num_nodes=about["num_nodes"],
                   use_spot=bool(r.use_spot), node_price_per_hour=round(r.get_cost(3600), 4))
 
 
@@ -267,7 +283,7 @@ def choice_apart(p) -> Choice:
     if offline_here or _cached(p):  # a kept answer needs no SkyPilot import: no child either
         _CHOICES[key] = optimize(p)
         return _CHOICES[key]
-    done = subprocess.run([sys.executable, "-m", "launcher.catalog.child"], input=key, text=True,
+    done = subprocess.run([sys.executable, "-m", "launcher.catalog.child"], input=child_input(p), text=True,
                           capture_output=True, timeout=CHILD_TIMEOUT_S, cwd=HERE.parent.parent)
     answer = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
     if answer is None:
@@ -276,6 +292,12 @@ def choice_apart(p) -> Choice:
         raise PlanError(answer["error"])
     _CHOICES[key] = Choice(**answer)
     return _CHOICES[key]
+
+
+def child_input(p) -> str:
+    """What `choice_apart`'s child gets on stdin: the planning task and `about`, never the profile
+    (the parent read and validated it once; launcher/catalog/child.py)."""
+    return json.dumps({"task": planning_task(p), "about": about(p)})
 
 
 def catalog_price(p) -> float:

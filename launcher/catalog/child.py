@@ -1,19 +1,19 @@
-"""`python -m launcher.catalog.child`: SkyPilot's optimizer on the shipped snapshot for the profile
-(JSON) on stdin, in a process of its own (see `choice_apart`); prints the Choice as one JSON line, or
-{"error": ...} when no instance in the snapshot fits."""
+"""`python -m launcher.catalog.child`: SkyPilot's optimizer on the shipped snapshot, in a process of its
+own (see `choice_apart`), for a planning task and its profile's `about` given as JSON on stdin
+(`{"task": ..., "about": ...}`: the parent read and validated the profile, the child does neither);
+prints the Choice as one JSON line, or {"error": ...} when no instance in the snapshot fits."""
 
 import json
 import sys
 from dataclasses import asdict
 
-from launcher.catalog import PlanError, optimize
-from launcher.profiles.profile import Profile
+from launcher.catalog import PlanError, optimize_task
 
 
 def main() -> None:
-    p = Profile.model_validate(json.load(sys.stdin))
+    given = json.load(sys.stdin)
     try:
-        print(json.dumps(asdict(optimize(p))))
+        print(json.dumps(asdict(optimize_task(given["task"], given["about"]))))
     except PlanError as e:
         print(json.dumps({"error": str(e)}))
 

@@ -9,27 +9,24 @@ with the data stage's own line (file:line, what, fix), before anything starts or
 
 The profile loader itself (`load_profile`) stays free of file-system checks: `render --all` and the
 shipped-profile tests must work on a checkout without anyone's private data.
+
+`launch up` reads the file once and checks it once (`resolve`, `checked`) into a ResolvedProfile (the
+file as written, the overrides, the profile, what the checks found) and hands that value down its path.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
-from payload.config import ConfigError, line_for, load_yaml_with_lines
+from payload.config import ConfigError, line_for
 
 from launcher.profiles.datahints import missing_file_hint
-from launcher.profiles.profile import REPO_ROOT, Profile, ProfileError, apply_override, load_profile, resolve_profile_path
+from launcher.profiles.profile import REPO_ROOT, Profile, ProfileError, ProfileFile, read_profile, validate
 from launcher.term.units import human_size
 from launcher.profiles.uploads import repo_relative
-
-
-def shown_path(path: Path):
-    try:
-        return path.resolve().relative_to(Path.cwd())
-    except ValueError:
-        return path
 
 
 def outside_problem(rel: str, on_this_machine: bool, what: str = "file") -> Optional[str]:
@@ -69,18 +66,18 @@ def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optiona
     return None, size
 
 
-def data_file_report(path: Path, on_this_machine: Optional[bool] = None,
+def data_file_report(source, on_this_machine: Optional[bool] = None,
                      overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
-    """(problems, present) for the local data files a profile file names (after `--set` overrides):
-    problems as `file:line: key: what; fix`, present as `path (size)`. `on_this_machine`: the run uses
-    the local backend, where an absolute path works (default: when the profile's infra is `local`)."""
+    """(problems, present) for the local data files a profile names (`source`: its file as read, a
+    ProfileFile, or its path; after `--set` overrides): problems as `file:line: key: what; fix`,
+    present as `path (size)`. `on_this_machine`: the run uses the local backend, where an absolute
+    path works (default: when the profile's infra is `local`)."""
     try:
-        data, lines = load_yaml_with_lines(path)
-        for item in overrides:
-            apply_override(data, lines, item)
+        file = source if isinstance(source, ProfileFile) else read_profile(str(source))
+        data, lines = file.overridden(overrides)
     except ConfigError:
         return [], []  # the profile's own loading reports it
-    shown = shown_path(path)
+    shown = file.shown
     if on_this_machine is None:
         infra = (data.get("cluster") or {}).get("infra") if isinstance(data.get("cluster"), dict) else None
         on_this_machine = infra == "local" or infra == ["local"]
@@ -143,29 +140,54 @@ def _reward_files(data: dict) -> list[tuple[tuple, str]]:
     return out
 
 
-def check_profile(name_or_path: str, backend: Optional[str] = None,
-                  overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str], list[str]]:
-    """(profile, present data files, data problems); config problems (and data problems with them,
-    so the user sees everything at once) raise one ProfileError. `backend`: the one `launch up` will
-    use (default: local for `infra: local`, else a remote one)."""
-    path = resolve_profile_path(name_or_path)
+@dataclass(frozen=True)
+class ResolvedProfile:
+    """A profile loaded and checked once, for a command that goes on with it (`launch up`): the file
+    as written and where it came from (`file`), the overrides applied (`--set`, a resume's recorded
+    ones, a rehearsal's cuts), the validated profile, and what the checks found (`present`: the data
+    files there and their records read; `data_problems`, which `load_checked` refuses)."""
+
+    file: ProfileFile
+    overrides: tuple[str, ...]
+    profile: Profile
+    present: list[str]
+    data_problems: list[str]
+
+    def as_written(self) -> Profile:
+        """The profile without the overrides (the committed sky/ render's): this one when there are none."""
+        return validate(self.file) if self.overrides else self.profile
+
+
+def resolve(source, backend: Optional[str] = None, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
+    """The profile (`source`: a name, a path or a ProfileFile already read) with `overrides`,
+    validated and its local data checked: config problems (and data problems with them, so the user
+    sees everything at once) raise one ProfileError. `backend`: the one `launch up` will use (default:
+    local for `infra: local`, else a remote one)."""
+    file = source if isinstance(source, ProfileFile) else read_profile(str(source))
     problems: list[str] = []
     profile = None
     try:
-        profile = load_profile(str(path), overrides=overrides)
+        profile = validate(file, tuple(overrides))
     except ProfileError as e:
         problems = list(e.problems)
-    data_problems, present = data_file_report(path, None if backend is None else backend == "local", overrides)
+    data_problems, present = data_file_report(file, None if backend is None else backend == "local", overrides)
     if problems:
         raise ProfileError(problems + data_problems)
     if not data_problems:  # every file is there: its records, as the data stage will read them
-        record_problems, present = record_report(path, profile, overrides)
+        record_problems, present = record_report(file, profile, overrides)
         if record_problems:
             raise ProfileError(record_problems)
-    return profile, present, data_problems
+    return ResolvedProfile(file, tuple(overrides), profile, present, data_problems)
 
 
-def record_report(path: Path, p: Profile, overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+def check_profile(name_or_path: str, backend: Optional[str] = None,
+                  overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str], list[str]]:
+    """(profile, present data files, data problems) of `resolve`."""
+    r = resolve(name_or_path, backend, overrides)
+    return r.profile, r.present, r.data_problems
+
+
+def record_report(file: ProfileFile, p: Profile, overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """(problems, checked) for the records of the profile's local sources (its `data:` and each
     stage's own): the payload's data-stage check (`check_sample`) on the first SAMPLE_RECORDS of each,
     problems as `file:line: key: the data stage's line`, checked as `path: N records read ...`."""
@@ -177,10 +199,8 @@ def record_report(path: Path, p: Profile, overrides: tuple[str, ...] = ()) -> tu
 
     from payload.data.pipeline import SAMPLE_RECORDS, check_sample
 
-    data, lines = load_yaml_with_lines(path)
-    for item in overrides:
-        apply_override(data, lines, item)
-    shown = shown_path(path)
+    _, lines = file.overridden(overrides)
+    shown = file.shown
     problems, checked = [], []
     for prefix, block in blocks:
         with tempfile.TemporaryDirectory(prefix="launch-data-check-") as tmp:
@@ -212,11 +232,18 @@ def _checked_line(rel: str, st: dict, limit: int) -> str:
     return line
 
 
-def load_checked(name_or_path: str, backend: Optional[str] = None,
+def load_checked(name_or_path, backend: Optional[str] = None,
                  overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str]]:
     """(profile, present data files) or one ProfileError with every config and data problem:
-    what `validate` and `up` use (a run cannot start without its data)."""
-    profile, present, data_problems = check_profile(name_or_path, backend, overrides)
-    if data_problems:
-        raise ProfileError(data_problems)
-    return profile, present
+    what `validate` and `up` use (a run cannot start without its data). `launch up` keeps the whole
+    ResolvedProfile: `checked`."""
+    r = checked(name_or_path, backend, overrides)
+    return r.profile, r.present
+
+
+def checked(source, backend: Optional[str] = None, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
+    """`resolve`, refusing data problems too (a run cannot start without its data)."""
+    r = resolve(source, backend, overrides)
+    if r.data_problems:
+        raise ProfileError(r.data_problems)
+    return r

@@ -4,10 +4,13 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import difflib
 import functools
+import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Union
 
@@ -23,7 +26,7 @@ from payload.config import (
     line_for,
     load_yaml_with_lines,
 )
-from payload.config.yamlio import YamlProblem, parse_yaml
+from payload.config.yamlio import YamlProblem, parse_yaml, read_bounded
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS_DIR = REPO_ROOT / "clusters"
@@ -290,36 +293,83 @@ def in_clusters(path: Path) -> bool:
     return rel is not None and "/" not in rel and Path(path).is_file()
 
 
-def load_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> Profile:
-    """Load and validate a profile; every problem is reported at once in a ProfileError.
+@dataclass(frozen=True)
+class ProfileFile:
+    """A profile file as read from disk, once (`read_profile`): where it lies, its bytes (the sha256
+    a run's provenance records) and its YAML as written, with the line of every key for messages.
+    Overrides are applied to copies (`overridden`): the value itself is the profile as written."""
 
-    `overrides` are `KEY=VALUE` strings (`--set`), applied to the file's data before validation; the
-    file itself is never copied or changed."""
+    path: Path
+    raw: bytes
+    data: dict
+    lines: dict
+
+    @property
+    def shown(self) -> Path:
+        """The path as messages show it: relative to the working directory when inside it."""
+        try:
+            return self.path.resolve().relative_to(Path.cwd())
+        except ValueError:
+            return self.path
+
+    @property
+    def name(self) -> str:
+        """The `name:` as written (the schema's default `run` when absent); validated by `validate`."""
+        name = self.data.get("name", "run")
+        return name if isinstance(name, str) else str(name)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()
+
+    def overridden(self, overrides: tuple[str, ...] = ()) -> tuple[dict, dict]:
+        """(data, lines) with `--set KEY=VALUE` overrides applied, on copies (ProfileError on a bad one)."""
+        data, lines = copy.deepcopy(self.data), dict(self.lines)
+        for item in overrides:
+            apply_override(data, lines, item)
+        return data, lines
+
+
+def read_profile(name_or_path: str) -> ProfileFile:
+    """Read a profile (a name in clusters/ or a path) from disk: the one place that does
+    (bounded like every config file: payload/config/yamlio.py); ProfileError for a file that is not YAML."""
     path = resolve_profile_path(name_or_path)
     try:
-        shown = path.resolve().relative_to(Path.cwd())
-    except ValueError:
-        shown = path
-    try:
-        data, lines = load_yaml_with_lines(path)
+        raw = read_bounded(path)
+        data, lines = load_yaml_with_lines(path, raw)
+    except YamlProblem as e:
+        raise ProfileError([str(e)]) from None
     except ConfigError as e:
         raise ProfileError(e.problems) from None
-    for item in overrides:
-        apply_override(data, lines, item)
+    return ProfileFile(path, raw, data, lines)
+
+
+def validate(file: ProfileFile, overrides: tuple[str, ...] = ()) -> Profile:
+    """The profile of `file` with `overrides` applied, validated; every problem at once in a ProfileError."""
+    data, lines = file.overridden(overrides)
     problems: list[str] = []
     try:
         profile = Profile.model_validate(data)
     except ValidationError as e:
-        problems = format_validation_errors(e, shown, lines, root=Profile)
+        problems = format_validation_errors(e, file.shown, lines, root=Profile)
         profile = None
     if profile is not None:
-        problems += _semantic_checks(profile, shown, lines)
+        problems += _semantic_checks(profile, file.shown, lines)
     if problems:
         raise ProfileError(problems)
-    if profile.name != path.stem and in_clusters(path):
-        raise ProfileError([f"{shown}:{line_for(lines, ('name',)) or 1}: name: `{profile.name}` must "
-                            f"match the file name `{path.stem}`"])
+    if profile.name != file.path.stem and in_clusters(file.path):
+        raise ProfileError([f"{file.shown}:{line_for(lines, ('name',)) or 1}: name: `{profile.name}` must "
+                            f"match the file name `{file.path.stem}`"])
     return profile
+
+
+def load_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> Profile:
+    """Load and validate a profile; every problem is reported at once in a ProfileError.
+
+    `overrides` are `KEY=VALUE` strings (`--set`), applied to the file's data before validation; the
+    file itself is never copied or changed. A command that goes on with the profile (`launch up`)
+    reads it once with `read_profile` and hands the value on (launcher/profiles/checks.py `resolve`)."""
+    return validate(read_profile(name_or_path), overrides)
 
 
 def apply_override(data: dict, lines: dict, item: str) -> None:

@@ -63,16 +63,17 @@ def flat_config(p) -> dict:
     return {k: v for k, v in runconfig.flatten(body).items() if not runconfig.matches(k, runconfig.IGNORED_KEYS)}
 
 
-def check_resume(run, p, profile_arg: str, sets: tuple, allow: tuple) -> dict:
-    """The history entry of resuming `run` as `p` (overrides merged); BackendError (one line) when
-    a key that changes the math changes without `--allow-change KEY`. The baseline is the config
-    recorded when the run started (older runs: the profile with the recorded overrides)."""
+def check_resume(run, resolved, sets: tuple, allow: tuple) -> dict:
+    """The history entry of resuming `run` as `resolved` (launcher/profiles/checks.py ResolvedProfile, the
+    overrides merged); BackendError (one line) when a key that changes the math changes without
+    `--allow-change KEY`. The baseline is the config recorded when the run started (older runs: the
+    profile as read now with the recorded overrides, validated from memory)."""
     baseline = (run.handle or {}).get("config")
     if not isinstance(baseline, dict):
-        from launcher.profiles.profile import load_profile
+        from launcher.profiles.profile import validate
 
-        baseline = flat_config(load_profile(profile_arg, tuple((run.handle or {}).get("overrides") or [])))
-    changes = runconfig.diff(baseline, flat_config(p))
+        baseline = flat_config(validate(resolved.file, tuple((run.handle or {}).get("overrides") or [])))
+    changes = runconfig.diff(baseline, flat_config(resolved.profile))
     bad = runconfig.refused(changes, allow)
     if bad:
         raise BackendError(f"--resume {run.id}: {runconfig.refusal(bad, changes, f'launch up {run.profile}')}")
@@ -119,9 +120,10 @@ def _sha256(path: Path) -> Optional[str]:
         return None
 
 
-def provenance(p, profile_arg: str, run_id: str) -> dict:
-    """What produced the run: code (commit, dirty + stored diff), profile, payload lock, data, version."""
-    from launcher.profiles.profile import REPO_ROOT, resolve_profile_path
+def provenance(resolved, run_id: str) -> dict:
+    """What produced the run: code (commit, dirty + stored diff), profile (the bytes `launch up` read,
+    launcher/profiles/checks.py ResolvedProfile), payload lock, data, version."""
+    from launcher.profiles.profile import REPO_ROOT
     from launcher.store.state import private_dir, state_dir, write_private
     from launcher.profiles.uploads import repo_relative
 
@@ -135,12 +137,12 @@ def provenance(p, profile_arg: str, run_id: str) -> dict:
         d = private_dir(private_dir(state_dir() / "provenance") / run_id)
         diff_path = str(write_private(d / "code.diff", diff))
     data = {}
-    for s in p.data.sources:
+    for s in resolved.profile.data.sources:
         rel = repo_relative(s.path) if s.path else None
         data[s.name] = (_sha256(REPO_ROOT / rel) if rel else None) if s.path else \
             f"hf:{s.hf_dataset}" + (f"@{s.revision}" if getattr(s, "revision", None) else "")
     return {"commit": commit, "dirty": dirty, "diff": diff_path, "untracked": untracked[:50],
-            "profile_sha256": _sha256(resolve_profile_path(profile_arg)),
+            "profile_sha256": resolved.file.sha256,
             "payload_lock_sha256": _sha256(REPO_ROOT / PAYLOAD_LOCK), "launch_version": __version__,
             "data_sha256": data}
 

@@ -49,31 +49,40 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     from launcher.store import registry
     from launcher.backends import LaunchSpec, get_backend
     from launcher.errors import BackendError
-    from launcher.profiles.checks import load_checked
-    from launcher.profiles.profile import load_profile
+    from launcher.profiles.checks import checked
+    from launcher.profiles.profile import in_clusters, read_profile, validate
     from launcher.term.ui import console, esc, hints, money
 
     if allow and not resume:
         raise click.BadParameter("--allow-change goes with --resume (a new run takes any config)",
                                  param_hint="--allow-change")
     # Config and local data files first, all in one report: nothing starts, nothing bills before.
+    # The profile is read from disk here, once, and checked once below: that value goes down the path.
     extra_env = _env_option(env_items)
     from launcher.runs import experiment
 
-    prior = experiment.resume_target(load_profile(profile).name, resume) if resume and not force_new else None
+    written = read_profile(profile)
+    prior = None
+    if resume and not force_new:
+        try:
+            prior = experiment.resume_target(written.name, resume)
+        except Exception:  # no such run: the profile's own problems are said first, as ever
+            validate(written)
+            raise
     new_sets = sets
     if prior is not None:  # a resume keeps the run's config: its recorded --set and --env, this command's on top
         sets, extra_env = experiment.carried(prior, sets, extra_env)
         backend, host, identity_file = _resume_place(prior, backend, host, identity_file)
-    p = load_checked(profile, backend)[0] if not sets else load_with_overrides(profile, sets, backend)
+    resolved = checked(written, backend, tuple(sets))
     rehearsal = ()
     if rehearse:  # the rehearsal's cuts are overrides too, allowed on every backend (launcher/runs/rehearse.py)
         from launcher.runs.rehearse import overrides
 
         if resume:
             raise BackendError("--rehearse starts a fresh short run; drop --resume")
-        rehearsal = overrides(p)
-        p = load_with_overrides(profile, (*sets, *rehearsal), backend)
+        rehearsal = overrides(resolved.profile)
+        resolved = checked(written, backend, (*sets, *rehearsal))
+    p = resolved.profile
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
     if backend == "ssh" and not host:
         raise BackendError("--backend ssh needs --host user@host[:port]")
@@ -84,18 +93,19 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
 
         check_credentials_here(p)  # no credentials: said now, before seconds of planning and an API server
     run, resuming = _pick_run(p, backend, resume, force_new or rehearse, rehearse, explicit_new=force_new,
-                              reserve=not dry_run)
-    entry = experiment.check_resume(run, p, profile, new_sets, allow) if resuming else \
+                              reserve=not dry_run, prior=prior)
+    entry = experiment.check_resume(run, resolved, new_sets, allow) if resuming else \
         experiment.start_entry((*sets, *rehearsal))
     source = "registry"
     if not resuming:
         run.price_per_hour, source = price_for(p, backend)
     # cloud: sky/ stays the profile's render; --set, a rehearsal's cuts and a profile from outside
     # clusters/ (never over the committed render its `name:` names) render into the run's directory
-    per_run = any(not item.startswith("budget.") for item in (*sets, *rehearsal)) or not from_clusters(profile)
+    per_run = any(not item.startswith("budget.") for item in (*sets, *rehearsal)) or not in_clusters(written.path)
+    # the committed sky/ file is the profile as written (only budget.* overrides differ from it)
+    rendered = resolved.as_written() if backend == "skypilot" and not per_run else p
     if dry_run:
-        return _dry_run(p if per_run or backend != "skypilot" else load_profile(profile), run, backend, source,
-                        per_run)
+        return _dry_run(rendered, run, backend, source, per_run)
     if not resuming:  # issue 24: a run planned over its own budget cap is started only when confirmed
         from launcher.plan.budget_gate import confirm_over_budget
 
@@ -104,8 +114,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     if run.billed_s is None:  # new, or recorded before billing was accrued: what it billed so far
         run.billed_s, run.billed_usd = run.billed()
     run.billing_since = time.time()  # billed from here: provisioning and setup included
-    task_yaml, config_yaml = render_for_run(load_profile(profile) if backend == "skypilot" and not per_run else p,
-                                             run, backend, source, per_run=per_run)
+    task_yaml, config_yaml = render_for_run(rendered, run, backend, source, per_run=per_run)
     options = {"local": {"num_nodes": nodes}, "skypilot": {},
                "ssh": {"host": host, "accept_new_host_key": accept_new_host_key, "identity_file": identity_file}}
     be = get_backend(backend, **{k: v for k, v in options[backend].items() if v is not None})
@@ -120,7 +129,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     started.state = "running"
     started.ended_at = None
     # What this start differs from its profile by (values only: secrets are never --env or --set).
-    provenance = None if resuming else experiment.provenance(p, profile, run.id)
+    provenance = None if resuming else experiment.provenance(resolved, run.id)
     started.handle = experiment.recorded(started, p, (*sets, *rehearsal), extra_env, entry, provenance)
     registry.save(started)
     verb = "resumed" if spec.resume else "started"
@@ -177,9 +186,10 @@ def load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
 
 
 def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explicit_new: bool = False,
-              reserve: bool = True):
-    """(run, resuming): a new Run or the one to resume; refuses a second active run of a profile. A dry
-    run (`reserve` False) names the id the run would get without reserving it in the registry."""
+              reserve: bool = True, prior=None):
+    """(run, resuming): a new Run or the one to resume (`prior`, when the caller found it already);
+    refuses a second active run of a profile. A dry run (`reserve` False) names the id the run would
+    get without reserving it in the registry."""
     from launcher.store import registry
     from launcher.errors import BackendError
 
@@ -193,7 +203,7 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
     if resume and not force_new:
         from launcher.runs.experiment import resume_target
 
-        old = resume_target(p.name, resume)
+        old = prior or resume_target(p.name, resume)
         if old.state == "completed" and not _trains_further(old, p):
             raise BackendError(f"run {old.id} already completed; to train it further resume it with more steps "
                                f"(`launch up {p.name} --resume {old.id} --set train.max_steps=N`, N above the "
@@ -257,13 +267,6 @@ def render_for_run(p, run, backend: str, price_source: str, per_run: bool = Fals
     task_text, config_text = render_text(p, run.price_per_hour)
     d = private_dir(private_dir(state_dir() / "rendered") / run.id)
     return write_private(d / "task.yaml", task_text), write_private(d / f"{p.name}.yaml", config_text)
-
-
-def from_clusters(profile: str) -> bool:
-    """Whether `profile` (a name or a path) is one of clusters/, whose render is the committed sky/."""
-    from launcher.profiles.profile import in_clusters, resolve_profile_path
-
-    return in_clusters(resolve_profile_path(profile))
 
 
 def _committed_price(p, run, price_source: str) -> float:

@@ -274,13 +274,14 @@ class ConfigError(Exception):
         super().__init__("\n".join(problems))
 
 
-def load_yaml_with_lines(path: Path) -> tuple[dict, dict[tuple, int]]:
+def load_yaml_with_lines(path: Path, raw: Optional[bytes] = None) -> tuple[dict, dict[tuple, int]]:
     """Parse a YAML config file (bounded: size, UTF-8, depth, aliases; see `payload.config.yamlio`) and return
-    (data, {key path tuple: 1-based line}) for error messages."""
-    from payload.config.yamlio import YamlProblem, read_yaml_file
+    (data, {key path tuple: 1-based line}) for error messages. `raw`: the file's bytes when they were
+    already read (`yamlio.read_bounded`: a profile is read from disk once)."""
+    from payload.config.yamlio import YamlProblem, parse_yaml_bytes, read_yaml_file
 
     try:
-        data, lines = read_yaml_file(path)
+        data, lines = read_yaml_file(path) if raw is None else parse_yaml_bytes(raw, str(path))
     except YamlProblem as e:
         raise ConfigError([str(e)]) from None
     if data is None:

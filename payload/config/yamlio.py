@@ -44,6 +44,11 @@ class YamlProblem(ValueError):
 
 def read_yaml_file(path: str | Path) -> tuple[Any, dict[tuple, int]]:
     """Read and parse a YAML file within the bounds above."""
+    return parse_yaml_bytes(read_bounded(path), str(path))
+
+
+def read_bounded(path: str | Path) -> bytes:
+    """A config file's bytes, refused before they are all read when larger than MAX_BYTES."""
     path = Path(path)
     if not path.is_file():
         raise YamlProblem(f"{path}: not a regular file; give the path of a .yaml file")
@@ -52,7 +57,12 @@ def read_yaml_file(path: str | Path) -> tuple[Any, dict[tuple, int]]:
     if len(raw) > MAX_BYTES:
         raise YamlProblem(f"{path}: larger than {MAX_BYTES // 1024} KB, too large for a config file; keep data "
                           "in data files (data.sources) and only settings here")
-    return parse_yaml(decode_utf8(raw, str(path)), str(path))
+    return raw
+
+
+def parse_yaml_bytes(raw: bytes, where: str) -> tuple[Any, dict[tuple, int]]:
+    """(data, lines) of a file's bytes as read by `read_bounded` (UTF-8, then `parse_yaml`)."""
+    return parse_yaml(decode_utf8(raw, where), where)
 
 
 def decode_utf8(raw: bytes, where: str) -> str:
