@@ -26,7 +26,15 @@ from dataclasses import asdict
 
 from payload.errors import PayloadError
 from payload.model.dims import model_dims
-from payload.model.memory import GIB, ModelDims, dims_from_config, dims_from_name, estimate_gpu_memory_gb, estimate_stage_memory_gb, lora_trainable_params
+from payload.model.memory import (  # noqa: F401  (re-exported: preflight's public face)
+    GIB,
+    ModelDims,
+    dims_from_config,
+    dims_from_name,
+    estimate_gpu_memory_gb,
+    estimate_stage_memory_gb,
+    lora_trainable_params,
+)
 from payload.preflight.base import Check, log
 from payload.preflight.local import (  # noqa: F401  (re-exported)
     check_cuda,
