@@ -177,9 +177,13 @@ class LocalBackend(Backend):
         # A zombie (our child, not yet reaped) is dead for our purposes.
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-            return stat.rsplit(")", 1)[1].split()[0] != "Z"
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                return False
         except OSError:
             return True
+        # A driver killed without an exit code (SIGKILL, a reboot) leaves its pid free: another program
+        # may hold the number now. The run's own driver carries its LAUNCH_RUN_ID and LAUNCH_VOLUME.
+        return _carries(pid, run.id, self.volume(run)) is not False
 
     def read_run_file(self, run: Run, rel: str) -> Optional[str]:
         try:
@@ -222,13 +226,16 @@ class LocalBackend(Backend):
         ended = not run.active or (self.home(run) / "exit_code").exists()
         if self.home(run).is_dir() and not ended:
             (self.home(run) / "stopped").touch()
-        if not ended:
+        # The process group only while its leader is still this run's driver: a pgid whose driver died
+        # without an exit code may lead another program's group by now (pid numbers are reused).
+        ours = not ended and _carries(pgid, run.id, self.volume(run)) is True
+        if ours:
             _signal_group(pgid, signal.SIGTERM)
         _signal_run_processes(run.id, self.volume(run), signal.SIGTERM)  # torchrun workers live in their own sessions
         deadline = time.time() + 15
         while time.time() < deadline and ((not ended and self._alive(run)) or run_processes(run.id, self.volume(run))):
             time.sleep(0.2)
-        if not ended:
+        if ours:
             _signal_group(pgid, signal.SIGKILL)
         _signal_run_processes(run.id, self.volume(run), signal.SIGKILL)
 
@@ -273,11 +280,27 @@ def _signal_group(pgid: int, sig) -> None:
         pass
 
 
+def _needles(run_id: str, volume: Optional[Path]) -> list[bytes]:
+    return [f"LAUNCH_RUN_ID={run_id}".encode()] + ([f"LAUNCH_VOLUME={volume}".encode()] if volume else [])
+
+
+def _carries(pid: int, run_id: str, volume: Path) -> Optional[bool]:
+    """Whether process `pid` carries this run's LAUNCH_RUN_ID and LAUNCH_VOLUME in its environment
+    (None: /proc cannot say, as on a system without it)."""
+    try:
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False  # gone, or another user's process: not this run's
+    except OSError:
+        return None
+    return all(n in entries for n in _needles(run_id, volume))
+
+
 def run_processes(run_id: str, volume: Optional[Path] = None) -> list[int]:
     """Pids of this user's processes whose environment carries LAUNCH_RUN_ID=<run_id> and, given a
     volume, LAUNCH_VOLUME=<volume>: run ids are unique within one state dir, not across users or
     LAUNCH_HOMEs (two test sessions, two users), so a stop never reaches another home's run."""
-    needles = [f"LAUNCH_RUN_ID={run_id}".encode()] + ([f"LAUNCH_VOLUME={volume}".encode()] if volume else [])
+    needles = _needles(run_id, volume)
     pids = []
     for env in Path("/proc").glob("[0-9]*/environ"):
         try:
