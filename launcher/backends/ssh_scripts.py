@@ -3,6 +3,14 @@
 inspect, stop and list a run there. Plain text with `{placeholders}`, formatted by
 launcher/backends/ssh.py with shell-quoted values only."""
 
+# The pid file names the driver's process group only while that group is the run's: a driver killed
+# without an exit code (a reboot, the OOM killer) leaves its pid free for another program, which
+# `status` must not take for the run and `down` must not signal. While the leader lives it must run
+# in this run's root; a group whose leader is gone keeps its id (no new process gets that number
+# while the group has members), so its remaining members are the run's. (No /proc: the group check.)
+OURS = 'ours() { [ -n "$1" ] && kill -0 -- "-$1" 2>/dev/null && ' \
+       '{ [ ! -d "/proc/$1" ] || [ "$(readlink "/proc/$1/cwd" 2>/dev/null)" = "$(pwd -P)" ]; }; }'
+
 DRIVER = """\
 #!/usr/bin/env bash
 # launch ssh driver: run the node script (log on the volume), record its exit code last.
@@ -19,7 +27,8 @@ echo "$rc" > exit_code.tmp && mv exit_code.tmp exit_code
 # only, so no secret reaches a file or any process's argv; then starts the driver detached.
 START = """\
 cd "$(dirname "$0")" || exit 1
-if [ -f pid ] && [ ! -f exit_code ] && kill -0 -- "-$(cat pid)" 2>/dev/null; then cat pid; exit 0; fi
+""" + OURS + """
+if [ -f pid ] && [ ! -f exit_code ] && ours "$(cat pid)"; then cat pid; exit 0; fi
 rm -f pid exit_code stopped
 while IFS= read -r name && [ -n "$name" ]; do IFS= read -r value; export "$name=$value"; done
 setsid nohup bash driver.sh > /dev/null 2>&1 < /dev/null &
@@ -31,7 +40,8 @@ STATUS_CMD = """\
 cd {root} 2>/dev/null || {{ echo 'nodir=1'; exit 0; }}
 echo "exit=$(cat exit_code 2>/dev/null)"
 echo "stopped=$([ -f stopped ] && echo 1)"
-p=$(cat pid 2>/dev/null); echo "alive=$([ -n "$p" ] && kill -0 -- "-$p" 2>/dev/null && echo 1)"
+""" + OURS.replace("{", "{{").replace("}", "}}") + """
+p=$(cat pid 2>/dev/null); echo "alive=$(ours "$p" && echo 1)"
 echo "pid=$p"
 echo ---
 cat {status} 2>/dev/null || true
@@ -44,11 +54,12 @@ cd {root} 2>/dev/null || exit 0
 touch stopped
 p=$(cat pid 2>/dev/null)
 tagged() {{ grep -lzxF -- {marker} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}
+""" + OURS.replace("{", "{{").replace("}", "}}") + """
 signal() {{
-  [ -n "$p" ] && kill -"$1" -- "-$p" 2>/dev/null
+  ours "$p" && kill -"$1" -- "-$p" 2>/dev/null
   for q in $(tagged); do kill -"$1" -- "-$q" 2>/dev/null || kill -"$1" "$q" 2>/dev/null; done
 }}
-alive() {{ {{ [ -n "$p" ] && kill -0 -- "-$p" 2>/dev/null; }} || [ -n "$(tagged)" ]; }}
+alive() {{ ours "$p" || [ -n "$(tagged)" ]; }}
 alive || exit 0
 signal TERM
 for _ in $(seq 1 {ticks}); do alive || exit 0; sleep 0.5; done
