@@ -73,7 +73,7 @@ def test_follow_after_resume_shows_the_new_attempt_only(user_home):
     whole = launch(user_home, "logs", rid)  # without --follow: the whole log, both attempts
     assert whole.returncode == 0 and whole.stdout.count("launch: setup on node 0") == 2
     assert whole.stdout.count(MARK) == 1 and "earlier attempts" not in whole.stdout
-    assert "Warning" not in whole.stdout  # peft's read of a name transformers deprecated is filtered
+    assert "FutureWarning" not in whole.stdout  # peft's read of a name transformers deprecated is filtered
     assert whole.stdout.index("step 4/12") < whole.stdout.index(MARK) < whole.stdout.rindex("step 12/12")
     again = launch(user_home, "logs", rid, "--follow")  # right after the resume: its attempt, as `up` showed
     assert again.stdout.count("launch: setup on node 0") == 1 and again.stdout.count(MARK) == 1
