@@ -141,7 +141,7 @@ CONTEXT_LINES = 3  # lines of the attempt before that `logs --follow` shows abov
 
 
 def restart_line(when: Optional[float] = None) -> str:
-    """The RESTART_MARK line with its UTC time, newline-terminated (the ssh driver writes the same)."""
+    """The RESTART_MARK line with its UTC time, newline-terminated (the ssh driver echoes it)."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
     return f"{RESTART_MARK} ({stamp}) ──\n"
 

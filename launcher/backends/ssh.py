@@ -36,7 +36,7 @@ from payload import layout
 from launcher.store.artifacts import list_command, parse_listing
 from ..errors import BackendError
 from launcher.store.registry import Run
-from .base import (RESTART_MARK, Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, remote_command,
+from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, remote_command, restart_line,
                    skipped_note)
 from .ssh_scripts import DOWN_CMD, DRIVER, SEED_AND_LIST, START, STATUS_CMD
 from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect
@@ -145,7 +145,7 @@ class SSHBackend(Backend):
                 f"cd {shlex.quote(run_root)}/workdir || exit 1\n"
                 + export_lines(env, skip=set(spec.secrets)) + node_script(task))
         driver = DRIVER.format(log_dir=shlex.quote(str(PurePosixPath(log).parent)), log=shlex.quote(log),
-                               mark=shlex.quote(RESTART_MARK))
+                               mark=shlex.quote(restart_line().rstrip("\n")))
         self._retry(conn, lambda: self._write_files(conn, run_root, {
             "node.sh": node, "driver.sh": driver, "start.sh": START}))
         pid = self._start(conn, run_root, spec.secrets)

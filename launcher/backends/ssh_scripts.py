@@ -8,8 +8,8 @@ DRIVER = """\
 # launch ssh driver: run the node script (log on the volume), record its exit code last.
 cd "$(dirname "$0")"
 mkdir -p {log_dir}
-if [ -s {log} ]; then  # a restart: say where it begins (base.restart_line), before start.sh sees the pid
-  {{ [ -n "$(tail -c1 {log})" ] && echo; echo {mark}" ($(date -u '+%F %T UTC')) ──"; }} >> {log}
+if [ -s {log} ]; then  # a restart: say where it begins (base.restart_line) before start.sh sees the pid
+  {{ [ -n "$(tail -c1 {log})" ] && echo; echo {mark}; }} >> {log}
 fi
 echo $$ > pid.tmp && mv pid.tmp pid
 trap ':' TERM  # `launch down` signals the group: let the run stop, then record its code
