@@ -30,6 +30,8 @@ from launcher.term import ui  # noqa: E402  (light: rich is imported when a cons
 
 _UI_CONSOLES = (ui.console, ui.err_console)
 
+from payload.volume.observe import library_deprecations  # noqa: E402  (the payload's own warning filters)
+
 
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path, monkeypatch):
@@ -38,6 +40,7 @@ def isolated_state(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "launch-home"))
     monkeypatch.chdir(REPO)
+    library_deprecations()  # tests call the libraries as a run does (pytest resets filters per test)
     # rich's Console reads COLUMNS once, when it is made, and ui caches it: a console made while a test
     # had COLUMNS=200 set must not print the next test's output (in any order, in any worker).
     for cached in _UI_CONSOLES:

@@ -341,6 +341,13 @@ def test_exit_codes_and_vanished_processes_map_to_states(sshd, env):
     release(resumed)
     assert wait_state(backend, resumed, ("preempted", "failed", "completed")).state == "completed"
     assert Path(resumed.handle["log"]).read_text().count("launch: setup on node 0") == 2
+    # Following it shows the new attempt (after a restart mark and the old one's last lines), not both.
+    whole, followed = Collector(), Collector()
+    assert backend.logs(resumed, False, whole) == 0 and backend.logs(resumed, True, followed) == 0
+    assert whole.text().count("launch: setup on node 0") == 2 and "earlier attempts" not in whole.text()
+    assert followed.text().startswith(f"… earlier attempts not repeated (`launch logs {killed.id}` shows them)\n")
+    after = followed.text().split("── launch: the run restarts here (", 1)[1]
+    assert after.count("launch: setup on node 0") == 1 and "restarts here" not in after
 
 
 @pytest.mark.parametrize("facts, reported, run_state, expected", [

@@ -1,5 +1,6 @@
 """The contract every backend implements (`Backend`), what it is given (`LaunchSpec`) and what it
-reports (`RemoteStatus`, `Access`), and the helpers all of them share: reading a log's tail, quoting
+reports (`RemoteStatus`, `Access`), and the helpers all of them share: reading a log's tail and where
+following it starts (the restart mark of a log appended across attempts), quoting
 a remote path or command, and the one mapping from a driver's exit code to a run's end state.
 The backends import this module, never their package (whose `__init__` is their public face and
 their factory)."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import shlex
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, TextIO
@@ -93,7 +95,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def logs(self, run: Run, follow: bool, out: TextIO, tail: Optional[int] = None) -> int:
         """Write the run's log to `out` (following until the run ends if asked); return an exit code.
-        `tail`: start with the log's last `tail` lines instead of its beginning."""
+        `tail`: start with the log's last `tail` lines instead of its beginning. Without `tail`,
+        the whole log, except when following: then the run's current attempt only. A log appended
+        across restarts (local, ssh) has a RESTART_MARK line where each later attempt begins; following
+        starts at the last one, after `skipped_note` and the CONTEXT_LINES lines before it (`log_start`).
+        A log that is per attempt already (SkyPilot's jobs) starts at its beginning."""
 
     @abc.abstractmethod
     def status(self, run: Run) -> RemoteStatus:
@@ -126,6 +132,67 @@ class Backend(abc.ABC):
     def copy_files(self, run: Run, rels: list[str], into: Path) -> None:
         """Copy each run-dir-relative file in `rels` (clean relative paths) to `into/<rel>` as a regular
         file, never creating or following a symlink on this side; raise BackendError if one fails."""
+
+
+# The line a backend appends to a run's log (local, ssh) before the run restarts into it (`launch up
+# --resume`), so the log says where each attempt begins and following it starts there.
+RESTART_MARK = "── launch: the run restarts here"
+CONTEXT_LINES = 3  # lines of the attempt before that `logs --follow` shows above the mark
+
+
+def restart_line(when: Optional[float] = None) -> str:
+    """The RESTART_MARK line with its UTC time, newline-terminated (the ssh driver echoes it)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+    return f"{RESTART_MARK} ({stamp}) ──\n"
+
+
+def mark_restart(log: Path) -> None:
+    """Append the restart line to a run's log that has something in it, on a line of its own (an
+    attempt killed mid-line leaves no newline)."""
+    try:
+        with open(log, "rb+") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                return
+            f.seek(size - 1)
+            gap = b"" if f.read(1) == b"\n" else b"\n"
+            f.write(gap + restart_line().encode())
+    except FileNotFoundError:
+        return
+
+
+def log_start(f, size: int, follow: bool, tail: Optional[int]) -> tuple[int, bool]:
+    """(offset, skipped) where `logs` starts in the binary log `f` of `size` bytes: the last `tail`
+    lines; else following, the last RESTART_MARK's line with CONTEXT_LINES lines before it (skipped:
+    earlier lines are left out, `skipped_note` says so); else the beginning."""
+    if tail is not None:
+        return tail_offset(f, size, tail), False
+    mark = _last_mark(f, size) if follow else None
+    if mark is None:
+        return 0, False
+    offset = tail_offset(f, mark, CONTEXT_LINES)
+    return offset, offset > 0
+
+
+def skipped_note(run_id: str) -> str:
+    return f"… earlier attempts not repeated (`launch logs {run_id}` shows them)\n"
+
+
+def _last_mark(f, size: int, block: int = 1 << 16) -> Optional[int]:
+    """The offset of the last line that starts with RESTART_MARK, reading backwards in blocks."""
+    needle = b"\n" + RESTART_MARK.encode()
+    pos, carry = size, b""
+    while pos > 0:
+        start = max(0, pos - block)
+        f.seek(start)
+        chunk = f.read(pos - start) + carry  # `carry`: a mark split across the block boundary
+        i = chunk.rfind(needle)
+        if i >= 0:
+            return start + i + 1
+        if start == 0 and chunk.startswith(needle[1:]):
+            return 0
+        carry, pos = chunk[:len(needle) - 1], start
+    return None
 
 
 def tail_offset(f, size: int, lines: int, block: int = 1 << 16) -> int:

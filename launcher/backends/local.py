@@ -5,7 +5,8 @@ directory, maps the volume to `$LAUNCH_HOME/volumes/<profile>`, and starts one p
 with SkyPilot's environment contract (nodes talk over 127.0.0.1, gloo on CPU). A small driver
 script waits for the nodes and records the exit code; a run killed with its process group leaves
 no exit code and shows as preempted, and `launch up --resume` continues it from the volume. Logs
-(run.log, node<N>.log, driver.log) are appended across restarts.
+(run.log, node<N>.log, driver.log) are appended across restarts; run.log marks where each restart
+begins, and `launch logs --follow` starts there (base.RESTART_MARK).
 
 The run owns its processes: the driver starts a process group, and torchrun's workers, which run in
 sessions of their own, die with their agent (`payload.__main__.die_with_parent`), so SIGKILL of the
@@ -33,7 +34,7 @@ from payload.volume.checksums import regular_files
 from ..errors import BackendError
 from launcher.store.registry import Run
 from launcher.store.state import state_dir
-from .base import Access, Backend, LaunchSpec, RemoteStatus, end_state, tail_offset
+from .base import Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, mark_restart, skipped_note
 from .tasks import load_task, node_env, node_script, workdir_files
 
 DRIVER = """\
@@ -113,6 +114,7 @@ class LocalBackend(Backend):
         (home / "driver.sh").write_text(DRIVER)
         for stale in ("exit_code", "exit_code.tmp", "stopped"):
             (home / stale).unlink(missing_ok=True)
+        mark_restart(home / "run.log")  # before the driver: a follow that starts now finds it
         full_env = {**os.environ, **env, **spec.secrets}  # secrets live in the environment only
         with open(home / "driver.log", "ab") as log:
             proc = subprocess.Popen(["bash", str(home / "driver.sh")], env=full_env, stdout=log,
@@ -134,10 +136,10 @@ class LocalBackend(Backend):
             if not follow or time.time() > deadline_missing:
                 raise BackendError(f"run {run.id} has no log yet at {path}")
             time.sleep(0.2)
-        offset = 0
-        if tail is not None:
-            with open(path, "rb") as f:
-                offset = tail_offset(f, os.fstat(f.fileno()).st_size, tail)
+        with open(path, "rb") as f:
+            offset, skipped = log_start(f, os.fstat(f.fileno()).st_size, follow, tail)
+        if skipped:
+            out.write(skipped_note(run.id))
         with open(path, "r", errors="replace", newline="") as f:  # `\r` redraws kept as written
             f.seek(offset)  # a line start: the decoder begins clean there
             while True:

@@ -36,7 +36,8 @@ from payload import layout
 from launcher.store.artifacts import list_command, parse_listing
 from ..errors import BackendError
 from launcher.store.registry import Run
-from .base import Access, Backend, LaunchSpec, RemoteStatus, end_state, remote_command, tail_offset
+from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, remote_command, restart_line,
+                   skipped_note)
 from .ssh_scripts import DOWN_CMD, DRIVER, SEED_AND_LIST, START, STATUS_CMD
 from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
@@ -143,7 +144,8 @@ class SSHBackend(Backend):
         node = (f"#!/usr/bin/env bash\n# launch node script for run {run.id} (no secrets here)\n"
                 f"cd {shlex.quote(run_root)}/workdir || exit 1\n"
                 + export_lines(env, skip=set(spec.secrets)) + node_script(task))
-        driver = DRIVER.format(log_dir=shlex.quote(str(PurePosixPath(log).parent)), log=shlex.quote(log))
+        driver = DRIVER.format(log_dir=shlex.quote(str(PurePosixPath(log).parent)), log=shlex.quote(log),
+                               mark=shlex.quote(restart_line().rstrip("\n")))
         self._retry(conn, lambda: self._write_files(conn, run_root, {
             "node.sh": node, "driver.sh": driver, "start.sh": START}))
         pid = self._start(conn, run_root, spec.secrets)
@@ -237,11 +239,13 @@ class SSHBackend(Backend):
         if not h.get("log"):
             raise BackendError(f"run {run.id} never started on its host: no log")
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        offset, failures, started = None if tail is not None else 0, 0, time.monotonic()
+        offset, failures, started = None if tail is not None or follow else 0, 0, time.monotonic()
         while True:
             try:
-                if offset is None:  # --tail: where the last lines begin (0 while there is no log)
-                    offset = self._tail_offset(conn, h["log"], tail)
+                if offset is None:  # --tail, or this attempt's start (base.log_start); 0 while there is no log
+                    offset, skipped = self._start_offset(conn, h["log"], follow, tail)
+                    if skipped:
+                        out.write(skipped_note(run.id))
                 done = self._finished(conn, h) if follow else 0
                 chunk = self._read_log(conn, h["log"], offset)
                 failures = 0
@@ -270,14 +274,14 @@ class SSHBackend(Backend):
             else:
                 time.sleep(POLL_S)
 
-    def _tail_offset(self, conn: Connection, path: str, lines: int) -> int:
+    def _start_offset(self, conn: Connection, path: str, follow: bool, tail: Optional[int]) -> tuple[int, bool]:
         conn.open()
         try:
             f = conn.sftp().open(path, "rb")
         except FileNotFoundError:
-            return 0
+            return 0, False
         with f:
-            return tail_offset(f, f.stat().st_size, lines)
+            return log_start(f, f.stat().st_size, follow, tail)
 
     def _read_log(self, conn: Connection, path: str, offset: int) -> Optional[bytes]:
         """Bytes of the log from `offset` (up to 1 MiB); None when the log does not exist yet."""

@@ -15,9 +15,12 @@ DRIVER = """\
 #!/usr/bin/env bash
 # launch ssh driver: run the node script (log on the volume), record its exit code last.
 cd "$(dirname "$0")"
+mkdir -p {log_dir}
+if [ -s {log} ]; then  # a restart: say where it begins (base.restart_line) before start.sh sees the pid
+  {{ [ -n "$(tail -c1 {log})" ] && echo; echo {mark}; }} >> {log}
+fi
 echo $$ > pid.tmp && mv pid.tmp pid
 trap ':' TERM  # `launch down` signals the group: let the run stop, then record its code
-mkdir -p {log_dir}
 bash node.sh >> {log} 2>&1 < /dev/null
 rc=$?
 echo "$rc" > exit_code.tmp && mv exit_code.tmp exit_code

@@ -47,7 +47,7 @@ def preview(ctx, profile, sets, n):
     p = load_checked(profile, "local", overrides=tuple(sets))[0]
     cfg = resolved_run_config(p)
     with tempfile.TemporaryDirectory(prefix="launch-preview-") as tmp:
-        cfg.runtime.volume = tmp  # a tiny model materializes here; nothing else is written
+        cfg.runtime.volume = tmp  # the data check writes its sample here; nothing else is written
         tokenizer, why = pv.load_cached_tokenizer(cfg)
         try:
             records = pv.first_examples(cfg, n, Path(tmp), REPO_ROOT, tokenizer=tokenizer)

@@ -62,7 +62,9 @@ def load_cached_tokenizer(cfg):
     from payload.model import modeling
 
     m = cfg.model
-    path = modeling.base_model_path(cfg) if m.tiny is not None else _local_snapshot(m.name_or_path, m.revision)
+    if m.tiny is not None:  # built in memory: materializing the tiny model would write (and show) its weights
+        return modeling.tiny_tokenizer(cfg), None
+    path = _local_snapshot(m.name_or_path, m.revision)
     if path is None:
         return None, f"not in {_hub_cache()}"  # checked first: transformers alone takes 5-10 s to import
     try:

@@ -167,6 +167,16 @@ def load_processing_class(path: str, kind: str, trust_remote_code: bool = False,
     return proc
 
 
+def tiny_tokenizer(cfg):
+    """The tiny model's tokenizer, built in memory exactly as `payload.model.tiny` saves it beside the
+    weights: for a caller that needs no model (`launch data preview`), so nothing is written."""
+    from payload.model.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer(None, vocab_size=cfg.model.tiny.vocab_size)
+    _ensure_pad(tok)
+    return tok
+
+
 def _image_only_processor(path: str, kw: dict):
     """Qwen-VL processor without the video processor (that one needs torchvision, missing on CPU)."""
     from transformers import AutoImageProcessor, AutoTokenizer

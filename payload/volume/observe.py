@@ -68,6 +68,18 @@ def setup_logging(to: Optional[str] = None) -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO if rank() == 0 else logging.WARNING)  # progress lines from rank 0 only
     logger.propagate = False
+    library_deprecations()
+
+
+def library_deprecations() -> None:
+    """Ignore the deprecation warnings a library raises by reading a name our code never uses, each
+    by its exact message and category (a run's log should carry what the run can act on)."""
+    import warnings
+
+    # peft 0.21.2 (PeftModel.__init__, so get_peft_model and PeftModel.from_pretrained) and trl 1.16.0
+    # (trl/models/utils.py) read `model.is_gradient_checkpointing`, which transformers 5.23 deprecated
+    # for `is_activation_checkpointing`; our code sets `activation_checkpointing` (train/recipe.py).
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def quiet_libraries() -> None:
