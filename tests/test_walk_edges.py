@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 from pathlib import Path
 
 from walk import REPO, launch
@@ -47,3 +49,80 @@ def test_commands_that_need_no_cloud_leave_the_users_home_as_it_was(tmp_path):
     assert (copy / "clusters" / "my-h100.yaml").is_file() and not (REPO / "clusters" / "my-h100.yaml").exists()
     for used in ("lh-plan", "lh-profiles", "lh-render"):  # where SkyPilot's own files went instead
         assert (tmp_path / used / "sky-offline" / ".sky" / "user_hash").is_file()
+
+
+# ------------------------------------------------------------------------ compare after a resume
+
+
+def local_run(tmp_path: Path, rid: str, steps: int) -> Path:
+    """A stopped local-backend run of local-demo in the walk's registry, its run dir holding `steps`
+    metric rows (one every 2 steps), as `launch up` and the payload leave it."""
+    from launcher.store import registry
+    from launcher.store.registry import Run
+    from payload import layout
+
+    volume = tmp_path / "volume"
+    rd = layout.run_dir(volume, rid)
+    rd.mkdir(parents=True)
+    (rd / "config.yaml").write_text((REPO / "sky/config/local-demo.yaml").read_text())
+    (rd / layout.STATUS).write_text(json.dumps({"state": "stopped", "exit_code": 0}))
+    add_metrics(rd, 0, steps)
+    history = [{"at": time.time() - 60, "by": "launch up", "event": "start", "set": []}]
+    registry.save(Run(id=rid, profile="local-demo", backend="local", state="stopped", started_at=time.time() - 60,
+                      ended_at=time.time(), handle={"volume": str(volume), "history": history}))
+    return rd
+
+
+def add_metrics(rd: Path, after: int, upto: int) -> None:
+    with (rd / "metrics.jsonl").open("a") as f:
+        for step in range(after + 2, upto + 1, 2):
+            f.write(json.dumps({"step": step, "loss": 5.0 - step / 10, "eval_loss": 5.1 - step / 10}) + "\n")
+
+
+def resumed(rid: str, rd: Path, upto: int) -> None:
+    """What `launch up --resume` leaves: a `resume` entry in the run's history, and the run dir trained on."""
+    from launcher.store import registry
+
+    run = registry.get(rid)
+    entry = {"at": time.time(), "by": "launch up --resume", "event": "resume", "set": []}
+    registry.update(rid, handle={**run.handle, "history": [*run.handle["history"], entry]})
+    steps = max(json.loads(ln)["step"] for ln in (rd / "metrics.jsonl").read_text().splitlines())
+    add_metrics(rd, steps, upto)
+
+
+def compared(tmp_path: Path, a: str, b: str, art: Path, *flags: str):
+    """`launch compare A B`: its runs by id (--json), else its text."""
+    r = launch(tmp_path, "compare", a, b, "--dest", str(art), *flags)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return {x["id"]: x for x in json.loads(r.stdout)["runs"]} if flags else r.stdout
+
+
+def test_compare_after_a_resume_never_shows_the_fetch_from_before_it_as_current(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "user-launch-home"))  # this process writes the walk's registry
+    a, b, art = "local-demo-20261126-000010", "local-demo-20261126-000011", tmp_path / "art"
+    local_run(tmp_path, a, 8)
+    rd = local_run(tmp_path, b, 4)
+    for rid in (a, b):
+        r = launch(tmp_path, "down", rid, "--fetch-artifacts", "--dest", str(art))
+        assert r.returncode == 0, r.stdout + r.stderr
+    resumed(b, rd, 12)  # B resumed after its fetch and trained on to step 12
+
+    runs = compared(tmp_path, a, b, art, "--json")  # B's machine still has its run dir: its numbers are current
+    assert runs[b]["source"] == "its local machine" and runs[b]["steps"] == 12, runs[b]  # was art/B, 4 steps
+    assert runs[a]["source"] == str(art / a) and runs[a]["fetch_note"] is None and runs[a]["steps"] == 8
+    out = compared(tmp_path, a, b, art)
+    notes = [ln for ln in out.splitlines() if ln.startswith("!")]
+    assert len(notes) == 1 and f"{b}: its fetch {art / b} (" in notes[0], out
+    assert "is older than its last attempt (resumed " in notes[0] and "numbers are from its local machine" in notes[0]
+    assert f"refresh it with `launch down {b} --fetch-artifacts`" in notes[0], out
+
+    rd.rename(rd.with_name("gone"))  # the machine is gone: the older fetch is all there is, labelled
+    runs = compared(tmp_path, a, b, art, "--json")
+    assert runs[b]["steps"] == 4 and runs[b]["source"] == f"{art / b} (older than its last attempt)", runs[b]
+    assert "): these numbers are from that fetch; refresh it with `launch down" in runs[b]["fetch_note"]
+
+    rd.with_name("gone").rename(rd)  # fetched again after the resume: that fetch is current, no note
+    r = launch(tmp_path, "down", b, "--fetch-artifacts", "--dest", str(art))
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = compared(tmp_path, a, b, art, "--json")
+    assert runs[b]["source"] == str(art / b) and runs[b]["steps"] == 12 and runs[b]["fetch_note"] is None
