@@ -5,6 +5,12 @@
   user's HOME as they found it: SkyPilot's offline planner keeps everything, `~/.sky/...` paths
   included, under LAUNCH_HOME (launcher/catalog/__init__.py). `launch up` on a cloud may create
   `~/.sky`: that is SkyPilot's own place, where it keeps its clusters and API server state.
+- `launch compare` after a resume reads a run's latest state: its newest fetch only when that fetch is
+  from the last attempt, else the machine's numbers (or, machine gone, the older fetch), with one line
+  per run saying the fetch is older than the last attempt and how to refresh it.
+- A data path outside the repo (an absolute `/home/me/data.jsonl`) is refused by validate, plan, up and
+  data preview on every backend, local included, in one line naming file:line, key and the fix
+  (launcher/profiles/boundary.py says why the local backend follows the same rule).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
-from walk import REPO, launch
+from walk import REPO, assert_one_line_error, launch
 
 
 def home_listing(tmp_path: Path) -> list[str]:
@@ -126,3 +132,44 @@ def test_compare_after_a_resume_never_shows_the_fetch_from_before_it_as_current(
     assert r.returncode == 0, r.stdout + r.stderr
     runs = compared(tmp_path, a, b, art, "--json")
     assert runs[b]["source"] == str(art / b) and runs[b]["steps"] == 12 and runs[b]["fetch_note"] is None
+
+
+# --------------------------------------------------------------------------- an absolute data path
+
+SONIA_SOURCE = "    - {name: sonia-train, hf_dataset: VocaborSilentii/SoniaTraining, hf_split: train, format: messages, split: train}"
+
+
+def with_source(tmp_path: Path, profile: str, old: str, path: str) -> tuple[Path, int]:
+    """A copy of clusters/PROFILE.yaml whose source line `old` reads its data from `path`; (file, that line)."""
+    text = (REPO / "clusters" / f"{profile}.yaml").read_text()
+    assert old in text
+    new = (f"    - {{name: mine, path: {path}, format: messages, split: train}}" if old == SONIA_SOURCE
+           else old.replace("payload/samples/demo_chat.jsonl", path))
+    file = tmp_path / f"{profile}-mine.yaml"
+    file.write_text(text.replace(old, new))
+    return file, text[:text.index(old)].count("\n") + 1
+
+
+def test_an_absolute_data_path_is_refused_on_every_backend_by_validate_plan_and_up(tmp_path):
+    data = tmp_path / "me" / "data.jsonl"  # the user's own file, outside the repo
+    data.parent.mkdir()
+    data.write_text((REPO / "payload/samples/demo_chat.jsonl").read_text())
+    fix = ("is outside the repo, and a run (on every backend, local included) gets only the repo's files: put "
+           "the file under data/ in the repo and give its path from the repo root, e.g. data/data.jsonl, or use a "
+           "Hub dataset (`hf_dataset:` instead of `path:`)")
+    cloud, line = with_source(tmp_path, "sonia-h100", SONIA_SOURCE, str(data))
+    for args in (("validate", str(cloud)), ("plan", str(cloud))):  # plan used to plan it (0 tokens) with a warning
+        r = launch(tmp_path, *args)
+        assert_one_line_error(r, f"✗ {cloud}:{line}: data.sources.0.path: {data} {fix}")
+        assert len((r.stdout + r.stderr).splitlines()) == 1, r.stdout + r.stderr
+    local, line = with_source(tmp_path, "local-demo", "      path: payload/samples/demo_chat.jsonl", str(data))
+    for args in (("validate", str(local)), ("plan", str(local)), ("up", str(local), "--dry-run"),
+                 ("data", "preview", str(local))):  # the local backend reads it where it lies no more
+        assert_one_line_error(launch(tmp_path, *args), f"✗ {local}:{line}: data.sources.0.path: {data} {fix}")
+    assert not (tmp_path / "user-launch-home" / "runs").exists()
+    inner = REPO / "payload/samples/demo_chat.jsonl"  # in the repo, spelled absolute: the one edit is named
+    local, line = with_source(tmp_path, "local-demo", "      path: payload/samples/demo_chat.jsonl", str(inner))
+    assert_one_line_error(launch(tmp_path, "validate", str(local)),
+                          f"✗ {local}:{line}: data.sources.0.path: {inner} is an absolute path: a run reads its "
+                          "file by its path from the repo root, on every backend; write it as "
+                          "payload/samples/demo_chat.jsonl")
