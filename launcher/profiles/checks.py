@@ -71,13 +71,13 @@ def data_file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str]
     """(problems, present) for the local data files a profile names (`source`: its file as read, a
     ProfileFile, or its path; after `--set` overrides): problems as `file:line: key: what; fix`,
     present as `path (size)`. A path outside the repo (`outside_problem`) is among the problems."""
-    outside, problems, present = _file_report(source, overrides)
-    return outside + problems, present
+    problems, _, present = _file_report(source, overrides)
+    return problems, present
 
 
 def _file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str], list[str]]:
-    """(paths outside the repo, other problems, present) of `data_file_report`: a path outside the repo
-    can never reach a run, whereas a missing file can still be put in place before `up`."""
+    """(problems, those of them that are paths outside the repo, present) of `data_file_report`: a path
+    outside the repo can never reach a run, whereas a missing file can still be put in place before `up`."""
     try:
         file = source if isinstance(source, ProfileFile) else read_profile(str(source))
         data, lines = file.overridden(overrides)
@@ -88,6 +88,8 @@ def _file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], li
 
     def refuse(loc: tuple, problem: str) -> None:
         outside.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+        problems.append(outside[-1])
+        hints.append("")
 
     for prefix, i, src in ((pre, i, src) for pre, sources in _source_lists(data) for i, src in enumerate(sources)):
         images = src.get("image_root") if isinstance(src, dict) else None
@@ -117,10 +119,9 @@ def _file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], li
             problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {file} not found "
                             f"(looked for {REPO_ROOT / file}); put the reward module there or fix the path")
             hints.append("")
-    problems = [p + h for p, h in zip(problems, hints)]
     if problems and present:
         problems[-1] += f" (present: {', '.join(present)})"
-    return outside, problems, present
+    return [p + h for p, h in zip(problems, hints)], outside, present
 
 
 def _source_lists(data: dict) -> list[tuple[tuple, list]]:
@@ -181,9 +182,9 @@ def resolve(source, backend: Optional[str] = None, overrides: tuple[str, ...] = 
         profile = validate(file, tuple(overrides))
     except ProfileError as e:
         problems = list(e.problems)
-    outside, data_problems, present = _file_report(file, overrides)
+    data_problems, outside, present = _file_report(file, overrides)
     if problems or outside:  # a path outside the repo never reaches a run: refused even by `plan`
-        raise ProfileError(problems + outside + data_problems)
+        raise ProfileError(problems + data_problems)
     if not data_problems:  # every file is there: its records, as the data stage will read them
         record_problems, present = record_report(file, profile, overrides)
         if record_problems:
