@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -173,3 +174,20 @@ def test_an_absolute_data_path_is_refused_on_every_backend_by_validate_plan_and_
                           f"✗ {local}:{line}: data.sources.0.path: {inner} is an absolute path: a run reads its "
                           "file by its path from the repo root, on every backend; write it as "
                           "payload/samples/demo_chat.jsonl")
+
+
+def test_offline_skypilot_gets_launchs_dir_as_home_and_still_reads_the_users_config(tmp_path, monkeypatch):
+    """While SkyPilot runs offline, `~` is launch's runtime dir (its `~/.sky/...` paths land there); the
+    user's ~/.sky/config.yaml is named by SKYPILOT_GLOBAL_CONFIG; both are as they were afterwards."""
+    from launcher import catalog
+
+    home = tmp_path / "user-home"
+    (home / ".sky").mkdir(parents=True)
+    (home / ".sky" / "config.yaml").write_text("allowed_clouds: [runpod]\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "launch-home"))
+    monkeypatch.delenv("SKYPILOT_GLOBAL_CONFIG", raising=False)
+    with catalog._offline_home():
+        assert Path("~").expanduser() == catalog.offline_runtime_dir()
+        assert os.environ["SKYPILOT_GLOBAL_CONFIG"] == str(home / ".sky" / "config.yaml")
+    assert os.environ["HOME"] == str(home) and "SKYPILOT_GLOBAL_CONFIG" not in os.environ

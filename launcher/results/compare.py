@@ -11,9 +11,9 @@ run: backend.read_run_file). A fetch older than the run's last attempt (it was r
 never shown as current: one line per such run says so and how to refresh it, and its numbers are
 the machine's when the machine still has them, else that older fetch's, labelled as such.
 
-When a fetch arrived is its MANIFEST.json's time (written at home by the fetch, or the machine's,
-whose time rsync keeps: either way from the attempt that produced it); when an attempt started is in
-the run's history (launcher/runs/experiment.py: a `start` or `resume` entry's `at`).
+When a fetch was made is the time of the files the fetch writes at home (MANIFEST.json, logs/run.log;
+launcher/store/artifacts.py); when an attempt started is in the run's history (launcher/runs/
+experiment.py: a `start` or `resume` entry's `at`).
 """
 
 from __future__ import annotations
@@ -78,12 +78,20 @@ def _fetches(run, dest: Path) -> list[Path]:
 
 
 def _fetched_at(d: Path) -> float:
-    for name in (layout.LOCAL_MANIFEST, layout.METRICS):
+    """When the fetch in `d` was made: the newest of the files a fetch writes here itself (MANIFEST.json,
+    logs/run.log), else the metrics' time."""
+    times = []
+    for name in (layout.LOCAL_MANIFEST, layout.artifact_for(layout.RUN_LOG)[1]):
         try:
-            return (d / name).stat().st_mtime
+            times.append((d / name).stat().st_mtime)
         except OSError:
             continue
-    return 0.0
+    if not times:
+        try:
+            times.append((d / layout.METRICS).stat().st_mtime)
+        except OSError:
+            pass
+    return max(times, default=0.0)
 
 
 def last_attempt_at(run) -> tuple[float, str]:
