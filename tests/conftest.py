@@ -64,3 +64,25 @@ def sshd(tmp_path_factory):
     server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def in_repo():
+    """A scratch directory under the repo's data/ (where a user's data lives: a run reads only files in
+    the repo, on every backend, launcher/profiles/boundary.py), removed afterwards."""
+    import shutil
+    import uuid
+
+    data = REPO / "data"
+    made_data = not data.exists()
+    d = data / f"test-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        if made_data:
+            try:
+                data.rmdir()
+            except OSError:
+                pass  # another test's data is there

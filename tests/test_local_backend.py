@@ -138,11 +138,11 @@ def test_budget_stop_is_budget_exhausted_end_to_end():
     assert json.loads(launch("status", rid, "--json").output)["state"] == "budget_exhausted"
 
 
-def test_multi_node_task_runs_as_two_local_nodes(tmp_path):
-    csv_path = tmp_path / "qa.csv"
+def test_multi_node_task_runs_as_two_local_nodes(tmp_path, in_repo):
+    csv_path = (in_repo / "qa.csv").relative_to(REPO)  # a run reads repo files only (profiles/boundary.py)
     rows = ["prompt,question,response"] + [
         f"You are terse.,What is {i} plus {i}?,{i} plus {i} is {2 * i}." for i in range(60)]
-    csv_path.write_text("\n".join(rows) + "\n")
+    (REPO / csv_path).write_text("\n".join(rows) + "\n")
     sets = ["--set", "model={name_or_path: tiny-qwen3, kind: causal_lm, attn_implementation: [sdpa, eager], "
                      "tiny: {arch: qwen3, hidden_size: 64, num_layers: 2, vocab_size: 1024}}",
             "--set", f"data.sources=[{{name: qa, path: {csv_path}, format: prompt_response, "

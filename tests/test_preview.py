@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
+from launcher.profiles.profile import REPO_ROOT as REPO
 from payload.data.records import from_alpaca
 
 RECORDS = [
@@ -22,10 +23,12 @@ RECORDS = [
 
 
 @pytest.fixture
-def alpaca(tmp_path) -> Path:
-    path = tmp_path / "three.jsonl"
+def alpaca(in_repo) -> str:
+    """Three records in the repo (a run reads only repo files: launcher/profiles/boundary.py), by their
+    path from the repo root."""
+    path = in_repo / "three.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
-    return path
+    return str(path.relative_to(REPO))
 
 
 @pytest.fixture
@@ -60,7 +63,7 @@ def cache_tokenizer(cache: Path, repo_id: str, tok) -> None:
     tok.save_pretrained(repo / "snapshots" / commit)
 
 
-def preview(path: Path, *extra) -> str:
+def preview(path: str, *extra) -> str:
     out = CliRunner().invoke(cli, ["data", "preview", "lovecraft-a100-spot",
                                    "--set", f"data.sources.0.path={path}", *extra], terminal_width=200)
     assert out.exit_code == 0, out.output
@@ -140,9 +143,9 @@ def test_token_view_masks_what_sft_trainer_masks(tmp_path, alpaca):
     assert shown == list(row["input_ids"])
 
 
-def test_preview_bad_data_is_one_line(tmp_path, hub_cache):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"instruction": "no output here"}\n' * 3)
+def test_preview_bad_data_is_one_line(in_repo, hub_cache):
+    (in_repo / "bad.jsonl").write_text('{"instruction": "no output here"}\n' * 3)
+    bad = (in_repo / "bad.jsonl").relative_to(REPO)
     out = CliRunner().invoke(cli, ["data", "preview", "lovecraft-a100-spot", "--set", f"data.sources.0.path={bad}"])
     assert out.exit_code == 1 and "Traceback" not in out.output
     lines = [ln for ln in out.output.splitlines() if ln.strip()]
@@ -151,9 +154,9 @@ def test_preview_bad_data_is_one_line(tmp_path, hub_cache):
         in lines[0] and f"{bad}:1: missing key (no 'output'" in lines[0], out.output
 
 
-def test_preview_of_a_missing_file_names_the_key(tmp_path):
+def test_preview_of_a_missing_file_names_the_key(in_repo):
     out = CliRunner().invoke(cli, ["data", "preview", "lovecraft-a100-spot", "--set",
-                                   f"data.sources.0.path={tmp_path / 'nope.jsonl'}"])
+                                   f"data.sources.0.path={(in_repo / 'nope.jsonl').relative_to(REPO)}"])
     assert out.exit_code == 1 and "Traceback" not in out.output
     assert "data.sources.0.path" in out.output and "not found" in out.output
 
@@ -169,19 +172,20 @@ def test_image_parts_are_placeholders_in_the_role_view():
     assert all(t["trained"] for t in role_view(rec, False))
 
 
-def test_preview_of_vision_language_records_shows_the_image_placeholder(tmp_path):
+def test_preview_of_vision_language_records_shows_the_image_placeholder(in_repo):
     """local-demo's tiny model switched to Qwen3-VL: its tokenizer is built here, so the token view
     runs without any cache; each image is one <|image_pad|> between the vision markers."""
     from PIL import Image
 
-    Image.new("RGB", (32, 32), "red").save(tmp_path / "room1.jpg")
+    Image.new("RGB", (32, 32), "red").save(in_repo / "room1.jpg")
     rec = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many chairs?"}]},
                         {"role": "assistant", "content": "Three."}], "images": ["room1.jpg"]}
-    (tmp_path / "vl.jsonl").write_text(json.dumps(rec) + "\n")
+    (in_repo / "vl.jsonl").write_text(json.dumps(rec) + "\n")
+    d = in_repo.relative_to(REPO)
     out = CliRunner().invoke(cli, [
         "data", "preview", "local-demo", "-n", "1", "--set", "model.kind=image_text_to_text",
         "--set", "model.tiny.arch=qwen3_vl", "--set",
-        f"data.sources=[{{name: vl, path: {tmp_path / 'vl.jsonl'}, format: messages, image_root: {tmp_path}}}]"],
+        f"data.sources=[{{name: vl, path: {d}/vl.jsonl, format: messages, image_root: {d}}}]"],
         terminal_width=200)
     assert out.exit_code == 0, out.output
     assert "1 image(s)" in out.output and "Casting" not in out.output

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
-import uuid
 from pathlib import Path
 
 import pytest
@@ -45,24 +43,6 @@ def started_nothing(tmp_path: Path) -> None:
             assert all(con.execute(f"select count(*) from {t}").fetchone()[0] == 0 for t in tables
                        if t in ("runs", "run_ids"))
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
-
-
-@pytest.fixture
-def in_repo():
-    """A scratch directory under the repo's data/ (where a user's data lives), removed afterwards."""
-    data = REPO / "data"
-    made_data = not data.exists()
-    d = data / f"walk-boundary-{uuid.uuid4().hex[:8]}"
-    d.mkdir(parents=True)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-        if made_data:
-            try:
-                data.rmdir()
-            except OSError:
-                pass  # another test's data is there
 
 
 @pytest.fixture

@@ -3,7 +3,11 @@
 SkyPilot reads catalogs from `$SKY_RUNTIME_DIR/.sky/catalogs/v8/` and has no setting to point
 elsewhere, so `launch` keeps its own runtime dir (under the launch state dir) holding a copy of the
 snapshot, and seeds SkyPilot's enabled-clouds cache there with the clouds the snapshot covers (the
-credential check is the one thing that needs the network). The user's own `~/.sky` is untouched.
+credential check is the one thing that needs the network). The user's own `~/.sky` is untouched:
+besides its runtime dir, SkyPilot writes a few paths spelled `~/.sky/...` (its user hash, the serve
+dir it makes at import, the database locks), so every offline use of SkyPilot runs with HOME pointed
+at launch's runtime dir (`_offline_home`); the user's `~/.sky/config.yaml` is still the config read.
+`launch up` on a cloud talks to SkyPilot itself, which keeps its state in `~/.sky` (its own place).
 
 The group may import profiles/ (a profile's resources) and store/ (the state dir); plan/, backends/
 and runs/ ask it.
@@ -77,10 +81,40 @@ def install_snapshot(runtime_dir: Path) -> Path:
     return dest
 
 
-@functools.cache
+@contextlib.contextmanager
+def _offline_home():
+    """HOME is launch's offline runtime dir while SkyPilot runs offline: the paths SkyPilot spells
+    `~/.sky/...` (user hash, serve dir, db locks) land there, not in the user's HOME. The user's
+    SkyPilot config is still read (SKYPILOT_GLOBAL_CONFIG names it, as SkyPilot documents)."""
+    rt = offline_runtime_dir()
+    home = os.environ.get("HOME")
+    config = Path(home or Path.home()) / ".sky" / "config.yaml"
+    set_config = "SKYPILOT_GLOBAL_CONFIG" not in os.environ and config.is_file()
+    if set_config:
+        os.environ["SKYPILOT_GLOBAL_CONFIG"] = str(config)
+    os.environ["HOME"] = str(rt)
+    try:
+        yield
+    finally:
+        if home is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = home
+        if set_config:
+            os.environ.pop("SKYPILOT_GLOBAL_CONFIG", None)
+
+
 def import_sky_offline():
     """Import `sky` configured for offline planning; returns the module. Once per process: SkyPilot
-    fixes its runtime dir at import, so the catalog copy and the seeded clouds cannot change after."""
+    fixes its runtime dir at import, so the catalog copy and the seeded clouds cannot change after.
+    Calls into it that may touch `~/.sky` belong inside `_offline_home()`, as `sky_task` and the
+    optimizer's are."""
+    with _offline_home():
+        return _import_sky_offline()
+
+
+@functools.cache
+def _import_sky_offline():
     import sys
 
     rt = offline_runtime_dir()
@@ -92,7 +126,7 @@ def import_sky_offline():
         raise PlanError("offline planning needs its own SkyPilot runtime dir; run `launch plan` in a "
                         "fresh process (SkyPilot was already imported against ~/.sky)")
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
-    install_snapshot(Path(os.environ.get("SKY_RUNTIME_DIR", Path.home())))
+    install_snapshot(Path(os.environ.get("SKY_RUNTIME_DIR") or rt))
     import logging
 
     import sky
@@ -137,14 +171,15 @@ def planning_task(p, use_spot: Optional[bool] = None) -> dict:
 
 def task_from_profile(p, use_spot: Optional[bool] = None):
     """A sky.Task built from the rendered task YAML (SkyPilot's own parser)."""
-    return _sky_task(planning_task(p, use_spot))
+    return sky_task(planning_task(p, use_spot))
 
 
-def _sky_task(task: dict):
+def sky_task(task: dict):
+    """SkyPilot's parser on a task dict (raises on a schema error), offline (`_offline_home`)."""
     import yaml
 
-    sky = import_sky_offline()
-    return sky.Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(task)))
+    with _offline_home():
+        return import_sky_offline().Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(task)))
 
 
 def about(p) -> dict:
@@ -237,11 +272,11 @@ def _optimize(task_config: dict, about: dict) -> Choice:
     sky = import_sky_offline()
     from sky import exceptions, optimizer
 
-    task = _sky_task(task_config)
+    task = sky_task(task_config)
     with sky.Dag() as dag:
         dag.add(task)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), _offline_home():
             optimizer.Optimizer.optimize(dag, quiet=True)
     except exceptions.ResourcesUnavailableError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no matching instance"

@@ -29,17 +29,21 @@ from launcher.term.units import human_size
 from launcher.profiles.uploads import repo_relative
 
 
-def outside_problem(rel: str, on_this_machine: bool, what: str = "file") -> Optional[str]:
-    """Why a local path a profile names (a data file, an image root) cannot be used, by the boundary
-    rule (launcher/profiles/boundary.py: inside the repo by every route, links included), else None. On the
-    local backend an absolute path is read where it lies (nothing is uploaded); elsewhere only what is
-    inside the repo travels."""
+def outside_problem(rel: str, what: str = "file") -> Optional[str]:
+    """Why a local path a profile names (a data file, an image root, a reward file) cannot be used,
+    by the boundary rule (launcher/profiles/boundary.py `inside`: inside the repo by every route, links
+    included), else None. The same rule on every backend, local included (launcher/profiles/boundary.py
+    says why): a run reads its files from the repo's copy, by their path from the repo root."""
     p = PurePosixPath(rel)
     if p.is_absolute():
-        if on_this_machine:
-            return None
-        return (f"{rel} is an absolute path on this machine, which is not uploaded; put the {what} under "
-                "data/ and give its path from the repo root, e.g. data/my.jsonl")
+        inner = repo_relative(rel)
+        if inner is not None:
+            return (f"{rel} is an absolute path: a run reads its {what} by its path from the repo root, on "
+                    f"every backend; write it as {inner}")
+        hub = ", or use a Hub dataset (`hf_dataset:` instead of `path:`)" if what == "file" else ""
+        return (f"{rel} is outside the repo, and a run (on every backend, local included) gets only the "
+                f"repo's files: put the {what} under data/ in the repo and give its path from the repo root, "
+                f"e.g. data/{p.name}{hub}")
     if not p.parts or ".." in p.parts:
         return f"{rel} is outside the repo, which is all that is uploaded to the machine; move it under data/"
     if repo_relative(rel) is None:
@@ -48,12 +52,9 @@ def outside_problem(rel: str, on_this_machine: bool, what: str = "file") -> Opti
     return None
 
 
-def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optional[int]]:
-    """(problem, size) of one data.sources[].path as the run will read it (from the workdir)."""
-    problem = outside_problem(rel, on_this_machine)
-    if problem:
-        return problem, None
-    target = Path(rel) if PurePosixPath(rel).is_absolute() else REPO_ROOT / rel
+def _check_file(rel: str) -> tuple[Optional[str], Optional[int]]:
+    """(problem, size) of one data.sources[].path inside the repo, as the run will read it."""
+    target = REPO_ROOT / rel
     if not target.exists():
         return f"{rel} not found (looked for {target}); put the file there or fix the path", None
     if not target.is_file():
@@ -66,51 +67,61 @@ def _check_file(rel: str, on_this_machine: bool) -> tuple[Optional[str], Optiona
     return None, size
 
 
-def data_file_report(source, on_this_machine: Optional[bool] = None,
-                     overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+def data_file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """(problems, present) for the local data files a profile names (`source`: its file as read, a
     ProfileFile, or its path; after `--set` overrides): problems as `file:line: key: what; fix`,
-    present as `path (size)`. `on_this_machine`: the run uses the local backend, where an absolute
-    path works (default: when the profile's infra is `local`)."""
+    present as `path (size)`. A path outside the repo (`outside_problem`) is among the problems."""
+    problems, _, present = _file_report(source, overrides)
+    return problems, present
+
+
+def _file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str], list[str]]:
+    """(problems, those of them that are paths outside the repo, present) of `data_file_report`: a path
+    outside the repo can never reach a run, whereas a missing file can still be put in place before `up`."""
     try:
         file = source if isinstance(source, ProfileFile) else read_profile(str(source))
         data, lines = file.overridden(overrides)
     except ConfigError:
-        return [], []  # the profile's own loading reports it
+        return [], [], []  # the profile's own loading reports it
     shown = file.shown
-    if on_this_machine is None:
-        infra = (data.get("cluster") or {}).get("infra") if isinstance(data.get("cluster"), dict) else None
-        on_this_machine = infra == "local" or infra == ["local"]
-    problems, present, hints = [], [], []
+    outside, problems, present, hints = [], [], [], []
+
+    def refuse(loc: tuple, problem: str) -> None:
+        outside.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+        problems.append(outside[-1])
+        hints.append("")
+
     for prefix, i, src in ((pre, i, src) for pre, sources in _source_lists(data) for i, src in enumerate(sources)):
         images = src.get("image_root") if isinstance(src, dict) else None
-        problem = outside_problem(images, on_this_machine, "image directory") \
-            if isinstance(images, str) and images not in ("", ".") else None
+        problem = outside_problem(images, "image directory") if isinstance(images, str) and images not in ("", ".") \
+            else None
         if problem:
-            loc = (*prefix, "data", "sources", i, "image_root")
-            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
-            hints.append("")
+            refuse((*prefix, "data", "sources", i, "image_root"), problem)
         rel = src.get("path") if isinstance(src, dict) else None
         if not isinstance(rel, str) or not rel:
             continue
-        problem, size = _check_file(rel, on_this_machine)
         loc = (*prefix, "data", "sources", i, "path")
+        problem = outside_problem(rel)
+        if problem:
+            refuse(loc, problem)
+            continue
+        problem, size = _check_file(rel)
         if problem:
             problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
             hints.append(missing_file_hint(src) if problem.startswith(f"{rel} not found") else "")
         else:
             present.append(f"{rel} ({human_size(size)})")
     for loc, file in _reward_files(data):
-        problem = outside_problem(file, on_this_machine, "reward file")
-        target = Path(file) if PurePosixPath(file).is_absolute() else REPO_ROOT / file
-        if problem is None and not target.is_file():
-            problem = f"{file} not found (looked for {target}); put the reward module there or fix the path"
+        problem = outside_problem(file, "reward file")
         if problem:
-            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+            refuse(loc, problem)
+        elif not (REPO_ROOT / file).is_file():
+            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {file} not found "
+                            f"(looked for {REPO_ROOT / file}); put the reward module there or fix the path")
             hints.append("")
     if problems and present:
         problems[-1] += f" (present: {', '.join(present)})"
-    return [p + h for p, h in zip(problems, hints)], present
+    return [p + h for p, h in zip(problems, hints)], outside, present
 
 
 def _source_lists(data: dict) -> list[tuple[tuple, list]]:
@@ -161,8 +172,9 @@ class ResolvedProfile:
 def resolve(source, backend: Optional[str] = None, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
     """The profile (`source`: a name, a path or a ProfileFile already read) with `overrides`,
     validated and its local data checked: config problems (and data problems with them, so the user
-    sees everything at once) raise one ProfileError. `backend`: the one `launch up` will use (default:
-    local for `infra: local`, else a remote one)."""
+    sees everything at once) raise one ProfileError, and so does a path outside the repo (`plan`
+    included: no backend can read it). `backend`: the one `launch up` will use; the data rule is the
+    same for every backend (`outside_problem`), so nothing here depends on it."""
     file = source if isinstance(source, ProfileFile) else read_profile(str(source))
     problems: list[str] = []
     profile = None
@@ -170,8 +182,8 @@ def resolve(source, backend: Optional[str] = None, overrides: tuple[str, ...] = 
         profile = validate(file, tuple(overrides))
     except ProfileError as e:
         problems = list(e.problems)
-    data_problems, present = data_file_report(file, None if backend is None else backend == "local", overrides)
-    if problems:
+    data_problems, outside, present = _file_report(file, overrides)
+    if problems or outside:  # a path outside the repo never reaches a run: refused even by `plan`
         raise ProfileError(problems + data_problems)
     if not data_problems:  # every file is there: its records, as the data stage will read them
         record_problems, present = record_report(file, profile, overrides)

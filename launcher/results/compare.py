@@ -4,15 +4,23 @@ overlaid in one PNG.
 Rows: the profile, each config key whose value differs between the runs (only those: the resolved
 config recorded with each run at start and on every resume, launcher/runs/experiment.py), the code
 commit, steps, final and best eval loss, the task metric the profile ranks checkpoints by
-(CER/WER/...), tokens/s, billed hours and dollars. What a run produced is read from its fetched
-artifacts (`launch down --fetch-artifacts`), else where it runs (as `launch checkpoints` reads a
-live run: backend.read_run_file).
+(CER/WER/...), tokens/s, billed hours and dollars. What a run produced is read from its newest
+fetch (`launch down --fetch-artifacts`: the registry's path or DEST/RUN, whichever arrived last) when
+that fetch is from the run's last attempt, else where it runs (as `launch checkpoints` reads a live
+run: backend.read_run_file). A fetch older than the run's last attempt (it was resumed after) is
+never shown as current: one line per such run says so and how to refresh it, and its numbers are
+the machine's when the machine still has them, else that older fetch's, labelled as such.
+
+When a fetch was made is the time of the files the fetch writes at home (MANIFEST.json, logs/run.log;
+launcher/store/artifacts.py); when an attempt started is in the run's history (launcher/runs/
+experiment.py: a `start` or `resume` entry's `at`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -40,12 +48,73 @@ def _records(text: Optional[str]) -> list[dict]:
     return out
 
 
-def produced(run, dest: Path) -> tuple[dict, list[dict], str]:
-    """(training summary, metric records, where they came from): fetched artifacts first, else live."""
-    for d in ([Path(run.artifacts)] if run.artifacts else []) + [Path(dest) / run.id]:
-        if (d / "metrics.jsonl").is_file():
-            summary = _json(_read(d / "training_summary.json"))
-            return summary if isinstance(summary, dict) else {}, _records(_read(d / "metrics.jsonl")), str(d)
+def produced(run, dest: Path) -> tuple[dict, list[dict], str, Optional[str]]:
+    """(training summary, metric records, where they came from, a one-line note or None): the newest
+    fetch when it is from the run's last attempt, else the machine's, else that older fetch's (the
+    note says it is older than the last attempt)."""
+    found = sorted(_fetches(run, dest), key=_fetched_at, reverse=True)
+    started = last_attempt_at(run)
+    if found and _fetched_at(found[0]) >= started[0]:
+        return (*_from_fetch(found[0]), str(found[0]), None)
+    summary, records, where = _live(run)
+    if not found:
+        return summary, records, where, None
+    fetch, numbers, refresh = found[0], f"these numbers are from {where}", f"`launch down {run.id} --fetch-artifacts`"
+    if run.active:
+        refresh += " once it ends"
+    if not records:  # the machine has nothing to read (gone): the older fetch, labelled as such
+        summary, records = _from_fetch(fetch)
+        where, numbers = f"{fetch} (older than its last attempt)", "these numbers are from that fetch"
+        refresh += " if its machine or volume still holds the run"
+    note = (f"{run.id}: its fetch {fetch} ({_when(_fetched_at(fetch))}) is older than its last attempt "
+            f"({started[1]} {_when(started[0])}): {numbers}; refresh it with {refresh}")
+    return summary, records, where, note
+
+
+def _fetches(run, dest: Path) -> list[Path]:
+    """The run's fetched artifact dirs that hold metrics: the registry's, and DEST/RUN."""
+    dirs = ([Path(run.artifacts)] if run.artifacts else []) + [Path(dest) / run.id]
+    return [d for d in dict.fromkeys(dirs) if (d / layout.METRICS).is_file()]
+
+
+def _fetched_at(d: Path) -> float:
+    """When the fetch in `d` was made: the newest of the files a fetch writes here itself (MANIFEST.json,
+    logs/run.log), else the metrics' time."""
+    times = []
+    for name in (layout.LOCAL_MANIFEST, layout.artifact_for(layout.RUN_LOG)[1]):
+        try:
+            times.append((d / name).stat().st_mtime)
+        except OSError:
+            continue
+    if not times:
+        try:
+            times.append((d / layout.METRICS).stat().st_mtime)
+        except OSError:
+            pass
+    return max(times, default=0.0)
+
+
+def last_attempt_at(run) -> tuple[float, str]:
+    """(when the run's last attempt started, "started"/"resumed"), from its recorded history."""
+    at, event = run.started_at, "started"
+    for h in (run.handle or {}).get("history") or []:
+        if isinstance(h, dict) and h.get("event") in ("start", "resume") and _number(h.get("at")) is not None:
+            if h["at"] >= at:
+                at, event = h["at"], "resumed" if h["event"] == "resume" else "started"
+    return at, event
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _from_fetch(d: Path) -> tuple[dict, list[dict]]:
+    summary = _json(_read(d / "training_summary.json"))
+    return summary if isinstance(summary, dict) else {}, _records(_read(d / layout.METRICS))
+
+
+def _live(run) -> tuple[dict, list[dict], str]:
+    """(summary, records, where) read where the run runs (or ran: a local run dir stays)."""
     from launcher.runs.lifecycle import backend_for
 
     try:
@@ -75,14 +144,14 @@ def run_row(run, dest: Path) -> dict:
 
     billed = current_row(run)
     run = billed.pop("_run")
-    summary, records, source = produced(run, dest)
+    summary, records, source, note = produced(run, dest)
     evals = [r["eval_loss"] for r in records if _number(r.get("eval_loss")) is not None]
     rates = [r["tokens_per_s"] for r in records if _number(r.get("tokens_per_s"))]
     steps = [r["step"] for r in records if _number(r.get("step")) is not None]
     best = summary.get("best_metric") if isinstance(summary.get("best_metric"), dict) else {}
     handle = run.handle or {}
     return {
-        "id": run.id, "profile": run.profile, "state": run.state, "source": source,
+        "id": run.id, "profile": run.profile, "state": run.state, "source": source, "fetch_note": note,
         "commit": (handle.get("provenance") or {}).get("commit"),
         "dirty": (handle.get("provenance") or {}).get("dirty"),
         "data_sha256": (handle.get("provenance") or {}).get("data_sha256") or {},
@@ -190,4 +259,7 @@ def compare(run_ids, dest, plot_to, as_json):
     if not as_json:
         for r in rows:
             console().print(literal("  ", f"{r['id']}: from {r['source']}"), soft_wrap=True)
+        for r in rows:
+            if r["fetch_note"]:
+                console().print(literal("[yellow]![/] ", r["fetch_note"]), soft_wrap=True)
         console().print(literal("  ", f"plot: {png}" if png else "plot: no losses logged yet"), soft_wrap=True)
