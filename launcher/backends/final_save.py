@@ -29,6 +29,7 @@ _ENDED = (*END_STATES, "interrupted")
 class FinalSave(NamedTuple):
     saved: bool
     line: str
+    checkpoint: Optional[str] = None  # the final checkpoint, run-dir relative, once saved
 
 
 def _status(be, run) -> dict:
@@ -73,6 +74,6 @@ def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] 
                                 f"the run keeps {_kept(be, run)}")
     final = st.get("final_checkpoint")
     if final and be.read_run_file(run, f"{final}/{layout.COMPLETE_MARKER}") is not None:
-        return FinalSave(True, f"final checkpoint {final} saved (its COMPLETE marker checked)")
+        return FinalSave(True, f"final checkpoint {final} saved (its COMPLETE marker checked)", final)
     why = st.get("reason") or f"state {st.get('state')}"
     return FinalSave(False, f"the trainer ended without a final checkpoint ({why}); the run keeps {_kept(be, run)}")

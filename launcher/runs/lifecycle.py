@@ -260,7 +260,10 @@ def cost(as_json):
 @click.option("--merged", is_flag=True, help="With --fetch-artifacts: also the merged model (large: 65 GB for 32B).")
 @click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True,
               help="Artifacts go to DEST/<run>/.")
-def down(run_id, fetch_artifacts, merged, dest):
+@click.option("--forget", is_flag=True,
+              help="For a live run whose machine is gone for good (deleted at its provider): end it here only, "
+                   "billed until it was last seen; launch cannot confirm the machine is gone.")
+def down(run_id, fetch_artifacts, merged, dest, forget):
     """Stop a run / tear down its cluster (default: the latest run), optionally fetching artifacts first.
 
     Example: launch down --fetch-artifacts
@@ -270,8 +273,13 @@ def down(run_id, fetch_artifacts, merged, dest):
 
     if merged and not fetch_artifacts:
         raise click.BadParameter("--merged goes with --fetch-artifacts", param_hint="--merged")
+    if forget and fetch_artifacts:
+        raise click.BadParameter("--forget is for a machine that cannot be reached: nothing can be fetched "
+                                 "from it", param_hint="--forget")
     run = refresh(registry.get(run_id))
     be = backend_for(run)
+    if run.active and run._remote.state == "unreachable":
+        return _forget(run, forget)
     from launcher.backends import final_save
 
     # The final checkpoint first, the fetch after it (and after the run's own end), the teardown last.
@@ -283,6 +291,7 @@ def down(run_id, fetch_artifacts, merged, dest):
         run = _await_end(be, run, saved)
         report = _fetch(be, run, Path(dest) / run.id, merged)
         registry.update(run.id, artifacts=str(report.dest))
+    left = checkpoint_left(be, run, saved)  # read on the machine, before it goes
     with console().status(f"stopping {run.id}..."):
         _stop(be, run)
     run = registry.accrue(run.id, False)
@@ -291,12 +300,76 @@ def down(run_id, fetch_artifacts, merged, dest):
     console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state})"))
     from launcher.runs.volumes import still_billing_lines
 
-    for line in still_billing_lines(run):
+    stores = [h["name"] for k in ("volume", "bucket") if isinstance(h := (run.handle or {}).get(k), dict)
+              and h.get("name")]
+    if left and not stores and run.backend != "skypilot":  # on the machine's own disk: local, or the ssh host
+        where = (run.handle or {}).get("run_dir") or "the run's directory"
+        host = f"{run.handle['host']}:" if run.backend == "ssh" and (run.handle or {}).get("host") else ""
+        console().print(literal("  ", f"{left} is kept in {host}{where}"), soft_wrap=True)
+    for line in still_billing_lines(run, left if stores else None):
         console().print(literal("[yellow]![/] ", f"still billing: {line}"), soft_wrap=True)
     if fetch_artifacts:
         print_summary(run, report.dest)
-    else:
+    if left and (stores or run.backend != "skypilot"):
+        hints(f"launch up {run.profile} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
+    elif not fetch_artifacts:
         hints(f"launch status {run.id}")
+
+
+def checkpoint_left(be, run, saved) -> "str | None":
+    """The checkpoint a stopped run leaves for `--resume`, as the user reads it (`checkpoint step 71
+    (checkpoint-71, 1.2 GB)`): the final one `down` asked for, else the newest complete one the run
+    lists. None for a run that completed training (its adapter is the result), one without a
+    complete checkpoint, or one whose machine does not answer."""
+    from payload import layout
+
+    from launcher.term.units import human_size
+
+    remote = getattr(run, "_remote", None)
+    if run.state == "completed" or (remote is not None and remote.state in ("unreachable", "unknown")):
+        return None
+    if _json_of(be.read_run_file(run, layout.STATUS), dict).get("state") == "completed":
+        return None
+    rows = [r for r in _json_of(be.read_run_file(run, layout.CHECKPOINT_LISTING), list)
+            if isinstance(r, dict) and r.get("complete") and isinstance(r.get("step"), int)]
+    final = saved.checkpoint if saved is not None and saved.saved else None
+    name = final.rsplit("/", 1)[-1] if final else (rows[-1].get("name") if rows else None)
+    if not isinstance(name, str) or not name.removeprefix("checkpoint-").isdigit():
+        return None
+    row = next((r for r in rows if r.get("name") == name), {})
+    size = row.get("bytes")
+    size = f", {human_size(size)}" if isinstance(size, int) and not isinstance(size, bool) else ""
+    return f"checkpoint step {name.removeprefix('checkpoint-')} ({name}{size})"
+
+
+def _json_of(text, kind):
+    """`text` parsed as JSON of type `kind`, else an empty one (files from the machine may be anything)."""
+    try:
+        value = json.loads(text) if text else kind()
+    except ValueError:
+        return kind()
+    return value if isinstance(value, kind) else kind()
+
+
+def _forget(run, forget: bool) -> None:
+    """A live run whose machine does not answer: refused (it may still run and bill there), or, with
+    --forget, ended in the registry only (registry.forget), with a warning that nothing was confirmed."""
+    from launcher.errors import BackendError
+    from launcher.store import registry
+    from launcher.term.ui import console, duration, literal, money
+
+    seen = f"{run.state} when last seen"
+    if not forget:
+        raise BackendError(f"{run._remote.reason.removeprefix('unreachable: ')}: {run.id} was {seen} and may still "
+                           f"run and bill there: retry `launch down {run.id}` once it answers; if that machine is "
+                           f"gone for good, `launch down {run.id} --forget` ends the run here only")
+    run = registry.forget(run.id)
+    billed_s, billed_usd = run.billed()
+    console().print(literal("[yellow]![/] ", f"launch could not confirm that {run.id}'s machine is gone: it was "
+                            f"{seen} and was not reached now; check your cloud console (or the host) and stop it "
+                            "there if it still runs"), soft_wrap=True)
+    console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state}, here only): billed "
+                            f"{duration(billed_s)}, {money(billed_usd)}, until it was last seen"), soft_wrap=True)
 
 
 POST_TIMEOUT_S = 1800.0  # a finished run's post phase: evaluation, a 65 GB merge, the MANIFEST
@@ -354,8 +427,8 @@ def _stop(be, run) -> None:
             raise
         if run.active:
             raise BackendError(f"{e}; {run.id} was {run.state} when last seen and may still run and bill there: "
-                               f"retry `launch down {run.id}` once it answers, or stop the machine where you "
-                               "rented it") from None
+                               f"retry `launch down {run.id}` once it answers; if that machine is gone for good, "
+                               f"`launch down {run.id} --forget` ends the run here only") from None
         console().print(literal("[yellow]![/] ", f"{e}: {run.id} had ended ({run.state}), so nothing of it runs "
                                 "there; marked down here"), soft_wrap=True)
 
