@@ -410,7 +410,7 @@ def _await_end(be, run, saved):
         why = {"unreachable": "its machine stopped answering", "unknown": "its processes cannot be seen from here"}\
             .get(run._remote.state, f"it had not ended after {limit:g} s")
         console().print(literal("[yellow]![/] ", f"fetching before {run.id} finished ({why}): what exists now "
-                                "comes home, a MANIFEST only if its post phase wrote one"), soft_wrap=True)
+                                "comes home, a MANIFEST only if the run wrote one (post, or its stop)"), soft_wrap=True)
     return run
 
 
