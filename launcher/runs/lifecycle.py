@@ -333,10 +333,11 @@ def checkpoint_left(be, run, saved) -> "str | None":
     rows = [r for r in _json_of(be.read_run_file(run, layout.CHECKPOINT_LISTING), list)
             if isinstance(r, dict) and r.get("complete") and isinstance(r.get("step"), int)]
     final = saved.checkpoint if saved is not None and saved.saved else None
-    name = final.rsplit("/", 1)[-1] if final else (rows[-1].get("name") if rows else None)
+    name = final.rsplit("/", 1)[-1] if final else (rows[-1].get("name") or f"checkpoint-{rows[-1]['step']}"
+                                                   if rows else None)
     if not isinstance(name, str) or not name.removeprefix("checkpoint-").isdigit():
         return None
-    row = next((r for r in rows if r.get("name") == name), {})
+    row = next((r for r in rows if (r.get("name") or f"checkpoint-{r['step']}") == name), {})
     size = row.get("bytes")
     size = f", {human_size(size)}" if isinstance(size, int) and not isinstance(size, bool) else ""
     return f"checkpoint step {name.removeprefix('checkpoint-')} ({name}{size})"

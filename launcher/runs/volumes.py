@@ -303,8 +303,7 @@ def still_billing_lines(run, checkpoint: Optional[str] = None) -> list[str]:
         price = s.usd_per_month if s else None
         size = f"{'~' if kind == 'bucket' else ''}{s.size_gb:,.0f} GB, " if s else ""
         cost = f"~{money(price)}/month" if price is not None else f"price unknown ({storage_price(typ)[1]})"
-        holds = (f"{checkpoint}, which `launch up {run.profile} --resume {run.id}` continues from, and the "
-                 "model cache") if checkpoint else \
+        holds = f"{checkpoint}, which `--resume` continues from, and the model cache" if checkpoint else \
             f"the model cache and checkpoints for `launch up {run.profile} --resume`"
         lines.append(f"{kind} {name} ({size}{typ}) keeps billing {cost}: it holds {holds}; "
                      f"delete: launch volumes rm {name}")
