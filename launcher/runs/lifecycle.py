@@ -279,7 +279,7 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
     run = refresh(registry.get(run_id))
     be = backend_for(run)
     if run.active and run._remote.state == "unreachable":
-        return _forget(run, forget)
+        return _forget(run, forget, run._remote.reason.removeprefix("unreachable: "))
     from launcher.backends import final_save
 
     # The final checkpoint first, the fetch after it (and after the run's own end), the teardown last.
@@ -293,7 +293,8 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         registry.update(run.id, artifacts=str(report.dest))
     left = checkpoint_left(be, run, saved)  # read on the machine, before it goes
     with console().status(f"stopping {run.id}..."):
-        _stop(be, run)
+        if _stop(be, run, forget):
+            return
     run = registry.accrue(run.id, False)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
@@ -352,18 +353,19 @@ def _json_of(text, kind):
     return value if isinstance(value, kind) else kind()
 
 
-def _forget(run, forget: bool) -> None:
-    """A live run whose machine does not answer: refused (it may still run and bill there), or, with
-    --forget, ended in the registry only (registry.forget), with a warning that nothing was confirmed."""
+def _forget(run, forget: bool, why: str) -> None:
+    """A live run whose machine does not answer (`why`): refused, naming --forget (it may still run and
+    bill there), or, with --forget, ended in the registry only (registry.forget), with a warning that
+    nothing was confirmed."""
     from launcher.errors import BackendError
     from launcher.store import registry
     from launcher.term.ui import console, duration, literal, money
 
     seen = f"{run.state} when last seen"
     if not forget:
-        raise BackendError(f"{run._remote.reason.removeprefix('unreachable: ')}: {run.id} was {seen} and may still "
-                           f"run and bill there: retry `launch down {run.id}` once it answers; if that machine is "
-                           f"gone for good, `launch down {run.id} --forget` ends the run here only")
+        raise BackendError(f"{why}; {run.id} was {seen} and may still run and bill there: retry `launch down "
+                           f"{run.id}` once it answers; if that machine is gone for good, `launch down {run.id} "
+                           "--forget` ends the run here only") from None
     run = registry.forget(run.id)
     billed_s, billed_usd = run.billed()
     console().print(literal("[yellow]![/] ", f"launch could not confirm that {run.id}'s machine is gone: it was "
@@ -411,13 +413,15 @@ def _await_end(be, run, saved):
         why = {"unreachable": "its machine stopped answering", "unknown": "its processes cannot be seen from here"}\
             .get(run._remote.state, f"it had not ended after {limit:g} s")
         console().print(literal("[yellow]![/] ", f"fetching before {run.id} finished ({why}): what exists now "
-                                "comes home, a MANIFEST only if the run wrote one (post, or its stop)"), soft_wrap=True)
+                                "comes home, a MANIFEST only if the run wrote one (post, or its stop)"),
+                        soft_wrap=True)
     return run
 
 
-def _stop(be, run) -> None:
+def _stop(be, run, forget: bool) -> bool:
     """The backend's teardown. A run that had ended whose machine cannot be reached any more is down
-    here all the same: nothing of it runs there, and its bill closed when it ended."""
+    here all the same: nothing of it runs there, and its bill closed when it ended. A live one is
+    refused, or with --forget ended here only (True: nothing more to say)."""
     from launcher.errors import BackendError
     from launcher.term.ui import console, literal
 
@@ -427,11 +431,11 @@ def _stop(be, run) -> None:
         if not str(e).startswith("cannot reach"):
             raise
         if run.active:
-            raise BackendError(f"{e}; {run.id} was {run.state} when last seen and may still run and bill there: "
-                               f"retry `launch down {run.id}` once it answers; if that machine is gone for good, "
-                               f"`launch down {run.id} --forget` ends the run here only") from None
+            _forget(run, forget, str(e))
+            return True
         console().print(literal("[yellow]![/] ", f"{e}: {run.id} had ended ({run.state}), so nothing of it runs "
                                 "there; marked down here"), soft_wrap=True)
+    return False
 
 
 def _fetch(be, run, target: Path, merged: bool):
