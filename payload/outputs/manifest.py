@@ -10,8 +10,8 @@ the files were just written, so they are usually in the page cache), plus which 
 launcher must find for this run (`required`). The launcher verifies every file it fetches against
 this, by streaming as well, and refuses to tear down a machine whose artifacts did not come home intact.
 
-A run that ends before `post` (stopped by `launch down`, a budget stop) gets the same two files from
-the end of its training (`at_end`, called by payload/train/recipe.py): what it has then (checkpoint
+A run that ends before `post` (stopped by `launch down`, a budget stop; not a SIGTERM, whose deadline
+is the save's) gets the same two files from the end of its training (`at_end`, called by payload/train/recipe.py): what it has then (checkpoint
 listing, metrics, summary, plot) with state `stopped` and nothing required, so a fetch after a stop
 is verified against the machine's checksums too. A session that trains again removes it first
 (`forget`): a MANIFEST describes a run that ended, never one that is training.

@@ -409,7 +409,11 @@ def save(run: Run) -> dict:
     summary = _summary(run, best)
     if run.main:
         observe.write_summary(rd, summary)
-    if run.main and not finished and rd == stop_request.top_run_dir(cfg):  # no `post` follows this end
+    # No `post` follows a stop asked for by `launch down` or a budget stop: the MANIFEST of what the run
+    # has, before status.json says it ended. Not under a signal's deadline (a SIGTERM stop), and a
+    # stage's end is not the run's.
+    if run.main and getattr(run.control, "reason", None) in (stop_request.REASON, "budget_exhausted") \
+            and rd == stop_request.top_run_dir(cfg):
         manifest.at_end(cfg, run.state)
     observe.write_end(rd, stop_request.exit_code(run.control, _EXIT[run.state]), run.reason, step=summary["steps"],
                       cost_usd=summary["cost_usd"], **stop_request.final_fields(cfg, run.control, summary["steps"]),
