@@ -3,7 +3,9 @@ subprocess, tests/walk.py):
 
 - a training run stopped by `down` says which checkpoint it left, where, and the two next commands
   (`launch up PROFILE --resume RUN`, and `launch volumes rm NAME` where a volume keeps billing for it);
-- it wrote its MANIFEST before it exited, so `down --fetch-artifacts` verifies the fetch by sha256;
+- it wrote its MANIFEST before it exited, so `down --fetch-artifacts` verifies the fetch by sha256
+  (these two on a real local-demo run: tests/test_walk_state.py; on every backend, with a stand-in
+  trainer: tests/test_contract_down.py);
 - a live run whose host is gone for good cannot be downed (one line naming --forget) until
   `launch down RUN --forget` ends it here only, billed until it was last seen, with a warning.
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -25,8 +26,6 @@ except ImportError:
     from tests.walk import assert_one_line_error, launch
 
 PRICE = 3600.0  # $1 a second: a second billed after the host was last seen would show
-QUICK = ("--set", "outputs.merge=false", "--set", "outputs.export_mlx=false", "--set", "train.eval_steps=1000",
-         "--set", "train.logging_steps=1")
 
 
 def _shared() -> dict:
@@ -38,53 +37,29 @@ def _flat(r) -> str:
     return " ".join((r.stdout + r.stderr).split())  # rich wraps at 80 columns
 
 
-def _leave_nothing(run_id):
-    from launcher.backends.local import run_processes
-
-    for pid in run_processes(run_id):
-        os.kill(pid, signal.SIGKILL)
-
-
 # ------------------------------------------------------------- items 1 and 2: a stop, said and verified
+# (the run: tests/test_walk_state.py test_down_fetches_after_the_final_checkpoint, with these checks)
 
 
-def test_down_of_a_training_run_says_its_checkpoint_and_fetches_it_verified(tmp_path):
-    env = _shared()
-    up = launch(tmp_path, "up", "local-demo", *QUICK, "--set", "train.max_steps=100000",
-                "--set", "train.checkpoints.save_steps=2", env=env)
-    assert up.returncode == 0, up.stdout + up.stderr
-    run_id = up.stdout.split("started ")[1].split()[0]
-    try:
-        rd = Path(registry.get(run_id).handle["run_dir"])
-        deadline = time.time() + 180
-        while not list(rd.glob("checkpoints/checkpoint-*/COMPLETE")):  # training, one periodic save done
-            assert time.time() < deadline, (Path(registry.get(run_id).handle["home"]) / "run.log").read_text()
-            time.sleep(0.3)
-        dest = tmp_path / "artifacts"
-        r = launch(tmp_path, "down", run_id, "--fetch-artifacts", "--dest", str(dest), env=env)
-        out = _flat(r)
-        assert r.returncode == 0, r.stdout + r.stderr
-    finally:
-        _leave_nothing(run_id)
-    final = json.loads((rd / "status.json").read_text())
-    step = int(final["final_checkpoint"].rsplit("-", 1)[1])
-    assert (final["state"], final["exit_code"]) == ("stopped", 5), final
-    size = sum(p.stat().st_size for p in (rd / final["final_checkpoint"]).rglob("*") if p.is_file())
+def said_left_and_verified(out: str, rd: Path, step: int, run_id: str, home: Path) -> None:
+    """What `launch down RUN --fetch-artifacts` of a training local-demo run said and fetched, once its
+    trainer saved checkpoint `step` on request (run by tests/test_walk_state.py's walk, which starts
+    that run: one real run for both)."""
     from launcher.term.units import human_size
 
+    out = " ".join(out.split())  # rich wraps at 80 columns
+    size = sum(p.stat().st_size for p in (rd / f"checkpoints/checkpoint-{step}").rglob("*") if p.is_file())
     # Item 1: what it left, where, and what next (local: the run's directory; no volume bills for it).
     assert f"checkpoint step {step} (checkpoint-{step}, {human_size(size)}) is kept in {rd}" in out, out
     assert f"→ launch up local-demo --resume {run_id}" in out and "volumes rm" not in out, out
     # Item 2: the MANIFEST its stop wrote, and the fetch verified against it.
     assert "sha256-verified against the machine's MANIFEST" in out and "wrote no MANIFEST" not in out, out
-    home = dest / run_id
     manifest = json.loads((home / "MANIFEST.json").read_text())
     assert manifest["state"] == "stopped" and "origin" not in manifest  # the machine's, not computed at home
     assert {"checkpoints.json", "training_summary.json", "metrics.jsonl"} <= set(manifest["files"])
     for name, entry in manifest["files"].items():
         data = (home / name).read_bytes()
         assert len(data) == entry["bytes"] and hashlib.sha256(data).hexdigest() == entry["sha256"], name
-    assert json.loads((home / "checkpoints.json").read_text())[-1]["step"] == step
 
 
 def test_the_volume_line_names_the_checkpoint_it_holds_and_its_price():
