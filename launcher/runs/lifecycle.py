@@ -291,7 +291,7 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         run = _await_end(be, run, saved)
         report = _fetch(be, run, Path(dest) / run.id, merged)
         registry.update(run.id, artifacts=str(report.dest))
-    left = checkpoint_left(be, run, saved)  # read on the machine, before it goes
+    left = final_save.left(be, run, saved)  # read on the machine, before it goes
     with console().status(f"stopping {run.id}..."):
         if _stop(be, run, forget):
             return
@@ -315,42 +315,6 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         hints(f"launch up {run.profile} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
     elif not fetch_artifacts:
         hints(f"launch status {run.id}")
-
-
-def checkpoint_left(be, run, saved) -> "str | None":
-    """The checkpoint a stopped run leaves for `--resume`, as the user reads it (`checkpoint step 71
-    (checkpoint-71, 1.2 GB)`): the final one `down` asked for, else the newest complete one the run
-    lists. None for a run that completed training (its adapter is the result), one without a
-    complete checkpoint, or one whose machine does not answer."""
-    from payload import layout
-
-    from launcher.term.units import human_size
-
-    remote = getattr(run, "_remote", None)
-    if run.state == "completed" or (remote is not None and remote.state in ("unreachable", "unknown")):
-        return None
-    if _json_of(be.read_run_file(run, layout.STATUS), dict).get("state") == "completed":
-        return None
-    rows = [r for r in _json_of(be.read_run_file(run, layout.CHECKPOINT_LISTING), list)
-            if isinstance(r, dict) and r.get("complete") and isinstance(r.get("step"), int)]
-    final = saved.checkpoint if saved is not None and saved.saved else None
-    name = final.rsplit("/", 1)[-1] if final else (rows[-1].get("name") or f"checkpoint-{rows[-1]['step']}"
-                                                   if rows else None)
-    if not isinstance(name, str) or not name.removeprefix("checkpoint-").isdigit():
-        return None
-    row = next((r for r in rows if (r.get("name") or f"checkpoint-{r['step']}") == name), {})
-    size = row.get("bytes")
-    size = f", {human_size(size)}" if isinstance(size, int) and not isinstance(size, bool) else ""
-    return f"checkpoint step {name.removeprefix('checkpoint-')} ({name}{size})"
-
-
-def _json_of(text, kind):
-    """`text` parsed as JSON of type `kind`, else an empty one (files from the machine may be anything)."""
-    try:
-        value = json.loads(text) if text else kind()
-    except ValueError:
-        return kind()
-    return value if isinstance(value, kind) else kind()
 
 
 def _forget(run, forget: bool, why: str) -> None:
