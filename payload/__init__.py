@@ -33,5 +33,5 @@ FACES: dict[str, tuple[str, ...]] = {
     "volume": ("checkpoints", "checksums", "verify", "observe", "money", "lease", "stop_request", "timings"),
     "model": ("modeling", "attention", "memory", "dims"),
     "data": ("", "trainset"),
-    "outputs": ("evaluate", "infer", "tracking"),
+    "outputs": ("evaluate", "infer", "tracking", "manifest"),
 }

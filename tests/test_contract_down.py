@@ -150,6 +150,13 @@ def test_contract_down_gets_the_final_checkpoint_before_any_signal(kind, honour,
     assert r.exit_code == 0, r.output
     assert f"{run.id} is down (stopped)" in r.output
     marked = _run_dir_files(tmp_path, run.id)
+    said = " ".join(r.output.split())
+    step = max(int(m.split("/")[1].removeprefix("checkpoint-")) for m in marked)  # final, or the periodic one
+    assert f"checkpoint step {step} (checkpoint-{step}" in said and f"→ launch up {run.profile} --resume {run.id}" \
+        in said, said  # what down left, where, and what next
+    volume = run.handle["volume"].get("name") if isinstance(run.handle.get("volume"), dict) else None
+    assert (f"volume {volume} (" in said and f"holds checkpoint step {step} " in said
+            and f"→ launch volumes rm {volume}" in said) if volume else "is kept in" in said, said
     if honour:
         (final,) = marked - {"checkpoints/checkpoint-4/COMPLETE"}
         assert f"final checkpoint {final.removesuffix('/COMPLETE')} saved (its COMPLETE marker checked)" in r.output

@@ -111,6 +111,7 @@ def test_budget_stop_leaves_resumable_checkpoint_and_half_written_one_is_skipped
     assert status["reason"].startswith("budget of $1.00 reached at step")
     assert json.loads((rd / layout.SUMMARY).read_text())["state"] == "budget_exhausted"
     assert not (rd / layout.ADAPTER_DIR).exists()
+    assert json.loads((rd / layout.MANIFEST).read_text())["state"] == "budget_exhausted"  # no post follows a stop
     # A later save that was cut off: files there, marker missing, one file truncated.
     half = root / f"checkpoint-{stopped + 5}"
     shutil.copytree(saved, half)

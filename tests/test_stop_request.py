@@ -51,9 +51,16 @@ def test_a_stop_request_saves_a_complete_checkpoint_exits_5_and_resumes(referenc
     assert status["reason"] == f"stopped by launch down at step {step} of 24; checkpoint-{step} saved (final)"
     assert ck.read_marker(rd / status["final_checkpoint"])["step"] == step  # the COMPLETE marker
     assert "stop requested (stop_request.json)" in log.read_text()
+    # No `post` follows a stop: its training wrote the MANIFEST of what it has, before status.json said so.
+    manifest = json.loads((rd / layout.MANIFEST).read_text())
+    assert (manifest["state"], manifest["required"], manifest["missing"]) == ("stopped", [], [])
+    assert {"checkpoints.json", "training_summary.json", "metrics.jsonl"} <= set(manifest["files"])
+    listing = json.loads((rd / layout.CHECKPOINT_LISTING).read_text())
+    assert (listing[-1]["step"], listing[-1]["complete"]) == (step, True)
 
     summary = train_in_process(cfg)  # the old request is removed: this session trains to the end
     assert summary["state"] == "completed" and summary["resumed_from"] == f"checkpoint-{step}"
     assert not (rd / stop_request.REQUEST).exists()
+    assert not (rd / layout.MANIFEST).exists()  # the stop's MANIFEST went when training went on (post writes one)
     got = adapter_tensors(rd / layout.ADAPTER_DIR)
     assert all(torch.equal(got[k], ref_adapter[k]) for k in ref_adapter)

@@ -26,9 +26,11 @@ from launcher.profiles.profile import load_profile
 
 try:
     from test_contract import _spec, machine_backend
+    from test_walk_down import said_left_and_verified
     from walk import launch
 except ImportError:
     from tests.test_contract import _spec, machine_backend
+    from tests.test_walk_down import said_left_and_verified
     from tests.walk import launch
 
 PRICE = 3600.0  # $1 a second: a second billed after `down` would show
@@ -153,6 +155,7 @@ def test_down_fetches_after_the_final_checkpoint(tmp_path):
     summary = json.loads((home / "training_summary.json").read_text())
     assert summary["state"] == "stopped" and summary["steps"] == step
     assert f"{run_id} is down (stopped)" in out
+    said_left_and_verified(out, rd, step, run_id, home)  # tests/test_walk_down.py: what down leaves
 
 
 # ------------------------------------------------------------------------ item 6: eval changes no run
@@ -187,6 +190,7 @@ def test_fetch_eval_fetch_again_verifies(tmp_path):
     dest = tmp_path / "artifacts"
     first = launch(tmp_path, "down", run_id, "--fetch-artifacts", "--dest", str(dest), env=env)
     assert first.returncode == 0 and "sha256-verified" in first.stdout, first.stdout + first.stderr
+    assert "checkpoint step" not in first.stdout and "--resume" not in first.stdout  # completed: no checkpoint to say
 
     scored = launch(tmp_path, "eval", run_id, "--dest", str(dest), "--json", env=env)
     assert scored.returncode == 0, scored.stdout + scored.stderr

@@ -8,7 +8,8 @@ fits (payload/volume/checkpoints.py SIGTERM_SAVE_BUDGET_S). So while the run's s
 file, SSH, or the RunPod volume's S3 API), waits until status.json says the trainer ended, checks that
 the checkpoint it names (`final_checkpoint`) has its COMPLETE marker, and only then lets the backend
 stop the machine. Every outcome is one line for the user: the checkpoint saved, or why the run keeps
-its last periodic checkpoint instead.
+its last periodic checkpoint instead; and `left` names the checkpoint a stopped run leaves for
+`--resume` (step, size), which `down` says with where it is and what to run next.
 """
 
 from __future__ import annotations
@@ -29,24 +30,54 @@ _ENDED = (*END_STATES, "interrupted")
 class FinalSave(NamedTuple):
     saved: bool
     line: str
+    checkpoint: Optional[str] = None  # the final checkpoint, run-dir relative, once saved
 
 
 def _status(be, run) -> dict:
     try:
         text = be.read_run_file(run, layout.STATUS)
-        return json.loads(text) if text else {}
+        value = json.loads(text) if text else {}
     except (ValueError, OSError):
         return {}
+    return value if isinstance(value, dict) else {}
 
 
-def _kept(be, run) -> str:
-    """The newest checkpoint the run's listing says is complete (what a resume starts from)."""
+def _complete(be, run) -> list[dict]:
+    """The rows of the run's checkpoint listing that are complete, oldest first (a `step` each)."""
     try:
         rows = json.loads(be.read_run_file(run, layout.CHECKPOINT_LISTING) or "[]")
     except (ValueError, OSError):
         rows = []
-    done = [r for r in rows if isinstance(r, dict) and r.get("complete")]
+    return [r for r in rows if isinstance(r, dict) and r.get("complete") and isinstance(r.get("step"), int)
+            and not isinstance(r.get("step"), bool)] if isinstance(rows, list) else []
+
+
+def _kept(be, run) -> str:
+    """The newest checkpoint the run's listing says is complete (what a resume starts from)."""
+    done = _complete(be, run)
     return f"checkpoint-{done[-1]['step']}" if done else "its last complete periodic checkpoint"
+
+
+def left(be, run, saved: Optional[FinalSave]) -> Optional[str]:
+    """The checkpoint a stopped run leaves for `--resume`, as `launch down` says it (`checkpoint step 71
+    (checkpoint-71, 1.2 GB)`): the final one `request` got, else the newest complete one the run
+    lists. None for a run that completed training (its adapter is the result), one without a
+    complete checkpoint, or one whose machine does not answer."""
+    from launcher.term.units import human_size
+
+    remote = getattr(run, "_remote", None)
+    if run.state == "completed" or (remote is not None and remote.state in ("unreachable", "unknown")):
+        return None
+    if _status(be, run).get("state") == "completed":
+        return None
+    rows = {f"checkpoint-{r['step']}": r for r in _complete(be, run)}
+    final = saved.checkpoint if saved is not None and saved.saved else None
+    name = final.rsplit("/", 1)[-1] if final else next(reversed(rows), None)
+    if name is None or not name.removeprefix("checkpoint-").isdigit():
+        return None
+    size = rows.get(name, {}).get("bytes")
+    size = f", {human_size(size)}" if isinstance(size, int) and not isinstance(size, bool) else ""
+    return f"checkpoint step {name.removeprefix('checkpoint-')} ({name}{size})"
 
 
 def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] = None) -> Optional[FinalSave]:
@@ -73,6 +104,6 @@ def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] 
                                 f"the run keeps {_kept(be, run)}")
     final = st.get("final_checkpoint")
     if final and be.read_run_file(run, f"{final}/{layout.COMPLETE_MARKER}") is not None:
-        return FinalSave(True, f"final checkpoint {final} saved (its COMPLETE marker checked)")
+        return FinalSave(True, f"final checkpoint {final} saved (its COMPLETE marker checked)", final)
     why = st.get("reason") or f"state {st.get('state')}"
     return FinalSave(False, f"the trainer ended without a final checkpoint ({why}); the run keeps {_kept(be, run)}")

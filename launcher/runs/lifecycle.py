@@ -260,7 +260,10 @@ def cost(as_json):
 @click.option("--merged", is_flag=True, help="With --fetch-artifacts: also the merged model (large: 65 GB for 32B).")
 @click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True,
               help="Artifacts go to DEST/<run>/.")
-def down(run_id, fetch_artifacts, merged, dest):
+@click.option("--forget", is_flag=True,
+              help="For a live run whose machine is gone for good (deleted at its provider): end it here only, "
+                   "billed until it was last seen; launch cannot confirm the machine is gone.")
+def down(run_id, fetch_artifacts, merged, dest, forget):
     """Stop a run / tear down its cluster (default: the latest run), optionally fetching artifacts first.
 
     Example: launch down --fetch-artifacts
@@ -270,8 +273,13 @@ def down(run_id, fetch_artifacts, merged, dest):
 
     if merged and not fetch_artifacts:
         raise click.BadParameter("--merged goes with --fetch-artifacts", param_hint="--merged")
+    if forget and fetch_artifacts:
+        raise click.BadParameter("--forget is for a machine that cannot be reached: nothing can be fetched "
+                                 "from it", param_hint="--forget")
     run = refresh(registry.get(run_id))
     be = backend_for(run)
+    if run.active and run._remote.state == "unreachable":
+        return _forget(run, forget, run._remote.reason.removeprefix("unreachable: "))
     from launcher.backends import final_save
 
     # The final checkpoint first, the fetch after it (and after the run's own end), the teardown last.
@@ -283,20 +291,52 @@ def down(run_id, fetch_artifacts, merged, dest):
         run = _await_end(be, run, saved)
         report = _fetch(be, run, Path(dest) / run.id, merged)
         registry.update(run.id, artifacts=str(report.dest))
+    left = final_save.left(be, run, saved)  # read on the machine, before it goes
     with console().status(f"stopping {run.id}..."):
-        _stop(be, run)
+        if _stop(be, run, forget):
+            return
     run = registry.accrue(run.id, False)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
     console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state})"))
     from launcher.runs.volumes import still_billing_lines
 
-    for line in still_billing_lines(run):
+    stores = [h["name"] for k in ("volume", "bucket") if isinstance(h := (run.handle or {}).get(k), dict)
+              and h.get("name")]
+    if left and not stores and run.backend != "skypilot":  # on the machine's own disk: local, or the ssh host
+        where = (run.handle or {}).get("run_dir") or "the run's directory"
+        host = f"{run.handle['host']}:" if run.backend == "ssh" and (run.handle or {}).get("host") else ""
+        console().print(literal("  ", f"{left} is kept in {host}{where}"), soft_wrap=True)
+    for line in still_billing_lines(run, left if stores else None):
         console().print(literal("[yellow]![/] ", f"still billing: {line}"), soft_wrap=True)
     if fetch_artifacts:
         print_summary(run, report.dest)
-    else:
+    if left and (stores or run.backend != "skypilot"):
+        hints(f"launch up {run.profile} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
+    elif not fetch_artifacts:
         hints(f"launch status {run.id}")
+
+
+def _forget(run, forget: bool, why: str) -> None:
+    """A live run whose machine does not answer (`why`): refused, naming --forget (it may still run and
+    bill there), or, with --forget, ended in the registry only (registry.forget), with a warning that
+    nothing was confirmed."""
+    from launcher.errors import BackendError
+    from launcher.store import registry
+    from launcher.term.ui import console, duration, literal, money
+
+    seen = f"{run.state} when last seen"
+    if not forget:
+        raise BackendError(f"{why}; {run.id} was {seen} and may still run and bill there: retry `launch down "
+                           f"{run.id}` once it answers; if that machine is gone for good, `launch down {run.id} "
+                           "--forget` ends the run here only") from None
+    run = registry.forget(run.id)
+    billed_s, billed_usd = run.billed()
+    console().print(literal("[yellow]![/] ", f"launch could not confirm that {run.id}'s machine is gone: it was "
+                            f"{seen} and was not reached now; check your cloud console (or the host) and stop it "
+                            "there if it still runs"), soft_wrap=True)
+    console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state}, here only): billed "
+                            f"{duration(billed_s)}, {money(billed_usd)}, until it was last seen"), soft_wrap=True)
 
 
 POST_TIMEOUT_S = 1800.0  # a finished run's post phase: evaluation, a 65 GB merge, the MANIFEST
@@ -337,13 +377,15 @@ def _await_end(be, run, saved):
         why = {"unreachable": "its machine stopped answering", "unknown": "its processes cannot be seen from here"}\
             .get(run._remote.state, f"it had not ended after {limit:g} s")
         console().print(literal("[yellow]![/] ", f"fetching before {run.id} finished ({why}): what exists now "
-                                "comes home, a MANIFEST only if its post phase wrote one"), soft_wrap=True)
+                                "comes home, a MANIFEST only if the run wrote one (post, or its stop)"),
+                        soft_wrap=True)
     return run
 
 
-def _stop(be, run) -> None:
+def _stop(be, run, forget: bool) -> bool:
     """The backend's teardown. A run that had ended whose machine cannot be reached any more is down
-    here all the same: nothing of it runs there, and its bill closed when it ended."""
+    here all the same: nothing of it runs there, and its bill closed when it ended. A live one is
+    refused, or with --forget ended here only (True: nothing more to say)."""
     from launcher.errors import BackendError
     from launcher.term.ui import console, literal
 
@@ -353,11 +395,11 @@ def _stop(be, run) -> None:
         if not str(e).startswith("cannot reach"):
             raise
         if run.active:
-            raise BackendError(f"{e}; {run.id} was {run.state} when last seen and may still run and bill there: "
-                               f"retry `launch down {run.id}` once it answers, or stop the machine where you "
-                               "rented it") from None
+            _forget(run, forget, str(e))
+            return True
         console().print(literal("[yellow]![/] ", f"{e}: {run.id} had ended ({run.state}), so nothing of it runs "
                                 "there; marked down here"), soft_wrap=True)
+    return False
 
 
 def _fetch(be, run, target: Path, merged: bool):

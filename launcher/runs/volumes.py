@@ -277,8 +277,9 @@ def _delete(sky, name: str, yes: bool) -> Stored:
 # ------------------------------------------------------------------------------------------ down
 
 
-def still_billing_lines(run) -> list[str]:
-    """What keeps billing once `launch down` has stopped a run's machines, with the command that stops it."""
+def still_billing_lines(run, checkpoint: Optional[str] = None) -> list[str]:
+    """What keeps billing once `launch down` has stopped a run's machines, with the command that stops it;
+    `checkpoint` names the checkpoint the run left there (what `--resume` continues from)."""
     from launcher.catalog import storage_price
     from launcher.term.ui import money
 
@@ -302,8 +303,10 @@ def still_billing_lines(run) -> list[str]:
         price = s.usd_per_month if s else None
         size = f"{'~' if kind == 'bucket' else ''}{s.size_gb:,.0f} GB, " if s else ""
         cost = f"~{money(price)}/month" if price is not None else f"price unknown ({storage_price(typ)[1]})"
-        lines.append(f"{kind} {name} ({size}{typ}) keeps billing {cost}: it holds the model cache and "
-                     f"checkpoints for `launch up {run.profile} --resume`; delete: launch volumes rm {name}")
+        holds = f"{checkpoint}, which `--resume` continues from, and the model cache" if checkpoint else \
+            f"the model cache and checkpoints for `launch up {run.profile} --resume`"
+        lines.append(f"{kind} {name} ({size}{typ}) keeps billing {cost}: it holds {holds}; "
+                     f"delete: launch volumes rm {name}")
     if h.get("kind") == "managed_job":
         lines.append("SkyPilot's managed-jobs controller is a machine of its own and bills until it autostops "
                      "(`sky status` lists it)")

@@ -12,8 +12,9 @@ run-dir-relative files into a local directory. Everything else happens here, onc
   never written. Files arrive in `{dest}/.incoming/`, a fresh directory, and are moved into the
   layout only after verification; no symlink is ever created or written through;
 - verification, streamed: each file against the MANIFEST the payload wrote on the machine (bytes +
-  sha256, computed there), or, for a run that never wrote one (it did not finish), against the
-  listing's sizes; safetensors headers are checked too;
+  sha256, computed there: by `post`, or by the trainer when a stop or a budget ended it), or, for a
+  run that never wrote one (it crashed, or was killed), against the listing's sizes; safetensors
+  headers are checked too;
 - the verdict: teardown is refused only when something the MANIFEST (or, without one, a completed
   run) says must exist is missing or damaged. Optional things never produced are fine.
 """
@@ -276,7 +277,7 @@ def _plan_from_listing(listing: dict[str, int], wanted, run, report) -> list[_Pl
     state = getattr(run, "state", None)
     report.checked = "size"
     report.notes.append(f"the run wrote no MANIFEST (state {state}; `post` writes it when training "
-                        "finished): sizes checked, not checksums")
+                        "finished, the trainer when it stops or hits its budget): sizes checked, not checksums")
     if state == "completed":
         present = {p.name.split("/")[0] for p in plan}
         for name in layout.REQUIRED_WHEN_COMPLETED:

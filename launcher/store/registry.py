@@ -39,12 +39,13 @@ CREATE TABLE IF NOT EXISTS runs (
     handle TEXT NOT NULL DEFAULT '{}',
     billed_s REAL,
     billed_usd REAL,
-    billing_since REAL
+    billing_since REAL,
+    seen_at REAL
 )
 """
 # Columns added after the first release: (name, SQL type). Older databases get them on open; a NULL
 # billed_s marks a run recorded before billing was accrued (its cost falls back to elapsed x price).
-_ADDED_COLUMNS = (("billed_s", "REAL"), ("billed_usd", "REAL"), ("billing_since", "REAL"))
+_ADDED_COLUMNS = (("billed_s", "REAL"), ("billed_usd", "REAL"), ("billing_since", "REAL"), ("seen_at", "REAL"))
 
 
 @dataclass
@@ -72,6 +73,8 @@ class Run:
     """Dollars of billed_s, each interval at the price of the session it belongs to."""
     billing_since: Optional[float] = None
     """Start of the interval billing now, not yet in billed_s (None: nothing bills)."""
+    seen_at: Optional[float] = None
+    """When its backend last answered for it (a refresh that saw a state, not `unreachable`)."""
 
     @property
     def active(self) -> bool:
@@ -230,7 +233,10 @@ def _row_to_run(row: sqlite3.Row) -> Run:
 
 
 def save(run: Run) -> None:
-    """Insert or replace a run, atomically."""
+    """Insert or replace a run, atomically. A live run is seen when it is recorded (its backend just
+    started or answered for it)."""
+    if run.active and run.seen_at is None:
+        run.seen_at = time.time()
     d = run.to_dict()
     d["handle"] = json.dumps(d["handle"], sort_keys=True)
     cols = [f.name for f in fields(Run)]
@@ -278,6 +284,8 @@ def observe(run_id: str, state: str, reason: Optional[str] = None, billing: Opti
     now = time.time()
     with _write(run_id) as run:
         known, was_live = state in STATES, run.state in ACTIVE_STATES
+        if known:
+            run.seen_at = now
         if was_live and known:
             if state != run.state:
                 run.state = state
@@ -295,6 +303,29 @@ def observe(run_id: str, state: str, reason: Optional[str] = None, billing: Opti
             bills = True if billing is None else bool(billing)
         # A run settled from its own status.json (its machine gone) billed until it ended, not until now.
         _accrue(run, bills, ended_at if ended_at and not bills else now)
+    return run
+
+
+FORGOTTEN = "forgotten by launch down --forget: the machine was not reached; check your cloud console"
+
+
+def forget(run_id: str, now: Optional[float] = None) -> Run:
+    """End a live run here only (`launch down --forget`), its machine not reached: `stopped`, with
+    FORGOTTEN as its reason, ended and billed up to when its backend last answered for it (what
+    accrued while it was `unreachable` is taken back: nothing shows that it billed on, nor that it
+    did not). A run never seen answering (recorded before `seen_at` existed) closes now."""
+    now = now or time.time()
+    with _write(run_id) as run:
+        if run.state not in ACTIVE_STATES:
+            return run
+        billing = run.billing_since is not None
+        _accrue(run, False, now)
+        seen = run.seen_at if run.seen_at and run.seen_at <= now else now
+        if billing and run.billed_s is not None:
+            gone = min(now - seen, run.billed_s)
+            run.billed_s -= gone
+            run.billed_usd = max(0.0, (run.billed_usd or 0.0) - gone / 3600 * run.price_per_hour)
+        run.state, run.reason, run.ended_at = "stopped", FORGOTTEN, max(seen, run.started_at)
     return run
 
 

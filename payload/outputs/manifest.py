@@ -10,6 +10,12 @@ the files were just written, so they are usually in the page cache), plus which 
 launcher must find for this run (`required`). The launcher verifies every file it fetches against
 this, by streaming as well, and refuses to tear down a machine whose artifacts did not come home intact.
 
+A run that ends before `post` (stopped by `launch down`, a budget stop; not a SIGTERM, whose deadline
+is the save's) gets the same two files from the end of its training (`at_end`, called by payload/train/recipe.py): what it has then (checkpoint
+listing, metrics, summary, plot) with state `stopped` and nothing required, so a fetch after a stop
+is verified against the machine's checksums too. A session that trains again removes it first
+(`forget`): a MANIFEST describes a run that ended, never one that is training.
+
 Symlinks are never followed nor listed: an artifact is a regular file inside the run directory.
 Live artifacts (logs) are left out: they change after this is written. Torch-free.
 """
@@ -79,6 +85,27 @@ def main(cfg) -> dict:
     if manifest["missing"]:
         log.warning("manifest: this run should have produced %s but did not", ", ".join(manifest["missing"]))
     return {"files": len(manifest["files"]), "bytes": total, "missing": manifest["missing"]}
+
+
+def at_end(cfg, state: str) -> Optional[dict]:
+    """The MANIFEST of a run whose training ended without `post` (rank 0, before its status.json says
+    it ended): `main`'s, and a warning instead of an exception when the disk refuses (the stop itself
+    and its checkpoint matter more; a fetch then checks sizes only)."""
+    try:
+        return main(cfg)
+    except OSError as e:
+        log.warning("manifest: could not write %s at the %s end (%s); a fetch checks sizes only",
+                    cfg.run_dir / layout.MANIFEST, state, e.strerror or e)
+        return None
+
+
+def forget(run_dir: Path) -> None:
+    """Remove the MANIFEST of an earlier end: this session trains on, and its files will change."""
+    try:
+        (Path(run_dir) / layout.MANIFEST).unlink()
+        log.info("removed the MANIFEST of the run's earlier end: it is training again")
+    except FileNotFoundError:
+        pass
 
 
 def _summary_state(run_dir: Path) -> Optional[str]:

@@ -31,7 +31,7 @@ from payload.volume import observe
 from payload.config import resume as runconfig
 from payload.volume import stop_request
 from payload.volume import timings
-from payload.outputs import tracking
+from payload.outputs import manifest, tracking
 from payload.data import trainset
 from payload.volume import checkpoints as ck
 from payload.volume import verify
@@ -136,6 +136,7 @@ def setup(run: Run, build=None) -> None:
     observe.quiet_libraries()
     if run.main:
         stop_request.clear(cfg)
+        manifest.forget(stop_request.top_run_dir(cfg))  # this session trains: an earlier end is over
         (rd / layout.LOGS_DIR).mkdir(parents=True, exist_ok=True)
         runconfig.write_resolved(rd, dump_run_config(cfg))  # on a resume: refuses a change of the math
     observe.write_status(rd, state="loading", step=0, max_steps=cfg.train.max_steps, exit_code=None, reason=None,
@@ -408,6 +409,12 @@ def save(run: Run) -> dict:
     summary = _summary(run, best)
     if run.main:
         observe.write_summary(rd, summary)
+    # No `post` follows a stop asked for by `launch down` or a budget stop: the MANIFEST of what the run
+    # has, before status.json says it ended. Not under a signal's deadline (a SIGTERM stop), and a
+    # stage's end is not the run's.
+    if run.main and getattr(run.control, "reason", None) in (stop_request.REASON, "budget_exhausted") \
+            and rd == stop_request.top_run_dir(cfg):
+        manifest.at_end(cfg, run.state)
     observe.write_end(rd, stop_request.exit_code(run.control, _EXIT[run.state]), run.reason, step=summary["steps"],
                       cost_usd=summary["cost_usd"], **stop_request.final_fields(cfg, run.control, summary["steps"]),
                       eta_s=0 if finished else None, loss=summary["final_loss"],

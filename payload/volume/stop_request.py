@@ -8,8 +8,10 @@ API, or directly: every backend), waits until status.json says the run ended and
 names has its COMPLETE marker, and only then cancels.
 
 The trainer checks for the file at every step end (rank 0 stats it, the answer is all-reduced so
-every rank stops at the same step), saves a checkpoint whatever it costs, records `state: stopped`,
-`exit_code: 5` and `final_checkpoint` (run-dir relative) in status.json, and exits with
+every rank stops at the same step), saves a checkpoint whatever it costs, writes the MANIFEST of what
+the run has (payload/outputs/manifest.py `at_end`, called by train/: no `post` follows this end, and a
+fetch after it verifies sha256), records `state: stopped`, `exit_code: 5` and `final_checkpoint`
+(run-dir relative) in status.json, and exits with
 EXIT_STOP_REQUESTED (5): outside `recover_on_exit_codes` (75, 143) and with `max_restarts_on_errors: 0`
 SkyPilot neither recovers nor restarts it. A request left over from an earlier session is removed
 when training starts, so a resumed run is not stopped by it.
