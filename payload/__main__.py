@@ -26,6 +26,7 @@ import signal
 import traceback
 
 LEASED = ("post", "merge", "export", "eval")  # `train` takes the lease itself (rank 0 only)
+QUIET = ("post", "merge", "export", "eval")  # stages that load models: progress bars off (train does it itself)
 STAGES = {
     "preflight": "payload.preflight",
     "data": "payload.data",
@@ -102,6 +103,10 @@ def run_stage(stage: str, cfg, args=None) -> dict:
     if stage in ("preflight", "data"):  # before torchrun: exit 4 reaches the job as is
         lease.ensure_free(cfg.run_dir, cfg.runtime.run_id)
     held = lease.acquire(cfg.run_dir, cfg.runtime.run_id) if stage in LEASED and rank() == 0 else None
+    if stage in QUIET:  # transformers' "Loading weights" / "Writing model shards" bars stay out of run.log
+        from payload.volume.observe import quiet_libraries
+
+        quiet_libraries()
     try:
         with timings.timed(cfg.run_dir, stage):
             if stage == "eval":

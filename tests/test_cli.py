@@ -147,7 +147,10 @@ def test_status_tears_down_a_run_past_its_budget_once_a_checkpoint_exists(tmp_pa
     import signal
     import time
 
-    proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    # the run's driver as the local backend starts it: its own process group, the run's id and volume in
+    # its environment (what the backend knows it by)
+    proc = subprocess.Popen(["sleep", "120"], start_new_session=True,
+                            env={**os.environ, "LAUNCH_RUN_ID": "pricey", "LAUNCH_VOLUME": str(tmp_path)})
     try:
         registry.save(registry.Run(id="pricey", profile="local-demo", backend="local",
                                    started_at=time.time() - 3600, price_per_hour=2.0, budget_usd=1.0,

@@ -6,6 +6,7 @@ leaves them; nothing here trains."""
 from __future__ import annotations
 
 import json
+import os
 import logging
 import subprocess
 import sys
@@ -68,7 +69,10 @@ def test_status_projects_at_least_the_spend_and_no_eta_once_a_run_ended(user_hom
     # the payload's own projection counts training seconds only: $0.001 while the machine billed ~$1
     reported = {"state": "training", "step": 10, "max_steps": 40, "eta_s": 600.0, "projected_cost_usd": 0.001,
                 "cost_usd": 0.0005}
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    # the live run's driver, carrying the run's id and volume as the local backend's driver does
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                               env={**os.environ, "LAUNCH_RUN_ID": "local-demo-20261126-000001",
+                                    "LAUNCH_VOLUME": str(user_home / "volume")})
     try:
         local_run(user_home, "local-demo-20261126-000001", "running", reported, handle={"pid": sleeper.pid},
                   started_at=now - 3600, price_per_hour=1.0, billed_s=0.0, billed_usd=0.0, billing_since=now - 3600)

@@ -306,11 +306,11 @@ def _dry_run(p, run, backend: str, price_source: str, per_run: bool = False) -> 
         task_yaml.write_text(task_text)
         config_yaml.write_text(config_text)
         if backend == "skypilot":
-            from launcher.catalog import import_sky_offline
+            from launcher.catalog import sky_task
 
             config = yaml.safe_load(task_text)
             config.pop("workdir", None)
-            import_sky_offline().Task.from_yaml_config(config)  # SkyPilot's parser: schema errors raise
+            sky_task(config)  # SkyPilot's parser, offline and out of the user's ~/.sky: schema errors raise
             checked += ", parsed by SkyPilot"
         print_dry_run(p, backend, run.id, task_yaml, config_yaml, checked)
     finally:
