@@ -591,12 +591,19 @@ def test_a_reused_pid_on_the_host_is_not_the_run_and_down_leaves_it_alone(sshd, 
     signals nothing of the other program."""
     import subprocess
 
+    run_id = "reused-pid"
+
+    def tagged(volume):  # a process of a run with this id, of this launch home's volume or another one's
+        env_ = {**os.environ, "LAUNCH_RUN_ID": run_id, "LAUNCH_VOLUME": str(volume)}
+        return subprocess.Popen(["sleep", "60"], start_new_session=True, env=env_)
+
     other = subprocess.Popen(["sleep", "60"], start_new_session=True, cwd=tmp_path)
+    stray, elsewhere = tagged(tmp_path / "vol"), tagged(tmp_path / "another-home-volume")
     try:
-        backend, run_id = make_backend(sshd, env), "reused-pid"
+        backend = make_backend(sshd, env)
         home, rd = tmp_path / "remote" / run_id, tmp_path / "vol" / "runs" / run_id
         run = Run(id=run_id, profile="p", backend="ssh", state="running",
-                  handle={"host": sshd.host, "known_hosts": str(env["known_hosts"]),
+                  handle={"host": sshd.host, "known_hosts": str(env["known_hosts"]), "volume": str(tmp_path / "vol"),
                           "identity_file": str(sshd.client_key), "run_root": str(home), "run_dir": str(rd)})
         home.mkdir(parents=True)
         rd.mkdir(parents=True)
@@ -605,6 +612,9 @@ def test_a_reused_pid_on_the_host_is_not_the_run_and_down_leaves_it_alone(sshd, 
         assert st.state == "preempted" and "--resume" in st.reason
         backend.down(run, grace_s=2)
         assert other.poll() is None, "launch down signalled another program's process group on the host"
+        assert stray.wait(timeout=10) is not None  # the run's own stray: stopped
+        assert elsewhere.poll() is None, "launch down stopped a process of another launch home's run"
     finally:
-        other.kill()
-        other.wait()
+        for p in (other, stray, elsewhere):
+            p.kill()
+            p.wait()

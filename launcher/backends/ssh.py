@@ -387,7 +387,9 @@ class SSHBackend(Backend):
             return
         ticks = max(1, int(grace_s / 0.5))
         marker = shlex.quote(f"LAUNCH_RUN_ID={run.id}")
-        self._sh(conn, DOWN_CMD.format(root=shlex.quote(h["run_root"]), ticks=ticks, marker=marker),
+        # with the volume too where known: run ids are unique per launch home, not per host (two users)
+        volume = shlex.quote(f"LAUNCH_VOLUME={h['volume']}") if h.get("volume") else marker
+        self._sh(conn, DOWN_CMD.format(root=shlex.quote(h["run_root"]), ticks=ticks, marker=marker, volume=volume),
                  timeout=grace_s + COMMAND_TIMEOUT, tries=None if run.active else 2)
 
     # --------------------------------------------------------------------------------- fetch

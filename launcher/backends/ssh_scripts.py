@@ -51,12 +51,14 @@ cat {status} 2>/dev/null || true
 """
 
 # torchrun starts its workers in new sessions (they die with their agent: PR_SET_PDEATHSIG); as a
-# safety net every process whose environment carries the run's LAUNCH_RUN_ID is signalled too.
+# safety net every process whose environment carries the run's LAUNCH_RUN_ID and LAUNCH_VOLUME is
+# signalled too.
 DOWN_CMD = """\
 cd {root} 2>/dev/null || exit 0
 touch stopped
 p=$(cat pid 2>/dev/null)
-tagged() {{ grep -lzxF -- {marker} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}
+tagged() {{ for f in $(grep -lzxF -- {marker} /proc/[0-9]*/environ 2>/dev/null); do
+  grep -qzxF -- {volume} "$f" 2>/dev/null && echo "$f"; done | cut -d/ -f3; }}
 """ + OURS.replace("{", "{{").replace("}", "}}") + """
 signal() {{
   ours "$p" && kill -"$1" -- "-$p" 2>/dev/null
