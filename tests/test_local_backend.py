@@ -108,6 +108,13 @@ def test_kill_and_resume_matches_uninterrupted_run():
     assert cost["total_usd"] == pytest.approx(sum(r["cost_usd"] for r in cost["runs"]))
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(gone)"
+
+
 def wait_gone(run_id, timeout=20):
     from launcher.backends.local import run_processes
 
@@ -179,7 +186,8 @@ def test_down_stops_every_process_of_the_run(monkeypatch, tmp_path):
         time.sleep(0.5)
     r = launch("down", rid)
     assert r.exit_code == 0 and f"{rid} is down (stopped)" in r.output
-    assert run_processes(rid) == []
+    left = {pid: _cmdline(pid) for pid in run_processes(rid)}
+    assert left == {}, f"{left}\n--- down said\n{r.output}"
     assert registry.get(rid).state == "stopped"
     d = json.loads(launch("status", rid, "--json").output)
     assert d["state"] == "stopped" and d["reason"] == "stopped by launch down"

@@ -240,6 +240,11 @@ class LocalBackend(Backend):
         if ours:
             _signal_group(pgid, signal.SIGKILL)
         _signal_run_processes(run.id, self.volume(run), signal.SIGKILL)
+        # SIGKILL lands when a process leaves the kernel (a checkpoint's fsync on a busy disk): `down`
+        # returns once nothing of the run runs, not when the signals are sent
+        deadline = time.time() + 30
+        while time.time() < deadline and run_processes(run.id, self.volume(run)):
+            time.sleep(0.1)
 
     # --------------------------------------------------------------------------------- fetch
 
