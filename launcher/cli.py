@@ -180,16 +180,17 @@ def plan(profile, as_json, rehearse=False, compare=False):
 
     Example: launch plan sonia-h100
     """
-    from launcher.profiles.checks import check_profile
+    from launcher.profiles.checks import resolve
     from launcher.plan.estimate import plan_profile
     from launcher.plan.show import print_plan
     from launcher.term.ui import err_console
 
-    p, _, data_problems = check_profile(profile)  # planning costs nothing: missing data is a warning here
-    if rehearse:
+    r = resolve(profile)  # planning costs nothing: missing data is a warning here
+    if rehearse:  # the rehearsal's cuts on the file already read
         from launcher.runs.rehearse import overrides
 
-        p, _, data_problems = check_profile(profile, overrides=overrides(p))
+        r = resolve(r.file, overrides=overrides(r.profile))
+    p, data_problems = r.profile, r.data_problems
     result = plan_profile(p)
     if compare:
         from launcher.plan.compare import compare as compare_options, print_compare

@@ -120,3 +120,11 @@ def test_the_optimizers_child_neither_reads_nor_validates_the_profile():
     answer = json.loads(done.stdout.splitlines()[-1])
     assert (answer["cloud"], answer["accelerators"], answer["num_nodes"], answer["node_price_per_hour"]) == \
         ("RunPod", "H100-SXM:2", 1, 6.58)
+
+
+def test_plan_reads_its_profile_once_with_or_without_the_rehearsal(monkeypatch):
+    counted = Counted(monkeypatch, "local-demo")
+    _, reads, validations = counted.launch("plan", "local-demo", "--json")
+    assert (reads, validations) == (1, 1)
+    _, reads, validations = counted.launch("plan", "local-demo", "--rehearse", "--json")
+    assert (reads, validations) == (1, 2)  # the profile, then with the rehearsal's cuts: one file read
