@@ -169,12 +169,11 @@ class ResolvedProfile:
         return validate(self.file) if self.overrides else self.profile
 
 
-def resolve(source, backend: Optional[str] = None, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
+def resolve(source, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
     """The profile (`source`: a name, a path or a ProfileFile already read) with `overrides`,
     validated and its local data checked: config problems (and data problems with them, so the user
     sees everything at once) raise one ProfileError, and so does a path outside the repo (`plan`
-    included: no backend can read it). `backend`: the one `launch up` will use; the data rule is the
-    same for every backend (`outside_problem`), so nothing here depends on it."""
+    included: no backend can read it; the data rule is the same for every backend, `outside_problem`)."""
     file = source if isinstance(source, ProfileFile) else read_profile(str(source))
     problems: list[str] = []
     profile = None
@@ -192,10 +191,9 @@ def resolve(source, backend: Optional[str] = None, overrides: tuple[str, ...] = 
     return ResolvedProfile(file, tuple(overrides), profile, present, data_problems)
 
 
-def check_profile(name_or_path: str, backend: Optional[str] = None,
-                  overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str], list[str]]:
+def check_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str], list[str]]:
     """(profile, present data files, data problems) of `resolve`."""
-    r = resolve(name_or_path, backend, overrides)
+    r = resolve(name_or_path, overrides)
     return r.profile, r.present, r.data_problems
 
 
@@ -244,18 +242,17 @@ def _checked_line(rel: str, st: dict, limit: int) -> str:
     return line
 
 
-def load_checked(name_or_path, backend: Optional[str] = None,
-                 overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str]]:
+def load_checked(name_or_path, overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str]]:
     """(profile, present data files) or one ProfileError with every config and data problem:
     what `validate` and `up` use (a run cannot start without its data). `launch up` keeps the whole
     ResolvedProfile: `checked`."""
-    r = checked(name_or_path, backend, overrides)
+    r = checked(name_or_path, overrides)
     return r.profile, r.present
 
 
-def checked(source, backend: Optional[str] = None, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
+def checked(source, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
     """`resolve`, refusing data problems too (a run cannot start without its data)."""
-    r = resolve(source, backend, overrides)
+    r = resolve(source, overrides)
     if r.data_problems:
         raise ProfileError(r.data_problems)
     return r

@@ -44,7 +44,7 @@ def preview(ctx, profile, sets, n):
     from launcher.profiles.profile import REPO_ROOT
     from launcher.profiles.render import resolved_run_config
 
-    p = load_checked(profile, "local", overrides=tuple(sets))[0]
+    p = load_checked(profile, overrides=tuple(sets))[0]
     cfg = resolved_run_config(p)
     with tempfile.TemporaryDirectory(prefix="launch-preview-") as tmp:
         cfg.runtime.volume = tmp  # the data check writes its sample here; nothing else is written

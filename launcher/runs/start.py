@@ -73,7 +73,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     if prior is not None:  # a resume keeps the run's config: its recorded --set and --env, this command's on top
         sets, extra_env = experiment.carried(prior, sets, extra_env)
         backend, host, identity_file = _resume_place(prior, backend, host, identity_file)
-    resolved = checked(written, backend, tuple(sets))
+    resolved = checked(written, tuple(sets))
     rehearsal = ()
     if rehearse:  # the rehearsal's cuts are overrides too, allowed on every backend (launcher/runs/rehearse.py)
         from launcher.runs.rehearse import overrides
@@ -81,7 +81,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         if resume:
             raise BackendError("--rehearse starts a fresh short run; drop --resume")
         rehearsal = overrides(resolved.profile)
-        resolved = checked(written, backend, (*sets, *rehearsal))
+        resolved = checked(written, (*sets, *rehearsal))
     p = resolved.profile
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
     if backend == "ssh" and not host:
@@ -177,12 +177,12 @@ def _env_option(items: tuple[str, ...]) -> dict[str, str]:
         raise BackendError(f"--env: {e}") from None
 
 
-def load_with_overrides(profile: str, sets: tuple[str, ...], backend=None):
+def load_with_overrides(profile: str, sets: tuple[str, ...]):
     """The profile with KEY=VALUE overrides applied in memory (nothing is written), checked like
     `launch up` checks every profile (config and data files in one report)."""
     from launcher.profiles.checks import load_checked
 
-    return load_checked(profile, backend, overrides=tuple(sets))[0]
+    return load_checked(profile, overrides=tuple(sets))[0]
 
 
 def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explicit_new: bool = False,
