@@ -234,3 +234,20 @@ def test_a_cloud_profile_on_the_local_backend_keeps_its_model_cache_under_launch
     assert f"OK   hf_cache: {cache} writable" in out, out
     assert "/workspace/.hf" not in out, out
     assert "preflight: preflight:" not in out, out  # where preflight fails here (no bitsandbytes): named once
+
+
+def test_down_of_a_preempted_run_asks_no_trainer_and_returns(user_home):
+    """A run killed mid-training (its processes gone without an exit code) still says "training" in its
+    status.json: `launch down` must not ask that dead trainer for a final checkpoint and wait 30 min."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rid = "local-demo-20261126-000009"
+    rd = local_run(user_home, rid, "running", {"state": "training", "step": 115, "max_steps": 3000},
+                   handle={"pid": dead.pid, "pgid": dead.pid}, started_at=time.time() - 60, price_per_hour=0.1)
+    (rd / "outputs").mkdir()
+    (rd / "outputs" / "checkpoints.json").write_text(json.dumps([{"step": 100, "complete": True}]))
+    t0 = time.monotonic()
+    r = launch(user_home, "down", rid, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert time.monotonic() - t0 < 60 and f"{rid} is down (preempted)" in r.stdout, r.stdout
+    assert not (rd / "stop_request.json").exists()  # nobody was asked

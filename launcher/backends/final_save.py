@@ -52,10 +52,19 @@ def _complete(be, run) -> list[dict]:
             and not isinstance(r.get("step"), bool)] if isinstance(rows, list) else []
 
 
+def _ended_here(be, run) -> bool:
+    """Whether the backend sees the run ended (a state of its own, not a machine it cannot reach)."""
+    try:
+        state = be.status(run).state
+    except Exception:  # noqa: BLE001 - a backend that cannot say now: keep waiting for status.json
+        return False
+    return state in END_STATES
+
+
 def _kept(be, run) -> str:
     """The newest checkpoint the run's listing says is complete (what a resume starts from)."""
     done = _complete(be, run)
-    return f"checkpoint-{done[-1]['step']}" if done else "its last complete periodic checkpoint"
+    return f"checkpoint-{done[-1]['step']}" if done else "no complete checkpoint listed yet (a resume starts from step 0)"
 
 
 def left(be, run, saved: Optional[FinalSave]) -> Optional[str]:
@@ -83,11 +92,12 @@ def left(be, run, saved: Optional[FinalSave]) -> Optional[str]:
 def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] = None) -> Optional[FinalSave]:
     """Ask a training run for a final checkpoint and wait for it (None: no trainer is training)."""
     timeout_s = FINAL_SAVE_TIMEOUT_S if timeout_s is None else timeout_s
+    if not run.active:  # ended (preempted, failed...): its status.json may still say "training", but no
+        return None     # trainer is left to answer; asking would wait FINAL_SAVE_TIMEOUT_S for nothing
     said = _status(be, run).get("state")
     if said is None and run.state == "running":
-        return FinalSave(False, f"could not read the run's status.json ({be.name}), so no final checkpoint was asked "
-                                "for: the trainer stops on SIGTERM and the run keeps its last complete periodic "
-                                "checkpoint")
+        return FinalSave(False, f"no status.json from the run yet ({be.name}: still setting up, or not readable), "
+                                f"so no final checkpoint was asked for; the run keeps {_kept(be, run)}")
     if said != "training":
         return None
     body = json.dumps({"by": "launch down", "at": time.time()})
@@ -96,9 +106,17 @@ def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] 
                                 f"the run keeps {_kept(be, run)}")
     deadline = time.monotonic() + timeout_s
     st = _status(be, run)
+    gone = False
     while st.get("state") not in _ENDED and time.monotonic() < deadline:
         time.sleep(min(POLL_S if poll_s is None else poll_s, max(0.0, deadline - time.monotonic())))
         st = _status(be, run)
+        if st.get("state") not in _ENDED and _ended_here(be, run):
+            st = _status(be, run)  # it may have ended by saving in between: status.json says so then
+            gone = st.get("state") not in _ENDED  # else its processes ended without an end (killed, lost)
+            break
+    if gone:
+        return FinalSave(False, f"no final checkpoint: the run's processes ended while it was asked for one; "
+                                f"the run keeps {_kept(be, run)}")
     if st.get("state") not in _ENDED:
         return FinalSave(False, f"no final checkpoint: the trainer did not finish saving within {timeout_s:g} s; "
                                 f"the run keeps {_kept(be, run)}")
