@@ -251,3 +251,13 @@ def test_down_of_a_preempted_run_asks_no_trainer_and_returns(user_home):
     assert r.returncode == 0, r.stdout + r.stderr
     assert time.monotonic() - t0 < 60 and f"{rid} is down (preempted)" in r.stdout, r.stdout
     assert not (rd / "stop_request.json").exists()  # nobody was asked
+
+
+def test_down_forget_of_a_run_whose_machine_answers_says_it_went_on_as_usual(user_home):
+    rid = "local-demo-20261126-000010"
+    local_run(user_home, rid, "completed", {"state": "completed", "exit_code": 0}, ended_at=time.time())
+    r = launch(user_home, "down", rid, "--forget")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
+    assert f"--forget is for a machine launch cannot reach; {rid}'s answered, so `down` goes on as usual" in out
+    assert f"{rid} is down (completed)" in out

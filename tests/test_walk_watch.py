@@ -77,6 +77,8 @@ def test_follow_after_resume_shows_the_new_attempt_only(user_home):
     assert whole.stdout.index("step 4/12") < whole.stdout.index(MARK) < whole.stdout.rindex("step 12/12")
     again = launch(user_home, "logs", rid, "--follow")  # right after the resume: its attempt, as `up` showed
     assert again.stdout.count("launch: setup on node 0") == 1 and again.stdout.count(MARK) == 1
+    home = user_home / "user-home"  # the loss plot's matplotlib cache went under LAUNCH_HOME, not ~
+    assert not (home / ".cache").exists() and not (home / ".config").exists(), sorted(home.rglob("*"))
 
 
 def test_the_restart_mark_is_found_across_read_blocks():

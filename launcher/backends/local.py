@@ -103,6 +103,7 @@ class LocalBackend(Backend):
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             "NUM_NODES": str(num_nodes),
+            "MPLCONFIGDIR": str(home / "matplotlib"),  # the loss plot's font cache: the run's, not ~/.cache
         }
         task_envs = task.get("envs") or {}
         if task_envs.get("HF_HOME") == f"{task_envs.get('LAUNCH_VOLUME')}/.hf":  # the volume's model cache moves

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -221,6 +222,21 @@ def table_rows(rows: list[dict], diff: dict) -> list[dict]:
     return out
 
 
+@contextmanager
+def _matplotlib_home():
+    import os
+
+    from launcher.store.state import state_dir
+
+    before = os.environ.get("MPLCONFIGDIR")
+    os.environ["MPLCONFIGDIR"] = before or str(state_dir() / "matplotlib")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MPLCONFIGDIR", None)
+
+
 def plot_path(dest: Path, ids: list[str]) -> Path:
     name = "_vs_".join(ids)
     if len(name) > 150:
@@ -250,7 +266,8 @@ def compare(run_ids, dest, plot_to, as_json):
     rows = [run_row(registry.get(rid), Path(dest)) for rid in dict.fromkeys(run_ids)]
     diff = differing(rows)
     target = Path(plot_to) if plot_to else plot_path(Path(dest), [r["id"] for r in rows])
-    png = plot_overlay([(r["id"], r["_records"]) for r in rows], target, "loss: " + " vs ".join(r["id"] for r in rows))
+    with _matplotlib_home():  # matplotlib's font cache under LAUNCH_HOME, not the user's ~/.cache
+        png = plot_overlay([(r["id"], r["_records"]) for r in rows], target, "loss: " + " vs ".join(r["id"] for r in rows))
     runs_json = [{k: v for k, v in r.items() if not k.startswith("_") and k != "config"} for r in rows]
     columns = [Column("", lambda t: cell(t[""]), must_copy=True)]
     columns += [Column(r["id"], lambda t, rid=r["id"]: cell(t[rid]), must_copy=True) for r in rows]

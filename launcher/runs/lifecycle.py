@@ -280,6 +280,9 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
     be = backend_for(run)
     if run.active and run._remote.state == "unreachable":
         return _forget(run, forget, run._remote.reason.removeprefix("unreachable: "))
+    if forget:
+        console().print(literal("[yellow]![/] ", f"--forget is for a machine launch cannot reach; {run.id}'s "
+                                "answered, so `down` goes on as usual"), soft_wrap=True)
     from launcher.backends import final_save
 
     # The final checkpoint first, the fetch after it (and after the run's own end), the teardown last.
