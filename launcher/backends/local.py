@@ -288,36 +288,25 @@ def _signal_group(pgid: int, sig) -> None:
         pass
 
 
-def _needles(run_id: str, volume: Optional[Path]) -> list[bytes]:
-    return [f"LAUNCH_RUN_ID={run_id}".encode()] + ([f"LAUNCH_VOLUME={volume}".encode()] if volume else [])
-
-
-def _carries(pid: int, run_id: str, volume: Path) -> Optional[bool]:
-    """Whether process `pid` carries this run's LAUNCH_RUN_ID and LAUNCH_VOLUME in its environment
-    (None: /proc cannot say, as on a system without it)."""
+def _carries(pid: int, run_id: str, volume: Optional[Path]) -> Optional[bool]:
+    """Whether process `pid` carries this run's LAUNCH_RUN_ID and (given) LAUNCH_VOLUME in its
+    environment (None: /proc cannot say, as on a system without it)."""
     try:
         entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False  # gone, or another user's process: not this run's
     except OSError:
         return None
-    return all(n in entries for n in _needles(run_id, volume))
+    needles = [f"LAUNCH_RUN_ID={run_id}".encode()] + ([f"LAUNCH_VOLUME={volume}".encode()] if volume else [])
+    return all(n in entries for n in needles)
 
 
 def run_processes(run_id: str, volume: Optional[Path] = None) -> list[int]:
     """Pids of this user's processes whose environment carries LAUNCH_RUN_ID=<run_id> and, given a
     volume, LAUNCH_VOLUME=<volume>: run ids are unique within one state dir, not across users or
     LAUNCH_HOMEs (two test sessions, two users), so a stop never reaches another home's run."""
-    needles = _needles(run_id, volume)
-    pids = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            entries = env.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if all(n in entries for n in needles):
-            pids.append(int(env.parent.name))
-    return [p for p in pids if p != os.getpid()]
+    pids = (int(proc.name) for proc in Path("/proc").glob("[0-9]*"))
+    return [p for p in pids if p != os.getpid() and _carries(p, run_id, volume)]
 
 
 def _signal_run_processes(run_id: str, volume: Path, sig) -> None:
