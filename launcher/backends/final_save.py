@@ -33,7 +33,8 @@ class FinalSave(NamedTuple):
     checkpoint: Optional[str] = None  # the final checkpoint, run-dir relative, once saved
 
 
-def _status(be, run) -> dict:
+def status_json(be, run) -> dict:
+    """The run's status.json as the payload last wrote it ({} when missing, unreadable or not an object)."""
     try:
         text = be.read_run_file(run, layout.STATUS)
         value = json.loads(text) if text else {}
@@ -77,7 +78,7 @@ def left(be, run, saved: Optional[FinalSave]) -> Optional[str]:
     remote = getattr(run, "_remote", None)
     if run.state == "completed" or (remote is not None and remote.state in ("unreachable", "unknown")):
         return None
-    if _status(be, run).get("state") == "completed":
+    if status_json(be, run).get("state") == "completed":
         return None
     rows = {f"checkpoint-{r['step']}": r for r in _complete(be, run)}
     final = saved.checkpoint if saved is not None and saved.saved else None
@@ -94,7 +95,7 @@ def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] 
     timeout_s = FINAL_SAVE_TIMEOUT_S if timeout_s is None else timeout_s
     if not run.active:  # ended (preempted, failed...): its status.json may still say "training", but no
         return None     # trainer is left to answer; asking would wait FINAL_SAVE_TIMEOUT_S for nothing
-    said = _status(be, run).get("state")
+    said = status_json(be, run).get("state")
     if said is None and run.state == "running":
         return FinalSave(False, f"no status.json from the run yet ({be.name}: still setting up, or not readable), "
                                 f"so no final checkpoint was asked for; the run keeps {_kept(be, run)}")
@@ -105,13 +106,13 @@ def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] 
         return FinalSave(False, f"could not ask for a final checkpoint ({be.name}: {REQUEST} not writable); "
                                 f"the run keeps {_kept(be, run)}")
     deadline = time.monotonic() + timeout_s
-    st = _status(be, run)
+    st = status_json(be, run)
     gone = False
     while st.get("state") not in _ENDED and time.monotonic() < deadline:
         time.sleep(min(POLL_S if poll_s is None else poll_s, max(0.0, deadline - time.monotonic())))
-        st = _status(be, run)
+        st = status_json(be, run)
         if st.get("state") not in _ENDED and _ended_here(be, run):
-            st = _status(be, run)  # it may have ended by saving in between: status.json says so then
+            st = status_json(be, run)  # it may have ended by saving in between: status.json says so then
             gone = st.get("state") not in _ENDED  # else its processes ended without an end (killed, lost)
             break
     if gone:

@@ -355,14 +355,12 @@ def _await_end(be, run, saved):
     from payload import layout
     from payload.errors import END_STATES
 
+    from launcher.backends.final_save import status_json
     from launcher.term.ui import console, literal
 
     if not run.active or (saved is not None and not saved.saved):
         return run
-    try:
-        said = json.loads(be.read_run_file(run, layout.STATUS) or "{}").get("state")
-    except (ValueError, AttributeError):
-        said = None
+    said = status_json(be, run).get("state")
     if said not in (*END_STATES, "interrupted"):
         return run
     post = said == "completed"
