@@ -10,6 +10,7 @@ launcher/backends/ssh.py with shell-quoted values only."""
 # while the group has members), so its remaining members are the run's. (No /proc: the group check.)
 OURS = 'ours() { [ -n "$1" ] && kill -0 -- "-$1" 2>/dev/null && ' \
        '{ [ ! -d "/proc/$1" ] || [ "$(readlink "/proc/$1/cwd" 2>/dev/null)" = "$(pwd -P)" ]; }; }'
+_OURS_FORMATTED = OURS.replace("{", "{{").replace("}", "}}")  # as it reads inside a .format()ted script
 
 DRIVER = """\
 #!/usr/bin/env bash
@@ -43,7 +44,7 @@ STATUS_CMD = """\
 cd {root} 2>/dev/null || {{ echo 'nodir=1'; exit 0; }}
 echo "exit=$(cat exit_code 2>/dev/null)"
 echo "stopped=$([ -f stopped ] && echo 1)"
-""" + OURS.replace("{", "{{").replace("}", "}}") + """
+""" + _OURS_FORMATTED + """
 p=$(cat pid 2>/dev/null); echo "alive=$(ours "$p" && echo 1)"
 echo "pid=$p"
 echo ---
@@ -59,7 +60,7 @@ touch stopped
 p=$(cat pid 2>/dev/null)
 tagged() {{ for f in $(grep -lzxF -- {marker} /proc/[0-9]*/environ 2>/dev/null); do
   grep -qzxF -- {volume} "$f" 2>/dev/null && echo "$f"; done | cut -d/ -f3; }}
-""" + OURS.replace("{", "{{").replace("}", "}}") + """
+""" + _OURS_FORMATTED + """
 signal() {{
   ours "$p" && kill -"$1" -- "-$p" 2>/dev/null
   for q in $(tagged); do kill -"$1" -- "-$q" 2>/dev/null || kill -"$1" "$q" 2>/dev/null; done
