@@ -246,10 +246,9 @@ def test_down_of_a_preempted_run_asks_no_trainer_and_returns(user_home):
                    handle={"pid": dead.pid, "pgid": dead.pid}, started_at=time.time() - 60, price_per_hour=0.1)
     (rd / "outputs").mkdir()
     (rd / "outputs" / "checkpoints.json").write_text(json.dumps([{"step": 100, "complete": True}]))
-    t0 = time.monotonic()
-    r = launch(user_home, "down", rid, timeout=120)
+    r = launch(user_home, "down", rid, timeout=120)  # the old code waits FINAL_SAVE_TIMEOUT_S (30 min): TimeoutExpired
     assert r.returncode == 0, r.stdout + r.stderr
-    assert time.monotonic() - t0 < 60 and f"{rid} is down (preempted)" in r.stdout, r.stdout
+    assert f"{rid} is down (preempted)" in r.stdout, r.stdout
     assert not (rd / "stop_request.json").exists()  # nobody was asked
 
 
