@@ -118,3 +118,16 @@ def test_low_priority_columns_go_first_and_a_table_too_narrow_becomes_records():
     print_table(rows, cols, console=c)
     out = c.export_text()
     assert whole("a-very-long-run-identifier-0001", out) and "usd: $1,234.57" in out, out
+
+
+def test_status_at_80_columns_keeps_step_loss_eta_and_dollars_before_profile():
+    """What a user watching a run needs most goes last: the profile (the run id starts with it),
+    backend and elapsed go before step, loss and ETA; an empty column (an ended run's ETA) goes first."""
+    row = {"id": "qwen3-32b-4x4-a100-20261126-101500", "profile": "qwen3-32b-4x4-a100", "backend": "skypilot",
+           "state": "running", "step": 1234, "max_steps": 3000, "loss": 1.23456, "elapsed_s": 68000,
+           "cost_usd": 1234.5678, "eta_s": 7200, "projected_cost_usd": 1365.6}
+    assert fits([row], ui.STATUS_COLUMNS, 200) == [c.name for c in ui.STATUS_COLUMNS]
+    assert fits([row], ui.STATUS_COLUMNS, 80) == ["run", "state", "step", "loss", "spent", "ETA"]
+    ended = {**row, "id": "local-demo-20261126-101500", "profile": "local-demo", "state": "completed", "eta_s": None,
+             "projected_cost_usd": None}  # its empty ETA and projected go before elapsed
+    assert fits([ended], ui.STATUS_COLUMNS, 80) == ["run", "state", "step", "loss", "elapsed", "spent"]

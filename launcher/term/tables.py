@@ -7,9 +7,12 @@ are shown and how each may shrink:
 
 - a `must_copy` column gets its widest cell as its minimum width and never wraps;
 - other columns wrap (`overflow="fold"`) when the table is too wide;
-- while the table's minimum width exceeds the console's, the column with the highest `priority`
-  number is dropped (0 = never dropped; a must-copy column with a priority may be dropped, never cut:
-  `launch status` drops `profile` before it cuts a run id, which starts with the profile's name);
+- while the table's minimum width exceeds the console's, a column with nothing in it (every cell
+  `-`) goes first, then the one with the highest `priority` number (0 = never dropped; a must-copy
+  column with a priority may be dropped, never cut: `launch status` drops `profile` before it cuts a
+  run id, which starts with the profile's name);
+- columns are two spaces apart, with no margin at the table's edges: at 80 columns that is a column
+  more than rich's default spacing (three) leaves room for;
 - when even that does not fit, each row is printed as `header: value` lines, values whole.
 """
 
@@ -71,22 +74,28 @@ def fits(rows: list[dict], columns: list[Column], width: int) -> list[str]:
 
 
 def _shown(console, columns: list[Column], cells: list[list], title: Optional[str]) -> Optional[list[int]]:
-    """The columns that fit `console`: the highest `priority` dropped first; None when even the
-    undroppable ones are too wide (then the rows are printed as records)."""
+    """The columns that fit `console`: an empty one dropped first, then the highest `priority`; None
+    when even the undroppable ones are too wide (then the rows are printed as records)."""
     shown = list(range(len(columns)))
     while _min_width(console, _table(columns, shown, cells, title)) > console.width:
         droppable = [i for i in shown if columns[i].priority > 0]
         if not droppable:
             return None
-        shown.remove(max(droppable, key=lambda i: (columns[i].priority, i)))
+        shown.remove(max(droppable, key=lambda i: (_empty(r[i] for r in cells), columns[i].priority, i)))
     return shown
+
+
+def _empty(cells) -> bool:
+    """Nothing in any row of a column (each cell `-` or blank): it says nothing at any width."""
+    return all(c.plain.strip() in ("", "-") for c in cells)
 
 
 def _table(columns: list[Column], shown: list[int], cells: list[list], title: Optional[str]):
     from rich import box
     from rich.table import Table
 
-    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), title=title, show_edge=False)
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False, title=title,
+              show_edge=False)
     for i in shown:
         col = columns[i]
         if col.must_copy:
@@ -112,11 +121,11 @@ def _min_width(console, table) -> int:
     from rich.measure import Measurement
 
     total = table._extra_width  # rich's edges and separators (no public accessor); padding below
-    for col in table.columns:
+    for i, col in enumerate(table.columns):
         wide = console.options.update_width(10_000)
         widest = max([Measurement.get(console, wide, x).maximum for x in (col.header, *col.cells)])
         total += widest if col.no_wrap else min(widest, max(col.min_width or WRAP_MIN, len(str(col.header))))
-        total += table.padding[1] + table.padding[3]
+        total += table._get_padding_width(i)  # collapsed between columns, none at the edges
     return total
 
 

@@ -67,20 +67,24 @@ def hints(*commands: str) -> None:
 
 
 def _columns():
+    """`launch status`'s columns. The run id, its state and what it spent are always shown (the id and
+    the dollars whole); at 80 columns the rest go in the order a user watching a run needs them least:
+    backend first, then profile (the run id starts with its name), elapsed, the projected total, ETA,
+    loss, and step last."""
     from launcher.term.tables import Column
 
     status = [
         Column("run", "id", must_copy=True),
-        Column("profile", "profile", must_copy=True, priority=1),  # the run id starts with it
-        Column("backend", "backend", priority=5),
+        Column("profile", "profile", must_copy=True, priority=6),  # the run id starts with it
+        Column("backend", "backend", priority=7),
         Column("state", _state),
-        Column("step", _step, priority=4, justify="right"),
-        Column("loss", lambda r: f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-",
-               priority=6, justify="right"),
-        Column("elapsed", lambda r: duration(r.get("elapsed_s")), priority=7, justify="right"),
+        Column("step", _step, priority=1, justify="right"),
+        Column("loss", lambda r: f"{r['loss']:.4g}" if isinstance(r.get("loss"), (int, float)) else "-",
+               priority=2, justify="right"),  # as `launch compare` and `launch down` round it
+        Column("elapsed", lambda r: duration(r.get("elapsed_s")), priority=5, justify="right"),
         Column("spent", lambda r: money(r.get("cost_usd")), must_copy=True, justify="right"),
         Column("ETA", lambda r: duration(r.get("eta_s")), priority=3, justify="right"),
-        Column("projected", lambda r: money(r.get("projected_cost_usd")), priority=2, justify="right"),
+        Column("projected", lambda r: money(r.get("projected_cost_usd")), priority=4, justify="right"),
     ]
     return status
 
