@@ -30,6 +30,7 @@ import click
 from payload import layout
 
 from launcher.errors import BackendError
+from launcher.term.units import number
 
 
 def _json(text: Optional[str]):
@@ -99,7 +100,7 @@ def last_attempt_at(run) -> tuple[float, str]:
     """(when the run's last attempt started, "started"/"resumed"), from its recorded history."""
     at, event = run.started_at, "started"
     for h in (run.handle or {}).get("history") or []:
-        if isinstance(h, dict) and h.get("event") in ("start", "resume") and _number(h.get("at")) is not None:
+        if isinstance(h, dict) and h.get("event") in ("start", "resume") and number(h.get("at")) is not None:
             if h["at"] >= at:
                 at, event = h["at"], "resumed" if h["event"] == "resume" else "started"
     return at, event
@@ -135,10 +136,6 @@ def _read(path: Path) -> Optional[str]:
         return None
 
 
-def _number(value):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def run_row(run, dest: Path) -> dict:
     """One run's column: metrics from what it produced, cost from the registry (billed time)."""
     from launcher.runs.lifecycle import current_row
@@ -146,9 +143,9 @@ def run_row(run, dest: Path) -> dict:
     billed = current_row(run)
     run = billed.pop("_run")
     summary, records, source, note = produced(run, dest)
-    evals = [r["eval_loss"] for r in records if _number(r.get("eval_loss")) is not None]
-    rates = [r["tokens_per_s"] for r in records if _number(r.get("tokens_per_s"))]
-    steps = [r["step"] for r in records if _number(r.get("step")) is not None]
+    evals = [r["eval_loss"] for r in records if number(r.get("eval_loss")) is not None]
+    rates = [r["tokens_per_s"] for r in records if number(r.get("tokens_per_s"))]
+    steps = [r["step"] for r in records if number(r.get("step")) is not None]
     best = summary.get("best_metric") if isinstance(summary.get("best_metric"), dict) else {}
     handle = run.handle or {}
     return {
@@ -156,11 +153,11 @@ def run_row(run, dest: Path) -> dict:
         "commit": (handle.get("provenance") or {}).get("commit"),
         "dirty": (handle.get("provenance") or {}).get("dirty"),
         "data_sha256": (handle.get("provenance") or {}).get("data_sha256") or {},
-        "steps": _number(summary.get("steps")) or (max(steps) if steps else billed.get("step")),
-        "final_eval_loss": _number(summary.get("final_eval_loss")) or (evals[-1] if evals else None),
-        "best_eval_loss": _number(summary.get("best_eval_loss")) or (min(evals) if evals else None),
-        "metric": {"key": best.get("key"), "value": _number(best.get("value"))} if best.get("key") else None,
-        "tokens_per_s": _number(summary.get("tokens_per_s")) or (round(sum(rates) / len(rates), 1) if rates else None),
+        "steps": number(summary.get("steps")) or (max(steps) if steps else billed.get("step")),
+        "final_eval_loss": number(summary.get("final_eval_loss")) or (evals[-1] if evals else None),
+        "best_eval_loss": number(summary.get("best_eval_loss")) or (min(evals) if evals else None),
+        "metric": {"key": best.get("key"), "value": number(best.get("value"))} if best.get("key") else None,
+        "tokens_per_s": number(summary.get("tokens_per_s")) or (round(sum(rates) / len(rates), 1) if rates else None),
         "hours": round(billed["billed_s"] / 3600, 4), "cost_usd": billed["cost_usd"],
         "config": handle.get("config") if isinstance(handle.get("config"), dict) else _config_of(run),
         "_records": records,

@@ -29,8 +29,36 @@ def refresh(run):
 
     st = backend_for(run).status(run)
     run = registry.observe(run.id, st.state, st.reason, billing=st.billing, ended_at=st.ended_at)
+    run = remember(run, {**st.extra, **{k: getattr(st, k) for k in LAST_SEEN}})
     run._remote = st
     return run
+
+
+LAST_SEEN = ("step", "max_steps", "loss", "eval_loss")
+
+
+def remember(run, report: dict):
+    """Keep where the run got to (step, loss, stage: its status.json `report`) in its registry record,
+    so that its row still says so once it has ended, when nothing is asked of its machine any more (or
+    the machine is gone, its status.json with it). Returns the run as recorded (without `_remote`)."""
+    from launcher.store import registry
+
+    seen = _seen(report)
+    if not seen or seen == (run.handle or {}).get("last_status"):
+        return run
+    return registry.update(run.id, handle={"last_status": seen})
+
+
+def _seen(report) -> dict:
+    """The step, loss and stage of a status.json (or as recorded), each a number or None; {}: no step."""
+    from launcher.term.units import number
+
+    if not isinstance(report, dict) or number(report.get("step")) is None:
+        return {}
+    seen = {k: number(report.get(k)) for k in LAST_SEEN}
+    if isinstance(report.get("stage"), dict):
+        seen["stage"] = report["stage"]
+    return seen
 
 
 def current_row(run) -> dict:
@@ -63,6 +91,9 @@ def _row(run) -> dict:
             row["budget_warning"] = st.extra["budget_warning"]
         if isinstance(st.extra.get("attention"), str):  # the kernel the payload loaded, and why
             row["attention"] = st.extra["attention"]
+    if (st is None or st.step is None) and (not run.active or (st and st.state == "unreachable")):
+        last = _seen((run.handle or {}).get("last_status"))  # ended, or not answering: where it got to
+        row.update({**last, "eta_s": None, "projected_cost_usd": None} if last else {})
     if st and st.state == "unreachable" and run.active:
         row.update(_unreachable(run, st))
     return row
@@ -290,6 +321,7 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         saved = final_save.request(be, run)
     if saved is not None:
         console().print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
+        remember(run, final_save.status_json(be, run))  # its last step, for `status` once the machine is gone
     if fetch_artifacts:
         run = _await_end(be, run, saved)
         report = _fetch(be, run, Path(dest) / run.id, merged)
@@ -434,6 +466,7 @@ def print_summary(run, target: Path) -> None:
     from payload import layout
 
     from launcher.term.ui import console, duration, literal, money
+    from launcher.term.units import number
 
     try:
         s = json.loads((target / "training_summary.json").read_text())
@@ -443,21 +476,16 @@ def print_summary(run, target: Path) -> None:
         s = {}
     c = console()  # the summary comes from the remote machine: every value is printed literally
     c.print(literal("", run.id, ": ", s.get("state", run.state)))
-    loss, eval_loss = (_number(s.get(k, s.get(alt))) for k, alt in (("final_train_loss", "final_loss"),
-                                                                      ("final_eval_loss", "best_eval_loss")))
+    loss, eval_loss = (number(s.get(k, s.get(alt))) for k, alt in (("final_train_loss", "final_loss"),
+                                                                     ("final_eval_loss", "best_eval_loss")))
     c.print(literal("", f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss "
                         f"{'-' if loss is None else f'{loss:.4g}'}, eval loss "
                         f"{'-' if eval_loss is None else f'{eval_loss:.4g}'}"))
     billed_s, billed_usd = run.billed()
     c.print(literal("", f"  {duration(billed_s)} billed, {money(billed_usd)} at {money(run.price_per_hour)}/h "
-                        f"({duration(_number(s.get('duration_s')))} and {money(_number(s.get('cost_usd')))} of it "
+                        f"({duration(number(s.get('duration_s')))} and {money(number(s.get('cost_usd')))} of it "
                         "training)"))
     names = [a.name + ("/" if a.directory else "") for a in layout.ARTIFACTS if (target / a.name).exists()]
     names += [layout.LOCAL_MANIFEST] if (target / layout.LOCAL_MANIFEST).exists() else []
     c.print(literal("", f"  artifacts: {target.resolve()}"), soft_wrap=True)
     c.print(literal("", f"    {' '.join(names) or '(none)'}"), soft_wrap=True)
-
-
-def _number(value):
-    """A number from remote JSON, or None (a string there must not crash the summary)."""
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -14,6 +14,12 @@ def human_size(n: float) -> str:
     return f"{n} B"
 
 
+def number(value):
+    """A number read from a run's own JSON (status.json, its summary, metrics), or None: a string, a
+    bool or anything else there is no number, and must not crash what prints it (`money`, `duration`)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def money(x) -> str:
     """Dollars, cents shown; sub-cent amounts to four places; `-` when unknown: the payload's
     formatter (payload/volume/money.py `usd`), so the machine's budget lines and `launch` agree."""
