@@ -160,6 +160,8 @@ def test_contract_down_gets_the_final_checkpoint_before_any_signal(kind, honour,
     if honour:
         (final,) = marked - {"checkpoints/checkpoint-4/COMPLETE"}
         assert f"final checkpoint {final.removesuffix('/COMPLETE')} saved (its COMPLETE marker checked)" in r.output
+        row = json.loads(CliRunner().invoke(cli, ["status", run.id, "--json"]).output)
+        assert row["step"] == step, row  # where it ended, kept from the final save's status.json
         if fake is not None:  # saved for longer than SkyPilot's SIGTERM -> SIGKILL: no signal before it was
             complete = next(tmp_path.rglob(f"runs/{run.id}/{final}")).stat().st_mtime  # complete (a cancel may
             assert all(t >= complete for t in fake.signalled), (fake.signalled, complete)  # meet it exiting)

@@ -105,7 +105,7 @@ def _step(r: dict) -> str:
     stage = r.get("stage")
     if isinstance(stage, dict) and stage.get("name"):  # a staged run: the stage and its place, then its step
         step = f"{stage['name']} {stage.get('index')}/{stage.get('of')} {step}"
-    return step
+    return printable(step)  # the stage's name comes from the run's status.json
 
 
 def print_status(rows: list[dict], as_json: bool = False, json_value=None) -> None:
