@@ -1,6 +1,6 @@
 """Following a run after it started: `launch logs / status / cost / down`, and the refresh of a
-run's state and bill from its backend that they (and `launch up --resume`) share. Starting one is
-launcher/runs/start.py."""
+run's state, bill and last step from its backend that they (and `launch up --resume`) share.
+Starting one is launcher/runs/start.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""How sizes, dollars and durations are written everywhere launch prints them: one owner each.
+"""How sizes, dollars and durations are written everywhere launch prints them: one owner each (and
+`number`, what of a run's own JSON is a number to print, for `status`, `down` and `compare` alike).
 A leaf module (standard library only, and the payload's money formatter, which the machine's budget
 messages use too), so any layer can use it without importing another's."""
 
