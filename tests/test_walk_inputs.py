@@ -4,6 +4,7 @@ in a subprocess, fresh HOME and LAUNCH_HOME, no credentials, stdin not a termina
 - A key given by `--set` that is unknown or has a bad value is blamed on `--set KEY`, not on a line of
   the profile file, and an unknown key is answered with the nearest key of its own section, spelt as
   `--set` takes it (`lr` -> `train.learning_rate`; difflib alone said `lora`).
+- `launch data preview` piped (no styling) prints no legend of dim and plain text.
 - The repo reached through a link to it (/home/u/proj -> /data/proj, working from the link) is the repo:
   a path written through the link is inside it, and a link that leads out of it is still refused.
 """
@@ -67,3 +68,10 @@ def test_a_link_out_of_the_repo_is_refused_through_the_linked_repo(tmp_path, lin
                cwd=linked_repo)
     assert_one_line_error(r, f"{linked_repo}/{rel} is outside the repo")
     assert "secret below" not in r.stdout + r.stderr
+
+
+def test_a_piped_data_preview_explains_no_styling_it_does_not_show(tmp_path):
+    r = launch(tmp_path, "data", "preview", "local-demo", "-n", "1")
+    assert r.returncode == 0 and "── example 1 of 1" in r.stdout, r.stdout + r.stderr
+    assert "\x1b[" not in r.stdout and "dim:" not in r.stdout and "plain: trained" not in r.stdout
+    assert "Only assistant turns train (train.assistant_only_loss)." in r.stdout
