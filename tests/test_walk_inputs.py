@@ -71,7 +71,8 @@ def test_a_link_out_of_the_repo_is_refused_through_the_linked_repo(tmp_path, lin
 
 
 def test_a_piped_data_preview_explains_no_styling_it_does_not_show(tmp_path):
-    r = launch(tmp_path, "data", "preview", "local-demo", "-n", "1")
+    r = launch(tmp_path, "data", "preview", "lovecraft-a100-spot", "-n", "1",  # by role: no tokenizer cached
+               "--set", "data.sources.0.path=payload/samples/demo_alpaca.jsonl")
     assert r.returncode == 0 and "── example 1 of 1" in r.stdout, r.stdout + r.stderr
     assert "\x1b[" not in r.stdout and "dim:" not in r.stdout and "plain: trained" not in r.stdout
     assert "Only assistant turns train (train.assistant_only_loss)." in r.stdout
