@@ -106,7 +106,9 @@ def cli():
 
 @cli.command()
 @click.argument("profile")
-def validate(profile):
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a profile value (YAML) as `launch up --set` would, e.g. --set train.max_steps=100.")
+def validate(profile, sets=()):
     """Check a profile (name or path) and its local data files; report every problem at once.
 
     Example: launch validate clusters/sonia-h100.yaml
@@ -116,7 +118,7 @@ def validate(profile):
     from launcher.profiles.profile import ProfileError, resolve_profile_path
     from launcher.term.ui import console, literal
 
-    p, data_files = load_checked(profile)
+    p, data_files = load_checked(profile, tuple(sets))
     mem = memory_verdict(p)
     if mem["status"] == "does not fit":
         raise ProfileError([f"{resolve_profile_path(profile)}: train: GPU memory {mem['detail']} does not fit "
@@ -175,7 +177,9 @@ def render(profiles, all_, check):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--rehearse", is_flag=True, help="Plan the quick validation run (`launch up --rehearse`).")
 @click.option("--compare", is_flag=True, help="Every catalog GPU/count/cloud that fits, ranked by total $.")
-def plan(profile, as_json, rehearse=False, compare=False):
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a profile value (YAML) as `launch up --set` would, e.g. --set train.max_steps=100.")
+def plan(profile, as_json, rehearse=False, compare=False, sets=()):
     """Instance, $/hour, duration and total cost of a run - offline, no credentials needed.
 
     Example: launch plan sonia-h100
@@ -185,11 +189,11 @@ def plan(profile, as_json, rehearse=False, compare=False):
     from launcher.plan.show import print_plan
     from launcher.term.ui import err_console
 
-    r = resolve(profile)  # planning costs nothing: missing data is a warning here
+    r = resolve(profile, tuple(sets))  # planning costs nothing: missing data is a warning here
     if rehearse:  # the rehearsal's cuts on the file already read
         from launcher.runs.rehearse import overrides
 
-        r = resolve(r.file, overrides=overrides(r.profile))
+        r = resolve(r.file, overrides=(*sets, *overrides(r.profile)))
     p, data_problems = r.profile, r.data_problems
     result = plan_profile(p)
     if compare:

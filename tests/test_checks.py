@@ -69,7 +69,7 @@ def test_config_and_data_problems_come_in_one_report(tmp_path):
     assert r.exit_code == 1
     lines = [ln for ln in r.output.strip().splitlines() if not ln.startswith("      {")]  # not the examples
     assert lines[0] == "✗ 4 problems in the profile:"
-    assert "train.max_stepz: unknown key; did you mean `max_steps`?" in lines[1]
+    assert "train.max_stepz: unknown key; did you mean `train.max_steps`?" in lines[1]
     assert "data.sources.1.path: data/none.jsonl not found" in lines[2]
     assert "data.sources.2.path: /etc/hostname is outside the repo, and a run (on every backend, local included)" \
         in lines[3]

@@ -31,7 +31,7 @@ def test_validate_reports_three_errors_at_once(tmp_path):
     out = r.output
     assert "Traceback" not in out
     assert "3 problems in the profile:" in out
-    assert "typo.yaml" in out and "train.lerning_rate: unknown key; did you mean `learning_rate`?" in out
+    assert "typo.yaml" in out and "train.lerning_rate: unknown key; did you mean `train.learning_rate`?" in out
     assert "train.max_steps: Input should be a valid integer" in out
     assert "cluster: num_nodes is 4 but runpod cannot run multi-node tasks" in out
 

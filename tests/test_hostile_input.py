@@ -158,9 +158,7 @@ def test_mount_points_are_plain_absolute_paths(mount):
 
     with pytest.raises(ProfileError) as e:
         load_profile("sonia-h100", overrides=(f"cluster.volume.mount={mount}",))
-    text = (Path(__file__).resolve().parents[1] / "clusters" / "sonia-h100.yaml").read_text().splitlines()
-    line = next(i for i, ln in enumerate(text, 1) if ln == "  volume:")  # an override is placed at its parent
-    assert e.value.problems == [f"clusters/sonia-h100.yaml:{line}: cluster.volume.mount: {mount!r} is not a usable mount "
+    assert e.value.problems == [f"--set cluster.volume.mount: {mount!r} is not a usable mount "
                                 "point: give an absolute path without `.`/`..` components (not `/` itself), e.g. "
                                 "/workspace"]
 
@@ -400,4 +398,4 @@ def test_no_float_key_takes_a_non_finite_number(key, value):
 
     with pytest.raises(ProfileError) as e:
         load_profile("local-demo", overrides=(f"{key}={value}",))
-    assert any(f": {key}: must be a finite number" in line for line in e.value.problems), e.value.problems
+    assert f"--set {key}: must be a finite number" in e.value.problems[0], e.value.problems

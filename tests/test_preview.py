@@ -98,6 +98,14 @@ def test_preview_without_a_tokenizer_shows_roles_not_an_error(alpaca, hub_cache)
     assert out.count("── example") == 2 and "example 1 of 2 (source lovecraft)" in out
     assert "needs the tokenizer of Qwen/Qwen2.5-32B in the Hugging Face cache" in out
     assert "hf download Qwen/Qwen2.5-32B" in out and "Traceback" not in out
+    assert "dim:" not in out and "Only assistant turns train (train.assistant_only_loss)." in out  # nothing dimmed
+
+
+def test_the_legend_explains_the_styling_where_it_is_shown(alpaca, hub_cache):
+    out = CliRunner(env={"FORCE_COLOR": "1", "TERM": "xterm"}).invoke(
+        cli, ["data", "preview", "lovecraft-a100-spot", "--set", f"data.sources.0.path={alpaca}", "-n", "1"])
+    assert out.exit_code == 0, out.output
+    assert "\x1b[2m" in out.output and "dim: masked (prompt, no loss); plain: trained." in out.output
 
 
 def test_preview_with_the_cached_tokenizer_shows_the_chat_template(alpaca, hub_cache):
@@ -149,9 +157,9 @@ def test_preview_bad_data_is_one_line(in_repo, hub_cache):
     out = CliRunner().invoke(cli, ["data", "preview", "lovecraft-a100-spot", "--set", f"data.sources.0.path={bad}"])
     assert out.exit_code == 1 and "Traceback" not in out.output
     lines = [ln for ln in out.output.splitlines() if ln.strip()]
-    # the check `validate` and `up` run too: the profile's line, the key, the data stage's file:line
-    assert lines[0].startswith("✗ clusters/lovecraft-a100-spot.yaml:") and "data.sources.0.path: lovecraft: " \
-        in lines[0] and f"{bad}:1: missing key (no 'output'" in lines[0], out.output
+    # the check `validate` and `up` run too: the key (set on the command line), the data stage's file:line
+    assert lines[0].startswith("✗ --set data.sources.0.path: lovecraft: ") and \
+        f"{bad}:1: missing key (no 'output'" in lines[0], out.output
 
 
 def test_preview_of_a_missing_file_names_the_key(in_repo):

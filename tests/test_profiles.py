@@ -75,7 +75,7 @@ def test_all_errors_at_once_with_file_line_and_fix(tmp_path):
     with pytest.raises(ProfileError) as e:
         load_profile(_write(tmp_path, text))
     msgs = e.value.problems
-    assert any(re.search(r"bad.yaml:\d+: train.max_stepz: unknown key; did you mean `max_steps`\?", m) for m in msgs), msgs
+    assert any(re.search(r"bad.yaml:\d+: train.max_stepz: unknown key; did you mean `train.max_steps`\?", m) for m in msgs), msgs
     assert any(re.search(r"bad.yaml:\d+: train.max_seq_length: .*integer", m) for m in msgs), msgs
     assert any("runpod cannot run multi-node" in m and "kubernetes" in m for m in msgs), msgs
     line = next(m for m in msgs if "max_stepz" in m)

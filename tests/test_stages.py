@@ -136,7 +136,7 @@ def _profile_errors(tmp_path, stages) -> list[str]:
     ([{"kind": "sft"}, {"kind": "sft"}], "stage names must be unique, repeated: ['sft']"),
     ([{"kind": "sft"}, {"kind": "grpo", "grpo": {"num_generations": 3}}],
      "= 4 must be a multiple of grpo.num_generations 3"),
-    ([{"kind": "dpo", "dpo": {"betta": 1}}], "stages.0.dpo.betta: unknown key; did you mean `beta`?"),
+    ([{"kind": "dpo", "dpo": {"betta": 1}}], "stages.0.dpo.betta: unknown key; did you mean `stages.0.dpo.beta`?"),
 ])
 def test_stage_config_errors_are_one_line_with_the_key(tmp_path, stages, expected):
     problems = _profile_errors(tmp_path, stages)

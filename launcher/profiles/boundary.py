@@ -39,13 +39,17 @@ def inside(root: Path, value: Union[str, Path]) -> Optional[str]:
     system reaches (every symbolic link along it followed, at any level: the file itself, a directory
     above it, or `root` reached through a link). So `../x`, `/etc/x`, `data/link.jsonl -> /home/me/x`
     and `data/linkdir/x` with `data/linkdir -> /tmp` are all outside. `root` itself is not inside.
-    What is outside is never read, listed, uploaded or written: callers refuse it, naming the key."""
+    What is outside is never read, listed, uploaded or written: callers refuse it, naming the key.
+    `root` may be spelt another way than `value` spells it (the repo reached through a link to it,
+    /home/u/proj -> /data/proj): as written, `value` is then inside a directory that is `root` resolved."""
     root = Path(os.path.normpath(Path(root).absolute()))
     p = Path(value).expanduser()
-    p = p if p.is_absolute() else root / p
+    p = Path(os.path.normpath(p if p.is_absolute() else root / p))
     try:
-        rel = Path(os.path.normpath(p)).relative_to(root)
-        p.resolve().relative_to(root.resolve())
+        real = root.resolve()
+        p.resolve().relative_to(real)
+        base = root if p.is_relative_to(root) else next((a for a in p.parents if a.resolve() == real), root)
+        rel = p.relative_to(base)
     except (ValueError, OSError, RuntimeError):  # outside, or a link loop
         return None
     return rel.as_posix() if rel.parts and rel.parts[0] != ".." else None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
-from payload.config import ConfigError, line_for
+from payload.config import ConfigError
 
 from launcher.profiles.datahints import missing_file_hint
 from launcher.profiles.profile import REPO_ROOT, Profile, ProfileError, ProfileFile, read_profile, validate
@@ -80,14 +80,13 @@ def _file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], li
     outside the repo can never reach a run, whereas a missing file can still be put in place before `up`."""
     try:
         file = source if isinstance(source, ProfileFile) else read_profile(str(source))
-        data, lines = file.overridden(overrides)
+        data, where = file.overridden(overrides)
     except ConfigError:
         return [], [], []  # the profile's own loading reports it
-    shown = file.shown
     outside, problems, present, hints = [], [], [], []
 
     def refuse(loc: tuple, problem: str) -> None:
-        outside.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+        outside.append(f"{where(loc)}: {problem}")
         problems.append(outside[-1])
         hints.append("")
 
@@ -107,7 +106,7 @@ def _file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], li
             continue
         problem, size = _check_file(rel)
         if problem:
-            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {problem}")
+            problems.append(f"{where(loc)}: {problem}")
             hints.append(missing_file_hint(src) if problem.startswith(f"{rel} not found") else "")
         else:
             present.append(f"{rel} ({human_size(size)})")
@@ -116,7 +115,7 @@ def _file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], li
         if problem:
             refuse(loc, problem)
         elif not (REPO_ROOT / file).is_file():
-            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {file} not found "
+            problems.append(f"{where(loc)}: {file} not found "
                             f"(looked for {REPO_ROOT / file}); put the reward module there or fix the path")
             hints.append("")
     if problems and present:
@@ -209,18 +208,16 @@ def record_report(file: ProfileFile, p: Profile, overrides: tuple[str, ...] = ()
 
     from payload.data.pipeline import SAMPLE_RECORDS, check_sample
 
-    _, lines = file.overridden(overrides)
-    shown = file.shown
+    _, where = file.overridden(overrides)
     problems, checked = [], []
     for prefix, block in blocks:
         with tempfile.TemporaryDirectory(prefix="launch-data-check-") as tmp:
             stats, found = check_sample(block, tmp, base_dir=REPO_ROOT)
         for i, line in found:
             loc = (*prefix, "data", "sources") + ((i, "path") if i is not None else ())
-            key = ".".join(map(str, loc))
             first = f" (the first {SAMPLE_RECORDS:,} records were read)" if i is not None and \
                 stats["sources"].get(block.sources[i].name, {}).get("in", 0) >= SAMPLE_RECORDS else ""
-            problems.append(f"{shown}:{line_for(lines, loc) or 1}: {key}: {line}{first}")
+            problems.append(f"{where(loc)}: {line}{first}")
         for s in block.sources:
             st = stats["sources"].get(s.name)
             if st is not None and not found:

@@ -104,6 +104,7 @@ def _show(cfg, records: list[dict], tokenizer, template) -> None:
                 label = f"{turn['role']} ({'trained' if turn['trained'] else 'masked'})"
                 out.print(Text(label, style="bold" if turn["trained"] else "dim bold"))
                 out.print(Text(turn["text"], style="" if turn["trained"] else "dim"), soft_wrap=True)
-    out.print(literal("", "dim: masked (prompt, no loss); plain: trained. "
+    styled = out.color_system is not None  # none in a pipe, a file or a dumb terminal: no dim to explain
+    out.print(literal("", "dim: masked (prompt, no loss); plain: trained. " * styled +
                       f"{'Only assistant turns train' if t.assistant_only_loss else 'Every token trains'} "
                       "(train.assistant_only_loss)."))

@@ -10,6 +10,7 @@ import difflib
 import functools
 import hashlib
 import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -23,8 +24,8 @@ from payload.config import (
     RunConfig,
     Strict,
     format_validation_errors,
-    line_for,
     load_yaml_with_lines,
+    place,
 )
 from payload.config.yamlio import YamlProblem, parse_yaml, read_bounded
 
@@ -322,12 +323,41 @@ class ProfileFile:
     def sha256(self) -> str:
         return hashlib.sha256(self.raw).hexdigest()
 
-    def overridden(self, overrides: tuple[str, ...] = ()) -> tuple[dict, dict]:
-        """(data, lines) with `--set KEY=VALUE` overrides applied, on copies (ProfileError on a bad one)."""
-        data, lines = copy.deepcopy(self.data), dict(self.lines)
-        for item in overrides:
-            apply_override(data, lines, item)
-        return data, lines
+    def overridden(self, overrides: tuple[str, ...] = ()) -> tuple[dict, "Places"]:
+        """(data, where each key came from) with `--set KEY=VALUE` overrides applied to a copy
+        (ProfileError on a bad one)."""
+        data = copy.deepcopy(self.data)
+        sets = tuple((apply_override(data, item), item.partition("=")[0]) for item in overrides)
+        return data, Places(self, sets)
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where each key of a profile with its overrides was given, as a message names it (`places(loc)`):
+    `file:line: key` for the file's keys (a section of the file an override changed says so: `(with --set
+    KEY)`), `--set KEY` for a key an override set, and `--set KEY: key` for a key inside one or a section
+    an override made (`--set train.foo.bar=1`: `train.foo`)."""
+
+    file: ProfileFile
+    sets: tuple[tuple[tuple, str], ...]
+    """(key path, KEY as typed) of each override, in order: the last one that set a key names it."""
+
+    def __call__(self, loc: tuple) -> str:
+        loc = tuple(loc)
+        for path, typed in reversed(self.sets):
+            if loc[:len(path)] == path or loc and path[:len(loc)] == loc and not _written(self.file.data, loc):
+                return f"--set {typed}" if loc == path else f"--set {typed}: {'.'.join(map(str, loc))}"
+        within = [typed for path, typed in self.sets if path[:len(loc)] == loc]
+        return place(self.file.shown, self.file.lines, loc) + (f" (with --set {', '.join(within)})" if within else "")
+
+
+def _written(data, loc: tuple) -> bool:
+    """Whether the key path `loc` is in the profile as written."""
+    for part in loc:
+        if part not in (data if isinstance(data, dict) else range(len(data)) if isinstance(data, list) else ()):
+            return False
+        data = data[part]
+    return True
 
 
 def read_profile(name_or_path: str) -> ProfileFile:
@@ -346,20 +376,19 @@ def read_profile(name_or_path: str) -> ProfileFile:
 
 def validate(file: ProfileFile, overrides: tuple[str, ...] = ()) -> Profile:
     """The profile of `file` with `overrides` applied, validated; every problem at once in a ProfileError."""
-    data, lines = file.overridden(overrides)
+    data, where = file.overridden(overrides)
     problems: list[str] = []
     try:
         profile = Profile.model_validate(data)
     except ValidationError as e:
-        problems = format_validation_errors(e, file.shown, lines, root=Profile)
+        problems = format_validation_errors(e, file.shown, file.lines, root=Profile, where=where)
         profile = None
     if profile is not None:
-        problems += _semantic_checks(profile, file.shown, lines)
+        problems += _semantic_checks(profile, where)
     if problems:
         raise ProfileError(problems)
     if profile.name != file.path.stem and in_clusters(file.path):
-        raise ProfileError([f"{file.shown}:{line_for(lines, ('name',)) or 1}: name: `{profile.name}` must "
-                            f"match the file name `{file.path.stem}`"])
+        raise ProfileError([f"{where(('name',))}: `{profile.name}` must match the file name `{file.path.stem}`"])
     return profile
 
 
@@ -372,9 +401,9 @@ def load_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> Profile:
     return validate(read_profile(name_or_path), overrides)
 
 
-def apply_override(data: dict, lines: dict, item: str) -> None:
-    """Apply one `--set KEY=VALUE` (KEY dotted, list items by index: `data.sources.0.path=x`) in place.
-    VALUE is YAML. The key's lines are forgotten, so a problem with it names its section's line."""
+def apply_override(data: dict, item: str) -> tuple:
+    """Apply one `--set KEY=VALUE` (KEY dotted, list items by index: `data.sources.0.path=x`) in place;
+    the key's path (list indices as ints). VALUE is YAML."""
     key, sep, value = item.partition("=")
     parts = key.split(".")
     if not sep or not all(parts):
@@ -386,7 +415,6 @@ def apply_override(data: dict, lines: dict, item: str) -> None:
         raise ProfileError([str(e)]) from None
     node, path = data, ()
     for i, part in enumerate(parts):
-        last = i == len(parts) - 1
         where = ".".join(parts[:i]) or "the profile"
         if isinstance(node, list):
             if not (part.isdigit() and int(part) < len(node)):
@@ -395,30 +423,23 @@ def apply_override(data: dict, lines: dict, item: str) -> None:
                                     f"with --set {where}=[...]"])
             part = int(part)
         elif not isinstance(node, dict):
-            raise ProfileError([f"--set {key}: {where} is a value ({_brief(node)}), not a section; use "
+            raise ProfileError([f"--set {key}: {where} is a value ({reprlib.repr(node)}), not a section; use "
                                 f"--set {where}=... instead"])
         path += (part,)
-        if last:
-            node[part] = parsed
-        else:
+        if i < len(parts) - 1:
             if isinstance(node, dict) and node.get(part) is None:
                 node[part] = {}
             node = node[part]
-    for loc in [k for k in lines if k[:len(path)] == path]:
-        del lines[loc]
+    node[path[-1]] = parsed
+    return path
 
 
-def _brief(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:36] + "..."
-
-
-def _semantic_checks(p: Profile, path, lines) -> list[str]:
+def _semantic_checks(p: Profile, where: Places) -> list[str]:
     """Rules that need more than one section or outside knowledge (the accelerator catalog)."""
     out = []
 
     def err(loc, msg):
-        out.append(f"{path}:{line_for(lines, loc) or 1}: {'.'.join(map(str, loc))}: {msg}")
+        out.append(f"{where(loc)}: {msg}")
 
     c = p.cluster
     if c.accelerators and not c.is_local:

@@ -317,31 +317,69 @@ def load_run_config(path: str | os.PathLike, env: Optional[dict] = None) -> RunC
     return cfg.with_env(env)
 
 
-def format_validation_errors(err, path, lines, root=None) -> list[str]:
-    """pydantic ValidationError -> one line per problem: `file:line: key.path: message`."""
+def format_validation_errors(err, path, lines, root=None, where=None) -> list[str]:
+    """pydantic ValidationError -> one line per problem: `file:line: key.path: message`. `where(loc)`,
+    when given, names the place of a key instead (e.g. `--set train.lr` for a key set on the command
+    line: launcher/profiles/profile.py)."""
     out = []
     for e in err.errors():
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and "[" in x))
-        line = line_for(lines, loc)
-        key = ".".join(str(x) for x in loc) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(root or RunConfig, loc)
         elif e["type"] == "finite_number":  # Strict: .inf, .nan, 1e400
             msg = "must be a finite number (not .inf, .nan or beyond 1e308); give a plain number"
-        where = f"{path}:{line}" if line else str(path)
-        out.append(f"{where}: {key}: {msg}")
+        out.append(f"{where(loc) if where else place(path, lines, loc)}: {msg}")
     return out
 
 
-def _did_you_mean(root, loc: tuple) -> str:
-    import difflib
+def place(path, lines, loc: tuple) -> str:
+    """`file:line: key.path` of a key (the closest line known; the file alone when none is)."""
+    line, key = line_for(lines, loc), ".".join(str(x) for x in loc) or "(top level)"
+    return f"{path}:{line}: {key}" if line else f"{path}: {key}"
 
+
+def _did_you_mean(root, loc: tuple) -> str:
     model = _model_at(root, loc[:-1])
     if model is None:
         return ""
-    match = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
-    return f"; did you mean `{match[0]}`?" if match else f"; valid keys: {', '.join(model.model_fields)}"
+    section = "".join(f"{x}." for x in loc[:-1])
+    close = suggest_keys(str(loc[-1]), list(model.model_fields))
+    if close:
+        named = [f"`{section}{k}`" for k in close]
+        return f"; did you mean {' or '.join([', '.join(named[:-1]), named[-1]] if len(named) > 1 else named)}?"
+    return f"; valid keys: {', '.join(model.model_fields)}"
+
+
+def suggest_keys(typed: str, names: list[str]) -> list[str]:
+    """The keys among `names` (one section's) that `typed` most likely meant, best first, at most 3: the
+    same key spelt otherwise (`Learning-Rate`), an abbreviation of every word (`lr`, `grad_accum_steps`),
+    of some words (`warmup`, `accum_steps`), else a near spelling (difflib: `lerning_rate`)."""
+    import difflib
+
+    t = typed.lower().replace("-", "_")
+    same = [n for n in names if n.lower() == t]
+    if same:
+        return same
+    if len(t.replace("_", "")) >= 2:
+        for whole in (True, False):
+            hits = [n for n in names if _abbreviates(t, n.lower().split("_"), whole)]
+            if 0 < len(hits) <= 3:
+                return hits
+    return difflib.get_close_matches(typed, names, n=1, cutoff=0.6)
+
+
+def _abbreviates(t: str, words: list[str], whole: bool) -> bool:
+    """Whether `t` is read as leading letters of `words` in order (`lr`: learning_rate; an `_` in `t`
+    starts a new word): of every word when `whole`, else of some of them (skipping and stopping early)."""
+    t = t.lstrip("_")
+    if not t:
+        return not whole or not words
+    for j, word in enumerate(words if not whole else words[:1]):
+        for k in range(min(len(t), len(word)), 0, -1):
+            if "_" not in t[:k] and word.startswith(t[:k]) and _abbreviates(t[k:], words[j + 1:], whole):
+                return True
+    return False
 
 
 def _model_at(model, loc: tuple):
