@@ -8,7 +8,9 @@ is `torchrun` (torch.distributed.run, run in this process) with two differences:
   (payload/errors.py: 2 config/data, 3 budget, 4 lease held, 5 stopped by `launch down`, 75
   transient, 143 stopped by a signal): torchrun would print its `ChildFailedError` traceback
   after that line and exit 1. Here the job exits with the workers' code and the log ends with
-  the payload's own end line (rank 0 names the run's end and its checkpoint: payload/__main__.py).
+  the payload's own end line (rank 0 names the run's end and its checkpoint: payload/__main__.py;
+  after a stop every rank agreed on, the other ranks exit 0, so that torchrun, which ends every
+  worker once one exits non-zero, leaves rank 0 to finish writing the run's end).
 - the agent was told to stop (SIGTERM/SIGINT: a preemption notice, `launch down` on the local and
   SSH backends): torchrun hands the signal to its workers, waits for them (they save if a save
   fits, and write status.json) and then raises `SignalException` with a traceback. Here it exits
@@ -61,7 +63,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         return code
     except SignalException as e:
-        print(f"torchrun: {e.sigval.name} received; its workers were handed it and have ended", file=sys.stderr)
+        print(f"torchrun: stopped by {e.sigval.name}; its workers were handed the signal and have ended",
+              file=sys.stderr)
         return 128 + int(e.sigval)
     return EXIT_OK
 

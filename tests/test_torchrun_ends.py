@@ -1,0 +1,125 @@
+"""A stopped run ends clean: the rendered `run` script (sky/local-demo.yaml, run by bash as SkyPilot
+runs it) with two real training processes under payload.train.torchrun, stopped by `launch down`'s
+request, exits 5 and its log ends with the payload's line naming the checkpoint, not torchrun's
+ChildFailedError traceback. A crash keeps torchrun's report; a SIGTERM to torchrun exits 143 in one
+line (stand-in workers: the trainer's side of both is tests/test_stop_request.py's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_fixtures import REPO, make_config, subprocess_env, write_config  # noqa: E402
+
+from payload import layout  # noqa: E402
+from payload.train.torchrun import deliberate_code  # noqa: E402
+from payload.volume import stop_request  # noqa: E402
+
+RUN = yaml.safe_load((REPO / "sky" / "local-demo.yaml").read_text())["run"]
+TIMEOUT = 240
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _lines(log: Path) -> list[str]:
+    return [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+
+
+def test_a_stop_request_ends_the_run_script_with_5_and_the_payloads_line(tmp_path):
+    cfg = make_config(tmp_path / "vol", "r1", train={"max_steps": 400, "checkpoints": {"save_steps": 4}})
+    config = write_config(cfg, tmp_path / "run.yaml")
+    rd, log = cfg.run_dir, tmp_path / "run.log"
+    env = subprocess_env(LAUNCH_LOCAL="1", LAUNCH_CONFIG=config, LAUNCH_VOLUME=tmp_path / "vol", LAUNCH_RUN_ID="r1",
+                         LAUNCH_MASTER_PORT=_free_port(), SKYPILOT_NODE_IPS="127.0.0.1", SKYPILOT_NUM_NODES=1,
+                         SKYPILOT_NODE_RANK=0, SKYPILOT_NUM_GPUS_PER_NODE=2,  # two training processes
+                         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    with open(log, "wb") as out:
+        job = subprocess.Popen(["bash", "-c", RUN], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not (rd / layout.CHECKPOINTS_DIR / "checkpoint-4" / layout.COMPLETE_MARKER).exists():
+                assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.05)
+            (rd / stop_request.REQUEST).write_text(json.dumps({"by": "launch down"}))
+            code = job.wait(timeout=TIMEOUT)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    text = log.read_text(errors="replace")
+    assert code == 5, text[-3000:]  # the job's code is the payload's, as before (not torchrun's 1)
+    assert "Traceback" not in text and "ChildFailedError" not in text and "failed (exitcode" not in text, text[-3000:]
+    status = json.loads((rd / layout.STATUS).read_text())
+    step = status["step"]
+    assert (status["state"], status["exit_code"], status["final_checkpoint"]) == \
+        ("stopped", 5, f"checkpoints/checkpoint-{step}")
+    assert _lines(log)[-1] == (f"payload train: stopped by launch down at step {step} of 400; checkpoint-{step} "
+                               f"saved (final); resumes from {rd / 'checkpoints' / f'checkpoint-{step}'}")
+    assert text.count("payload train:") == 1  # rank 0 speaks for the run; rank 1 ended quietly
+    manifest = json.loads((rd / layout.MANIFEST).read_text())  # rank 1's exit did not cut rank 0's end short
+    assert manifest["state"] == "stopped" and "checkpoints.json" in manifest["files"]
+
+
+WORKER = r"""
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+mode = sys.argv[1]
+if mode == "crash":
+    sys.exit(1 if rank == 1 else 0)
+def on_term(*_):
+    print(f"rank {rank} saved and stopped", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[2] + f".{rank}", "w").close()
+time.sleep(60)
+"""
+
+
+def _wrapper(tmp_path, *args) -> subprocess.Popen:
+    (tmp_path / "worker.py").write_text(WORKER)
+    cmd = [sys.executable, "-m", "payload.train.torchrun", "--nproc_per_node=2", f"--master_port={_free_port()}",
+           str(tmp_path / "worker.py"), *args]
+    return subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def test_a_crash_keeps_torchruns_report_and_exit_1(tmp_path):
+    proc = _wrapper(tmp_path, "crash")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "ChildFailedError" in out and "exitcode  : 1" in out  # names the rank that crashed
+
+
+def test_sigterm_to_torchrun_exits_143_in_one_line(tmp_path):
+    proc = _wrapper(tmp_path, "wait", str(tmp_path / "ready"))
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready.{r}").exists() for r in (0, 1)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out
+    assert "Traceback" not in out and out.count("saved and stopped") == 2, out
+    assert out.strip().splitlines()[-1] == "torchrun: stopped by SIGTERM; its workers were handed the signal and " \
+                                           "have ended"
+
+
+@pytest.mark.parametrize("codes, job", [([5], 5), ([3, 3], 3), ([143], 143), ([2], 2), ([5, 1], None),
+                                        ([1], None), ([-15], None), ([5, -15], None), ([3, 5], None)])
+def test_only_one_deliberate_code_of_every_failed_worker_passes_for_the_job(codes, job):
+    assert deliberate_code(codes) == job
