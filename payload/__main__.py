@@ -11,11 +11,12 @@ Exit codes (payload/errors.py): 0 done, 1 crash (traceback in the log and in
 a live trainer, 5 stopped by `launch down`'s request, 75 transient (network, NCCL: worth a fresh
 machine), 143 stopped by SIGTERM/SIGINT. A failed stage also records `state`, `exit_code` and `reason`
 in the run's status.json (the train stage does it itself, for every end). A train stage that stopped
-(3, 5, 143) ends the log with rank 0's line: why, and the checkpoint a resume starts from. Under torchrun
-(payload/train/torchrun.py) the ranks other than 0 exit 0 after a stop they all agreed on, so that
-torchrun does not end rank 0 while it writes the run's end (`quiet_rank`). The stages that write outputs after training (post, merge,
-export) hold the run's lease (payload/volume/lease.py) while they run; preflight and data refuse with exit
-4 while another trainer holds it (they run before torchrun, which would turn the 4 into a 1).
+(3, 5, 143) ends the log with rank 0's line: why, and the checkpoint a resume starts from. Under
+torchrun (payload/train/torchrun.py) the ranks other than 0 exit 0 after a stop they all agreed on, so
+that torchrun does not end rank 0 while it writes the run's end (`quiet_rank`). The stages that write
+outputs after training (post, merge, export) hold the run's lease (payload/volume/lease.py) while they
+run; preflight and data refuse with exit 4 while another trainer holds it (they run before torchrun,
+which would turn the 4 into a 1).
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
         if code == EXIT_CRASH:
             traceback.print_exc()
         if args.stage != "train" or code not in TRAINER_ENDS or rank() == 0:  # rank 0 says how training ended
-            print(f"payload {args.stage}: {one_line(e)}{_kept(cfg, code)}", file=sys.stderr)
+            print(f"payload {args.stage}: {one_line(e)}", file=sys.stderr)
         return code
     except KeyboardInterrupt as e:
         code = exit_code_for(e)
@@ -174,34 +175,6 @@ def quiet_rank(exc: BaseException) -> bool:
     from payload.volume.stop_request import StopRequested
 
     return rank() != 0 and isinstance(exc, (StopRequested, BudgetExhausted))
-
-
-def _kept(cfg, code: int) -> str:
-    """`; resumes from PATH` for a train end that keeps a checkpoint (a stop, a budget stop): the final
-    checkpoint status.json names, else the newest complete one of the stage that trained; else ""."""
-    if cfg is None or code not in TRAINER_ENDS:
-        return ""
-    from payload import layout
-    from payload.volume import checkpoints as ck
-
-    try:
-        status = json.loads((cfg.run_dir / layout.STATUS).read_text())
-    except (OSError, ValueError):
-        status = {}
-    status = status if isinstance(status, dict) else {}
-    final = status.get("final_checkpoint")
-    if isinstance(final, str) and final:
-        return f"; resumes from {cfg.run_dir / final}"
-    stage = status.get("stage") if isinstance(status.get("stage"), dict) else {}
-    index = stage.get("index")
-    train_dir = cfg.run_dir
-    if isinstance(index, int) and 1 <= index <= len(cfg.stages or []):
-        from payload.config import STAGES_DIR
-        from payload.config.stages import stage_dir_name
-
-        train_dir = cfg.run_dir / STAGES_DIR / stage_dir_name(index - 1, cfg.stages[index - 1])
-    last = ck.latest_complete(ck.checkpoints_dir(train_dir))
-    return f"; resumes from {last}" if last is not None else ""
 
 
 def _record(stage: str, cfg, exc: BaseException, code: int) -> None:

@@ -74,10 +74,17 @@ def main(cfg, setup_fn=None, at_stop=None) -> dict:
     finally:
         cleanup(run)
     if run.state == "budget_exhausted":
-        raise BudgetExhausted(run.reason)
+        raise BudgetExhausted(end_line(run))
     if run.state == "stopped":
-        raise (stop_request.StopRequested if stop_request.honoured(run.control) else ck.TrainingInterrupted)(run.reason)
+        stop = stop_request.StopRequested if stop_request.honoured(run.control) else ck.TrainingInterrupted
+        raise stop(end_line(run))
     return summary
+
+
+def end_line(run: Run) -> str:
+    """A stop's reason and the checkpoint a resume starts from: the payload's last line in the log."""
+    last = ck.latest_complete(ck.checkpoints_dir(run.run_dir))
+    return f"{run.reason}; resumes from {last}" if last is not None else run.reason
 
 
 def start_from_adapter(cfg, model):
