@@ -167,14 +167,16 @@ def main(argv=None) -> int:
 def quiet_rank(exc: BaseException) -> bool:
     """Whether this worker ends quietly with 0 because rank 0 speaks for the run: a stop that every
     rank's trainer agreed on (a stop request or the budget, all-reduced at a step's end) on a rank
-    other than 0. torchrun ends every other worker as soon as one exits non-zero, so a rank that
-    left with the run's code could cut rank 0 off while it writes the MANIFEST and status.json;
-    rank 0 exits with the code (payload/train/torchrun.py passes it on) and says the end's line."""
+    other than 0 on rank 0's node. That node's torchrun ends every other worker as soon as one exits
+    non-zero, so a rank that left with the run's code could cut rank 0 off while it writes the
+    MANIFEST and status.json; rank 0 exits with the code (payload/train/torchrun.py passes it on) and
+    says the end's line. The other nodes' workers exit with the code: their torchrun passes it on."""
     from payload.errors import BudgetExhausted
     from payload.volume.observe import rank
     from payload.volume.stop_request import StopRequested
 
-    return rank() != 0 and isinstance(exc, (StopRequested, BudgetExhausted))
+    same_node = os.environ.get("GROUP_RANK", "0") == "0"  # torchrun's node rank of this worker
+    return rank() != 0 and same_node and isinstance(exc, (StopRequested, BudgetExhausted))
 
 
 def _record(stage: str, cfg, exc: BaseException, code: int) -> None:

@@ -1,7 +1,8 @@
 """A stopped run ends clean: `launch down` of a local run leaves `launch logs` ending on the payload's
 line that names the checkpoint, not torchrun's ChildFailedError traceback, and fetches sha256-verified;
-the rendered `run` script (sky/local-demo.yaml, run by bash as SkyPilot runs it) with two real training
-processes under payload.train.torchrun, stopped by `launch down`'s request, exits 5 the same way. A
+the rendered `run` script (sky/local-demo.yaml, run by bash as SkyPilot runs it) on two nodes with three
+real training processes under payload.train.torchrun, stopped by `launch down`'s request, exits 5 on
+each node the same way. A
 crash keeps torchrun's report; a SIGTERM to torchrun exits 143 in one line (stand-in workers: the
 trainer's side of both is tests/test_stop_request.py's and tests/test_resume.py's)."""
 
@@ -63,37 +64,42 @@ def test_launch_logs_of_a_run_launch_down_stopped_ends_on_the_payloads_line(tmp_
         f"saved (final); resumes from {rd / final}"), logs.stdout[-3000:]  # nothing after it
 
 
-def test_a_stop_request_ends_the_run_script_with_5_and_the_payloads_line(tmp_path):
+def test_a_stop_request_ends_the_run_script_on_every_node_with_5_and_the_payloads_line(tmp_path):
     cfg = make_config(tmp_path / "vol", "r1", train={"max_steps": 400, "checkpoints": {"save_steps": 4}})
     config = write_config(cfg, tmp_path / "run.yaml")
-    rd, log = cfg.run_dir, tmp_path / "run.log"
-    env = subprocess_env(LAUNCH_LOCAL="1", LAUNCH_CONFIG=config, LAUNCH_VOLUME=tmp_path / "vol", LAUNCH_RUN_ID="r1",
-                         LAUNCH_MASTER_PORT=_free_port(), SKYPILOT_NODE_IPS="127.0.0.1", SKYPILOT_NUM_NODES=1,
-                         SKYPILOT_NODE_RANK=0, SKYPILOT_NUM_GPUS_PER_NODE=2,  # two training processes
-                         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    with open(log, "wb") as out:
-        job = subprocess.Popen(["bash", "-c", RUN], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + TIMEOUT
-            while not (rd / layout.CHECKPOINTS_DIR / "checkpoint-4" / layout.COMPLETE_MARKER).exists():
-                assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.05)
-            (rd / stop_request.REQUEST).write_text(json.dumps({"by": "launch down"}))
-            code = job.wait(timeout=TIMEOUT)
-        finally:
-            if job.poll() is None:
-                job.kill()
-                job.wait()
-    text = log.read_text(errors="replace")
-    assert code == 5, text[-3000:]  # the job's code is the payload's, as before (not torchrun's 1)
-    assert "Traceback" not in text and "ChildFailedError" not in text and "failed (exitcode" not in text, text[-3000:]
+    rd, port, jobs = cfg.run_dir, _free_port(), []
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    for node, nproc in ((0, 2), (1, 1)):  # node 0: rank 0 and a rank beside it; node 1: a rank of its own
+        env = subprocess_env(LAUNCH_LOCAL="1", LAUNCH_CONFIG=config, LAUNCH_VOLUME=tmp_path / "vol",
+                             LAUNCH_RUN_ID="r1", LAUNCH_MASTER_PORT=port, SKYPILOT_NODE_IPS="127.0.0.1\n127.0.0.1",
+                             SKYPILOT_NUM_NODES=2, SKYPILOT_NODE_RANK=node, SKYPILOT_NUM_GPUS_PER_NODE=nproc,
+                             PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+        with open(logs[node], "wb") as out:
+            jobs.append(subprocess.Popen(["bash", "-c", RUN], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (rd / layout.CHECKPOINTS_DIR / "checkpoint-4" / layout.COMPLETE_MARKER).exists():
+            assert all(j.poll() is None for j in jobs) and time.monotonic() < deadline, logs[0].read_text()[-3000:]
+            time.sleep(0.05)
+        (rd / stop_request.REQUEST).write_text(json.dumps({"by": "launch down"}))
+        codes = [j.wait(timeout=TIMEOUT) for j in jobs]
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                j.kill()
+                j.wait()
+    texts = [log.read_text(errors="replace") for log in logs]
+    assert codes == [5, 5], texts[0][-3000:] + texts[1][-3000:]  # the payload's code on every node, not torchrun's 1
+    for text in texts:
+        noise = [w for w in ("Traceback", "ChildFailedError", "failed (exitcode") if w in text]
+        assert not noise, text[-3000:]
     status = json.loads((rd / layout.STATUS).read_text())
     step = status["step"]
     assert (status["state"], status["exit_code"], status["final_checkpoint"]) == \
         ("stopped", 5, f"checkpoints/checkpoint-{step}")
-    assert _lines(log)[-1] == (f"payload train: stopped by launch down at step {step} of 400; checkpoint-{step} "
-                               f"saved (final); resumes from {rd / 'checkpoints' / f'checkpoint-{step}'}")
-    assert text.count("payload train:") == 1  # rank 0 speaks for the run; rank 1 ended quietly
+    assert _lines(logs[0])[-1] == (f"payload train: stopped by launch down at step {step} of 400; checkpoint-{step} "
+                                   f"saved (final); resumes from {rd / 'checkpoints' / f'checkpoint-{step}'}")
+    assert "".join(texts).count("payload train:") == 1  # rank 0 speaks for the run
     manifest = json.loads((rd / layout.MANIFEST).read_text())  # rank 1's exit did not cut rank 0's end short
     assert manifest["state"] == "stopped" and "checkpoints.json" in manifest["files"]
 
