@@ -148,7 +148,8 @@ def test_sigterm_to_torchrun_exits_143_in_one_line(tmp_path):
                                            "have ended"
 
 
-@pytest.mark.parametrize("codes, job", [([5], 5), ([3, 3], 3), ([143], 143), ([2], 2), ([5, 1], None),
-                                        ([1], None), ([-15], None), ([5, -15], None), ([3, 5], None)])
-def test_only_one_deliberate_code_of_every_failed_worker_passes_for_the_job(codes, job):
+@pytest.mark.parametrize("codes, job", [([5], 5), ([3, 3], 3), ([143], 143), ([2], 2), ([75, -15], 75),
+                                        ([5, 1], None), ([1], None), ([-15], None), ([-9, -15], None),
+                                        ([3, 5], None), ([1, -15], None)])
+def test_one_deliberate_code_passes_for_the_job_and_anything_else_stays_torchruns(codes, job):
     assert deliberate_code(codes) == job

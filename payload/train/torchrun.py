@@ -4,13 +4,14 @@
 
 is `torchrun` (torch.distributed.run, run in this process) with two differences:
 
-- every worker exited with a code the payload chose and explained in one line of its own
-  (payload/errors.py: 2 config/data, 3 budget, 4 lease held, 5 stopped by `launch down`, 75
-  transient, 143 stopped by a signal): torchrun would print its `ChildFailedError` traceback
-  after that line and exit 1. Here the job exits with the workers' code and the log ends with
-  the payload's own end line (rank 0 names the run's end and its checkpoint: payload/__main__.py;
-  after a stop every rank agreed on, the other ranks exit 0, so that torchrun, which ends every
-  worker once one exits non-zero, leaves rank 0 to finish writing the run's end).
+- the workers that failed exited with one code the payload chose and explained in a line of its
+  own (payload/errors.py: 2 config/data, 3 budget, 4 lease held, 5 stopped by `launch down`, 75
+  transient, 143 stopped by a signal), any others dying of the signal torchrun ends them with:
+  torchrun would print its `ChildFailedError` traceback after that line and exit 1. Here the job
+  exits with that code and the log ends with the payload's own end line (rank 0 names the run's
+  end and its checkpoint: payload/__main__.py; after a stop every rank agreed on, the other ranks
+  of rank 0's node exit 0, so that torchrun, which ends every worker once one exits non-zero,
+  leaves rank 0 to finish writing the run's end).
 - the agent was told to stop (SIGTERM/SIGINT: a preemption notice, `launch down` on the local and
   SSH backends): torchrun hands the signal to its workers, waits for them (they save if a save
   fits, and write status.json) and then raises `SignalException` with a traceback. Here it exits
@@ -41,9 +42,10 @@ class _DeliberateEnds(logging.Filter):
 
 
 def deliberate_code(exitcodes: list[int]) -> Optional[int]:
-    """The job's code when every failed worker ended deliberately with the same code (None otherwise:
-    a crash, a signal, or ranks that disagree stay torchrun's)."""
-    codes = set(exitcodes)
+    """The job's code when the failed workers that exited ended deliberately with one code, the others
+    dying of a signal (torchrun ends the workers still running once one exits non-zero); None for a
+    crash, signals alone, or codes that disagree: those stay torchrun's report."""
+    codes = {c for c in exitcodes if c >= 0}
     if len(codes) == 1 and codes <= DELIBERATE:
         return codes.pop()
     return None
