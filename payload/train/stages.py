@@ -81,7 +81,7 @@ def run_stage(cfg, scfg, spent_before: float) -> dict:
     info, last = scfg.stage_info(), scfg.stage_info()["index"] == scfg.stage_info()["of"]
     if budget is not None:
         left = budget - spent_before
-        (over,) = ck.all_reduce_max([float(left <= 0)])  # rank 0's spending decides for every rank
+        (over,) = ck.all_reduce_max([float(left <= 0)])  # every rank stops here, or none (ranks' figures may differ)
         if over:
             reason = (f"budget of {usd(budget)} spent by the stages before {scfg.stage.label} "
                       f"({usd(spent_before)}); continue with {resume_hint(cfg.runtime.profile)}")
