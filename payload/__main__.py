@@ -143,11 +143,11 @@ def main(argv=None) -> int:
             print(f"payload: {line}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as e:  # noqa: BLE001 - every failure ends as one exit code and one line
+        if args.stage == "train" and quiet_rank(e):  # not a failure to debug either
+            return EXIT_OK
         code = exit_code_for(e)
         if os.environ.get("LAUNCH_DEBUG"):
             raise
-        if args.stage == "train" and quiet_rank(e):
-            return EXIT_OK
         _record(args.stage, cfg, e, code)
         if code == EXIT_CRASH:
             traceback.print_exc()
