@@ -8,11 +8,15 @@ prints one line (`payload: ...`) and exits non-zero; LAUNCH_DEBUG=1 shows the tr
 
 Exit codes (payload/errors.py): 0 done, 1 crash (traceback in the log and in
 `logs/rank_<N>_traceback.log`), 2 config/data error, 3 budget exhausted, 4 the run's lease is held by
-a live trainer, 75 transient (network, NCCL: worth a fresh machine), 143 stopped by SIGTERM/SIGINT.
-A failed stage also records `state`, `exit_code` and `reason` in the run's status.json (the train
-stage does it itself, for every end). The stages that write outputs after training (post, merge,
-export) hold the run's lease (payload/volume/lease.py) while they run; preflight and data refuse with exit
-4 while another trainer holds it (they run before torchrun, which would turn the 4 into a 1).
+a live trainer, 5 stopped by `launch down`'s request, 75 transient (network, NCCL: worth a fresh
+machine), 143 stopped by SIGTERM/SIGINT. A failed stage also records `state`, `exit_code` and `reason`
+in the run's status.json (the train stage does it itself, for every end). A train stage that stopped
+(3, 5, 143) ends the log with rank 0's line: why, and the checkpoint a resume starts from. Under
+torchrun (payload/train/torchrun.py) the ranks other than 0 exit 0 after a stop they all agreed on, so
+that torchrun does not end rank 0 while it writes the run's end (`quiet_rank`). The stages that write
+outputs after training (post, merge, export) hold the run's lease (payload/volume/lease.py) while they
+run; preflight and data refuse with exit 4 while another trainer holds it (they run before torchrun,
+which would turn the 4 into a 1).
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ import sys
 import signal
 import traceback
 
+from payload.errors import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_STOP_REQUESTED
+
 LEASED = ("post", "merge", "export", "eval")  # `train` takes the lease itself (rank 0 only)
 QUIET = ("post", "merge", "export", "eval")  # stages that load models: progress bars off (train does it itself)
+# The trainer's own stops (the budget, `launch down`'s request, a signal): each keeps a checkpoint.
+TRAINER_ENDS = (EXIT_BUDGET, EXIT_STOP_REQUESTED, EXIT_INTERRUPTED)
 STAGES = {
     "preflight": "payload.preflight",
     "data": "payload.data",
@@ -121,8 +129,8 @@ def run_stage(stage: str, cfg, args=None) -> dict:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from payload.config import ConfigError, load_run_config
-    from payload.errors import EXIT_CONFIG, EXIT_CRASH, exit_code_for, one_line
-    from payload.volume.observe import setup_logging
+    from payload.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_OK, exit_code_for, one_line
+    from payload.volume.observe import rank, setup_logging
 
     setup_logging()
     die_with_parent()
@@ -135,13 +143,16 @@ def main(argv=None) -> int:
             print(f"payload: {line}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as e:  # noqa: BLE001 - every failure ends as one exit code and one line
+        if args.stage == "train" and quiet_rank(e):  # not a failure to debug either
+            return EXIT_OK
         code = exit_code_for(e)
         if os.environ.get("LAUNCH_DEBUG"):
             raise
         _record(args.stage, cfg, e, code)
         if code == EXIT_CRASH:
             traceback.print_exc()
-        print(f"payload {args.stage}: {one_line(e)}", file=sys.stderr)
+        if args.stage != "train" or code not in TRAINER_ENDS or rank() == 0:  # rank 0 says how training ended
+            print(f"payload {args.stage}: {one_line(e)}", file=sys.stderr)
         return code
     except KeyboardInterrupt as e:
         code = exit_code_for(e)
@@ -151,6 +162,21 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(summary, default=str))
     return 0
+
+
+def quiet_rank(exc: BaseException) -> bool:
+    """Whether this worker ends quietly with 0 because rank 0 speaks for the run: a stop that every
+    rank's trainer agreed on (a stop request or the budget, all-reduced at a step's end) on a rank
+    other than 0 on rank 0's node. That node's torchrun ends every other worker as soon as one exits
+    non-zero, so a rank that left with the run's code could cut rank 0 off while it writes the
+    MANIFEST and status.json; rank 0 exits with the code (payload/train/torchrun.py passes it on) and
+    says the end's line. The other nodes' workers exit with the code: their torchrun passes it on."""
+    from payload.errors import BudgetExhausted
+    from payload.volume.observe import rank
+    from payload.volume.stop_request import StopRequested
+
+    same_node = os.environ.get("GROUP_RANK", "0") == "0"  # torchrun's node rank of this worker
+    return rank() != 0 and same_node and isinstance(exc, (StopRequested, BudgetExhausted))
 
 
 def _record(stage: str, cfg, exc: BaseException, code: int) -> None:

@@ -2,9 +2,10 @@
 
     python -m payload.exitcode --config CFG --since EPOCH_S CODE
 
-prints the code to `exit` with. torchrun exits 1 whatever its worker did, so the payload's own code
-(`exit_code` in the run's status.json, written by rank 0 on every end) wins when status.json was
-written after `--since` (this attempt) and says something more specific than success. Otherwise the
+prints the code to `exit` with. torchrun exits 1 whatever its worker did (payload/train/torchrun.py
+passes a deliberate code on, not a crash's), so the payload's own code (`exit_code` in the run's
+status.json, written by rank 0 on every end) wins when status.json was written after `--since` (this
+attempt) and says something more specific than success. Otherwise the
 stage's own code stands (`python -m payload data` exits with its real code).
 
 Only EXIT_TRANSIENT and EXIT_INTERRUPTED are retried (the rendered `job_recovery` lists them in

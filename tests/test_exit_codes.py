@@ -2,8 +2,9 @@
 1, and a transient failure is retried only while the run makes progress (payload/exitcode.py).
 
 The script is the one rendered into sky/local-demo.yaml, run by bash as SkyPilot runs it; only
-`torchrun` and the data stage are stand-ins (tiny scripts that write status.json as the payload
-does and exit), `python -m payload.exitcode` is real."""
+the training launcher (`python -m payload.train.torchrun`, tested for real in tests/test_torchrun_ends.py)
+and the data stage are stand-ins (tiny scripts that write status.json as the payload does and exit),
+`python -m payload.exitcode` is real."""
 
 import json
 import os
@@ -24,17 +25,17 @@ RUN = yaml.safe_load((REPO / "sky" / "local-demo.yaml").read_text())["run"]
 
 @pytest.fixture
 def node(tmp_path):
-    """PATH with a stand-in `torchrun` (writes $FAKE_STATUS as status.json, exits $FAKE_TORCHRUN_RC)
-    and a `python` that skips the data stage unless $FAKE_DATA_RC says how it fails."""
+    """PATH with a `python` whose training launcher is a stand-in (writes $FAKE_STATUS as status.json,
+    exits $FAKE_TORCHRUN_RC) and that skips the data stage unless $FAKE_DATA_RC says how it fails."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     run_dir = tmp_path / "volume" / "runs" / "r1"
-    (bin_dir / "torchrun").write_text(
-        "#!/usr/bin/env bash\n"
-        f'[ -z "${{FAKE_STATUS:-}}" ] || printf %s "$FAKE_STATUS" > {run_dir}/status.json\n'
-        'exit "${FAKE_TORCHRUN_RC:-0}"\n')
     (bin_dir / "python").write_text(
         "#!/usr/bin/env bash\n"
+        'if [ "$1 $2" = "-m payload.train.torchrun" ]; then\n'
+        f'  [ -z "${{FAKE_STATUS:-}}" ] || printf %s "$FAKE_STATUS" > {run_dir}/status.json\n'
+        '  exit "${FAKE_TORCHRUN_RC:-0}"\n'
+        'fi\n'
         'if [ "$1 $2 $3" = "-m payload data" ]; then exit "${FAKE_DATA_RC:-0}"; fi\n'
         'if [ "$1 $2 $3" = "-m payload post" ]; then exit 0; fi\n'
         f'exec {sys.executable} "$@"\n')

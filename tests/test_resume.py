@@ -137,6 +137,8 @@ def test_sigterm_stops_at_a_step_boundary_and_resumes(reference, train_env, tmp_
     assert "stopped by SIGTERM at step" in log.read_text()
     status = json.loads((rd / layout.STATUS).read_text())
     assert status["state"] == "stopped" and status["exit_code"] == 143 and "saved" in status["reason"]
+    written = json.loads((rd / layout.MANIFEST).read_text())  # a signal's stop leaves a MANIFEST too
+    assert written["state"] == "stopped" and {"checkpoints.json", "metrics.jsonl"} <= set(written["files"])
     assert not _incomplete(rd)
     stopped = ck.step_of(ck.latest_complete(ck.checkpoints_dir(rd)))
     assert stopped >= 4

@@ -59,14 +59,16 @@ source payload/gpu_env.sh
 MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)
 NPROC=${SKYPILOT_NUM_GPUS_PER_NODE:-1}; [ "$NPROC" -ge 1 ] || NPROC=1
 # A failed stage ends the job with the payload's own code (payload/errors.py: 2 config/data, 3 budget,
-# 75 transient, 143 signal), not torchrun's 1; only 75 and 143 are retried (payload/exitcode.py).
+# 5 stopped, 75 transient, 143 signal), not torchrun's 1; only 75 and 143 are retried (payload/exitcode.py).
+# payload.train.torchrun is torchrun that ends a deliberate stop with its code and the payload's end line,
+# not a ChildFailedError traceback.
 SINCE=$(date +%%s)
 fail() {
   code=$(python -m payload.exitcode --config "$LAUNCH_CONFIG" --since "$SINCE" "$1") || code=$1
   exit "${code:-$1}"
 }
 python -m payload data --config "$LAUNCH_CONFIG" || fail $?
-torchrun --nnodes="$SKYPILOT_NUM_NODES" --nproc_per_node="$NPROC" \\
+python -m payload.train.torchrun --nnodes="$SKYPILOT_NUM_NODES" --nproc_per_node="$NPROC" \\
   --node_rank="$SKYPILOT_NODE_RANK" --master_addr="$MASTER_ADDR" --master_port="${LAUNCH_MASTER_PORT:-%(port)d}" \\
   -m payload train --config "$LAUNCH_CONFIG" || fail $?
 if [ "$SKYPILOT_NODE_RANK" = "0" ]; then

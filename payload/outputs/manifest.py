@@ -10,11 +10,13 @@ the files were just written, so they are usually in the page cache), plus which 
 launcher must find for this run (`required`). The launcher verifies every file it fetches against
 this, by streaming as well, and refuses to tear down a machine whose artifacts did not come home intact.
 
-A run that ends before `post` (stopped by `launch down`, a budget stop; not a SIGTERM, whose deadline
-is the save's) gets the same two files from the end of its training (`at_end`, called by payload/train/recipe.py): what it has then (checkpoint
-listing, metrics, summary, plot) with state `stopped` and nothing required, so a fetch after a stop
-is verified against the machine's checksums too. A session that trains again removes it first
-(`forget`): a MANIFEST describes a run that ended, never one that is training.
+A run that ends before `post` (stopped by `launch down`'s request, the budget, or a signal) gets the
+same two files from the end of its training (`at_end`, called by payload/train/recipe.py; for a run
+with `stages:`, by payload/train/stages.py after it gathered the stages' outputs so far): what it has
+then (checkpoint listing, metrics, summary, plot, the adapters of finished stages) with its state and
+nothing required, so a fetch after any stop is verified against the machine's checksums too. A
+session that trains again removes it first (`forget`): a MANIFEST describes a run that ended, never
+one that is training.
 
 Symlinks are never followed nor listed: an artifact is a regular file inside the run directory.
 Live artifacts (logs) are left out: they change after this is written. Torch-free.
@@ -72,10 +74,11 @@ def build(run_dir: Path, required: list[str], run_id: Optional[str] = None, stat
     }
 
 
-def main(cfg) -> dict:
-    """Write the checkpoint listing, then the manifest (last, atomically). Returns a short summary."""
+def main(cfg, state: Optional[str] = None) -> dict:
+    """Write the checkpoint listing, then the manifest (last, atomically). Returns a short summary.
+    `state` is the run's end (default: what its training summary says)."""
     rd = cfg.run_dir
-    state = _summary_state(rd)
+    state = state or _summary_state(rd)
     atomic_write_json(rd / layout.CHECKPOINT_LISTING, checkpoint_listing(rd))
     manifest = build(rd, required_artifacts(cfg, state), cfg.runtime.run_id, state)
     atomic_write_json(rd / layout.MANIFEST, manifest)
@@ -88,11 +91,12 @@ def main(cfg) -> dict:
 
 
 def at_end(cfg, state: str) -> Optional[dict]:
-    """The MANIFEST of a run whose training ended without `post` (rank 0, before its status.json says
-    it ended): `main`'s, and a warning instead of an exception when the disk refuses (the stop itself
-    and its checkpoint matter more; a fetch then checks sizes only)."""
+    """The MANIFEST of a run whose training ended without `post` (rank 0; before its status.json says
+    it ended, except after a signal, whose deadline the end's record comes first in): `main`'s, and a
+    warning instead of an exception when the disk refuses (the stop itself and its checkpoint matter
+    more; a fetch then checks sizes only)."""
     try:
-        return main(cfg)
+        return main(cfg, state)
     except OSError as e:
         log.warning("manifest: could not write %s at the %s end (%s); a fetch checks sizes only",
                     cfg.run_dir / layout.MANIFEST, state, e.strerror or e)

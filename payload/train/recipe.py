@@ -48,15 +48,16 @@ log = logging.getLogger("payload.train")
 STARTED_FROM = "started_from.json"  # in the stage's directory: the adapter it started from and its sha256
 
 
-def main(cfg, setup_fn=None) -> dict:
+def main(cfg, setup_fn=None, at_stop=None) -> dict:
     """Train (or resume) the run described by `cfg`; returns the training summary. Every end is
     recorded in status.json (state, exit_code, reason) before this returns or raises. `setup_fn`
     builds the data, model and trainer instead of SFT's (payload/train/preference.py's for a DPO or GRPO
-    stage); a run with `stages:` trains through payload/train/stages.py, which calls this once per stage."""
+    stage); a run with `stages:` trains through payload/train/stages.py, which calls this once per stage,
+    with `at_stop` writing the run's outputs at a stop (default: this run's MANIFEST, manifest.at_end)."""
     observe.setup_logging()
     if getattr(cfg, "stages", None):
         raise ValueError("a config with `stages:` trains through payload.train.stages.main (python -m payload train)")
-    run = Run(cfg=cfg, run_dir=cfg.run_dir)
+    run = Run(cfg=cfg, run_dir=cfg.run_dir, at_stop=at_stop or (lambda state: _manifest_at_stop(cfg, state)))
     if run.main:  # before anything is written: a live trainer elsewhere means exit 4, nothing touched
         run.lease = lease.acquire(run.run_dir, cfg.runtime.run_id)
     try:
@@ -73,10 +74,17 @@ def main(cfg, setup_fn=None) -> dict:
     finally:
         cleanup(run)
     if run.state == "budget_exhausted":
-        raise BudgetExhausted(run.reason)
+        raise BudgetExhausted(end_line(run))
     if run.state == "stopped":
-        raise (stop_request.StopRequested if stop_request.honoured(run.control) else ck.TrainingInterrupted)(run.reason)
+        stop = stop_request.StopRequested if stop_request.honoured(run.control) else ck.TrainingInterrupted
+        raise stop(end_line(run))
     return summary
+
+
+def end_line(run: Run) -> str:
+    """A stop's reason and the checkpoint a resume starts from: the payload's last line in the log."""
+    last = ck.latest_complete(ck.checkpoints_dir(run.run_dir))
+    return f"{run.reason}; resumes from {last}" if last is not None else run.reason
 
 
 def start_from_adapter(cfg, model):
@@ -409,19 +417,29 @@ def save(run: Run) -> dict:
     summary = _summary(run, best)
     if run.main:
         observe.write_summary(rd, summary)
-    # No `post` follows a stop asked for by `launch down` or a budget stop: the MANIFEST of what the run
-    # has, before status.json says it ended. Not under a signal's deadline (a SIGTERM stop), and a
-    # stage's end is not the run's.
-    if run.main and getattr(run.control, "reason", None) in (stop_request.REASON, "budget_exhausted") \
-            and rd == stop_request.top_run_dir(cfg):
-        manifest.at_end(cfg, run.state)
+    # No `post` follows a stop (`launch down`'s request, the budget, a signal): the MANIFEST of what
+    # the run has, so a fetch after it verifies sha256. Before status.json says the run ended (`launch
+    # down` fetches once it does), except under a signal's deadline (SIGKILL follows SIGTERM within
+    # seconds): there the end is recorded first, the MANIFEST is written after it if time allows.
+    stopped = run.main and not finished
+    signalled = stopped and not stop_request.honoured(run.control) and run.state == "stopped"
+    if stopped and not signalled:
+        run.at_stop(run.state)
     observe.write_end(rd, stop_request.exit_code(run.control, _EXIT[run.state]), run.reason, step=summary["steps"],
                       cost_usd=summary["cost_usd"], **stop_request.final_fields(cfg, run.control, summary["steps"]),
                       eta_s=0 if finished else None, loss=summary["final_loss"],
                       eval_loss=summary["final_eval_loss"])
+    if signalled:
+        run.at_stop(run.state)
     log.info("training %s at step %d: best %s, cost $%.4f%s", run.state, summary["steps"],
              summary["best_checkpoint"], summary["cost_usd"], f" ({run.reason})" if run.reason else "")
     return summary
+
+
+def _manifest_at_stop(cfg, state: str) -> None:
+    """A run's MANIFEST at a stop (a stage's end is not its run's: train/stages.py writes that one)."""
+    if cfg.run_dir == stop_request.top_run_dir(cfg):
+        manifest.at_end(cfg, state)
 
 
 def _zero3(cfg) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from payload.volume import checkpoints as ck
 from payload.volume import lease
@@ -35,6 +35,9 @@ class Run:
     state: str = "starting"
     reason: Optional[str] = None
     lease: Optional[lease.Lease] = None
+    # What a stop leaves for `launch down --fetch-artifacts` (rank 0; no `post` follows a stop): the
+    # MANIFEST of the run's outputs, called with the end state. A stage's is its run's (train/stages.py).
+    at_stop: Optional[Callable[[str], Any]] = None
 
     @property
     def main(self) -> bool:

@@ -11,7 +11,10 @@ index, of) while the stage trains; the budget is the run's, less what earlier st
 
 At the end the run directory holds what a one-stage run holds: outputs/adapter (the last stage's),
 metrics.jsonl (every stage's lines with `stage`), training_summary.json (with a `stages` list), and
-also every stage's adapter under outputs/stages/<i>-<name>/adapter (layout.ARTIFACTS `stages`).
+also every stage's adapter under outputs/stages/<i>-<name>/adapter (layout.ARTIFACTS `stages`),
+copied there as each stage finishes. A run stopped mid-stage (`launch down`, the budget, a signal)
+gets the outputs it has then, the finished stages' adapters and the metrics so far, and their
+MANIFEST (payload/outputs/manifest.py), as a one-stage run does at a stop.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import shutil
 from pathlib import Path
 
 from payload import layout
+from payload.outputs import manifest
+from payload.volume import checkpoints as ck
 from payload.volume import lease
 from payload.volume import observe
-from payload.errors import BudgetExhausted, PayloadError
+from payload.errors import EXIT_BUDGET, BudgetExhausted, PayloadError
 from payload.volume.money import resume_hint, usd
 from payload.config.stages import stage_dir_name, stage_run_config
 from payload.train.run import Run
@@ -54,6 +59,8 @@ def main(cfg) -> dict:
                 done = run_stage(cfg, scfg, spent(summaries))
             summaries.append(done)
             adapter = scfg.run_dir / layout.ADAPTER_DIR
+            if observe.rank() == 0:  # a finished stage's adapter is an output already: a stop later keeps it
+                _copy_tree(adapter, rd / STAGE_OUTPUTS / stage_dir_name(i, cfg.stages[i]) / "adapter")
         return finish(cfg, summaries)
     finally:
         observe.status_of_stage(None)
@@ -71,13 +78,18 @@ def run_stage(cfg, scfg, spent_before: float) -> dict:
     from payload.train import recipe as train
 
     budget = cfg.runtime.budget_usd
+    info, last = scfg.stage_info(), scfg.stage_info()["index"] == scfg.stage_info()["of"]
     if budget is not None:
         left = budget - spent_before
-        if left <= 0:
-            raise BudgetExhausted(f"budget of {usd(budget)} spent by the stages before {scfg.stage.label} "
-                                  f"({usd(spent_before)}); continue with {resume_hint(cfg.runtime.profile)}")
+        (over,) = ck.all_reduce_max([float(left <= 0)])  # every rank stops here, or none (ranks' figures may differ)
+        if over:
+            reason = (f"budget of {usd(budget)} spent by the stages before {scfg.stage.label} "
+                      f"({usd(spent_before)}); continue with {resume_hint(cfg.runtime.profile)}")
+            if observe.rank() == 0:  # no stage trains to record this end: the run's outputs, then its end
+                at_stop(cfg, info["index"] - 1, "budget_exhausted")
+                observe.write_end(cfg.run_dir, EXIT_BUDGET, reason, cost_usd=round(spent_before, 6), stage=info)
+            raise BudgetExhausted(reason)
         scfg.runtime.budget_usd = left
-    info, last = scfg.stage_info(), scfg.stage_info()["index"] == scfg.stage_info()["of"]
 
     def route(fields: dict) -> dict:
         out = {**fields, "stage": info}
@@ -87,7 +99,17 @@ def run_stage(cfg, scfg, spent_before: float) -> dict:
 
     observe.status_of_stage(scfg.run_dir, cfg.run_dir, route)
     log.info("stage %d/%d: %s (%s) in %s", info["index"], info["of"], info["name"], info["kind"], scfg.run_dir)
-    return train.main(scfg, None if scfg.stage.kind == "sft" else preference.setup)
+    return train.main(scfg, None if scfg.stage.kind == "sft" else preference.setup,
+                      at_stop=lambda state: at_stop(cfg, info["index"], state))
+
+
+def at_stop(cfg, begun: int, state: str) -> None:
+    """What a stop leaves in the run's own directory (rank 0): the metrics of the `begun` first stages
+    joined, and the MANIFEST of the run's outputs (the adapters of its finished stages among them)."""
+    names = [stage_dir_name(i, s) for i, s in enumerate(cfg.stages)][:begun]
+    if names:
+        _join_metrics(cfg.run_dir, names, cfg.stages[:begun])
+    manifest.at_end(cfg, state)
 
 
 def finish(cfg, summaries: list[dict]) -> dict:
@@ -97,8 +119,6 @@ def finish(cfg, summaries: list[dict]) -> dict:
     if observe.rank() != 0:
         return summaries[-1]
     _copy_tree(rd / "stages" / names[-1] / layout.ADAPTER_DIR, rd / layout.ADAPTER_DIR)
-    for name in names:
-        _copy_tree(rd / "stages" / name / layout.ADAPTER_DIR, rd / STAGE_OUTPUTS / name / "adapter")
     _join_metrics(rd, names, cfg.stages)
     observe.plot_losses(rd / layout.METRICS, rd / layout.LOSS_PLOT, title=f"{cfg.name} ({cfg.runtime.run_id})")
     last = summaries[-1]
