@@ -78,8 +78,9 @@ class SaveAndExit:
         if asked and self.control.reason != "lease_lost":
             self.control.reason = REASON
             control.should_training_stop = control.should_save = True
-            log.warning("stop requested (%s) at step %d: saving a final checkpoint, then exiting with %d",
-                        REQUEST, state.global_step, EXIT_STOP_REQUESTED)
+            if _main_rank():  # rank 0 speaks for the run (the others end quietly: payload.train.torchrun)
+                log.warning("stop requested (%s) at step %d: saving a final checkpoint, then exiting with %d",
+                            REQUEST, state.global_step, EXIT_STOP_REQUESTED)
         return control
 
 
