@@ -5,6 +5,7 @@ This module stays light (click only) so `launch --help` is fast; each command im
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -73,7 +74,7 @@ def user_error_lines(e: Exception):
     from payload.config import ConfigError
     from payload.errors import PayloadError  # a payload step run here (eval, chat): its one line
 
-    from .errors import BackendError
+    from .errors import BackendError, StateError
     from .catalog import PlanError
     from launcher.store.registry import RegistryError, RunNotFound
 
@@ -81,11 +82,17 @@ def user_error_lines(e: Exception):
         n = len(e.problems)
         head = [f"{n} problem{'s' if n > 1 else ''} in the profile:"] if n > 1 else []
         return head + list(e.problems)
-    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError, PayloadError)):
+    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError, PayloadError, StateError)):
         return [str(e)]
     if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
         return [f"disk full: {e.filename or ''} - free space or set LAUNCH_HOME to a larger disk"]
+    if isinstance(e, OSError) and e.filename and e.errno in UNWRITABLE:  # --dest, --plot, a file of a run
+        return [f"cannot write {e.filename}: {e.strerror}; choose a path you can write to"]
     return None
+
+
+# A path the user named that cannot be written: read-only, no permission, a file in the way.
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
 
 
 @click.group(cls=LaunchGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,0 +1,65 @@
+"""A third new-user walk (issue 32's leftovers), each finding where the user meets it: the installed
+`launch` in a subprocess with a fresh HOME and LAUNCH_HOME (tests/walk.py). A path launch cannot write
+is made with a file in the way (that holds for root too, where a read-only chmod does not); runs the
+user would have made are written into that LAUNCH_HOME's registry first; nothing here trains."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from walk import REPO, assert_one_line_error, launch
+
+RUN = "local-demo-20261126-000000"
+
+
+@pytest.fixture
+def user_home(tmp_path, monkeypatch):
+    """This process writes the registry the subprocess reads (walk's LAUNCH_HOME)."""
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "user-launch-home"))
+    return tmp_path
+
+
+def completed_run(tmp_path, rid: str = RUN):
+    """A completed local-backend run of local-demo with its run dir, as `launch up` leaves it."""
+    from launcher.store import registry
+    from launcher.store.registry import Run
+    from payload import layout
+
+    volume = tmp_path / "volume"
+    rd = layout.run_dir(volume, rid)
+    rd.mkdir(parents=True)
+    (rd / "config.yaml").write_text((REPO / "sky/config/local-demo.yaml").read_text())
+    (rd / layout.STATUS).write_text(json.dumps({"state": "completed", "exit_code": 0}))
+    registry.save(Run(id=rid, profile="local-demo", backend="local", state="completed",
+                      handle={"volume": str(volume)}))
+    return rd
+
+
+# ------------------------------------------------------------------ a state dir or a --dest it cannot use
+
+
+@pytest.mark.parametrize("args", [("status",), ("plan", "sonia-h100")])
+def test_a_launch_home_that_cannot_be_a_directory_is_one_line_naming_it(tmp_path, args):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    r = launch(tmp_path, *args, env={"LAUNCH_HOME": str(blocker)})
+    assert_one_line_error(r, str(blocker), "LAUNCH_HOME")
+
+
+def test_profiles_with_an_unusable_state_dir_says_so_once_not_every_profile_invalid(tmp_path):
+    home = tmp_path / "lh"
+    home.mkdir()
+    (home / "sky-offline").write_text("")  # where the offline catalog goes: a file in the way
+    r = launch(tmp_path, "profiles", env={"LAUNCH_HOME": str(home)})
+    assert "invalid" not in r.stdout
+    assert_one_line_error(r, str(home / "sky-offline"), "LAUNCH_HOME")
+
+
+def test_a_dest_that_cannot_be_written_is_one_line_naming_it(user_home):
+    completed_run(user_home)
+    blocker = user_home / "a file"
+    blocker.write_text("")
+    r = launch(user_home, "down", RUN, "--fetch-artifacts", "--dest", str(blocker / "x"))
+    assert_one_line_error(r, str(blocker / "x"))
