@@ -22,6 +22,14 @@ class LaunchGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except KeyboardInterrupt:  # Ctrl-C: what it stopped, and what goes on billing (not click's `Aborted!`)
+            if os.environ.get("LAUNCH_DEBUG"):
+                raise
+            from launcher.term.ui import err_console, literal
+
+            mark, line = interrupted_line(ctx.invoked_subcommand)
+            err_console().print(literal(mark, line), highlight=False, soft_wrap=True)
+            ctx.exit(130)
         except Exception as e:  # noqa: BLE001 - mapped below, re-raised when unknown or debugging
             if os.environ.get("LAUNCH_DEBUG"):
                 # SkyPilot's print_exception_no_traceback leaks sys.tracebacklimit = 0 on errors.
@@ -68,6 +76,21 @@ def command_example(cmd) -> str:
         if line.strip().startswith("Example:"):
             return line.strip().removeprefix("Example:").strip()
     return ""
+
+
+def interrupted_line(command) -> tuple[str, str]:
+    """(mark, line) for a command stopped by Ctrl-C: a run started or followed goes on, a `down` may
+    not have happened; either way the user is told what still bills and the command that stops it."""
+    goes_on = ("the run goes on on its machine and bills until it ends or is stopped: `launch status` shows "
+               "it, `launch down` stops it")
+    if command == "logs":
+        return "[yellow]![/] ", f"stopped following (Ctrl-C); {goes_on}"
+    if command == "up":
+        return "[yellow]![/] ", f"interrupted (Ctrl-C); if it started, {goes_on}"
+    if command == "down":
+        return "[red]✗[/] ", ("interrupted (Ctrl-C) before the run was down: it may still run and bill; run the "
+                              "same `launch down` again (`launch status` shows it)")
+    return "[red]✗[/] ", "interrupted (Ctrl-C)"
 
 
 def user_error_lines(e: Exception):

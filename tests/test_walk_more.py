@@ -63,3 +63,44 @@ def test_a_dest_that_cannot_be_written_is_one_line_naming_it(user_home):
     blocker.write_text("")
     r = launch(user_home, "down", RUN, "--fetch-artifacts", "--dest", str(blocker / "x"))
     assert_one_line_error(r, str(blocker / "x"))
+
+
+# ------------------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_on_logs_follow_says_the_run_goes_on_and_bills(user_home):
+    """Ctrl-C ends the following, not the run: the user is told it still runs (and bills) and how to
+    stop it, instead of click's bare `Aborted!` that reads as if the run was aborted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from launcher.store import registry
+    from launcher.store.registry import Run
+    from walk import LAUNCH, fresh_env
+
+    volume = user_home / "volume"
+    volume.mkdir()
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                              env={**os.environ, "LAUNCH_RUN_ID": RUN, "LAUNCH_VOLUME": str(volume)})
+    try:
+        log = user_home / "user-launch-home" / "local" / RUN / "run.log"
+        log.parent.mkdir(parents=True)
+        log.write_text("step 1/40 | loss 6.9\n")
+        registry.save(Run(id=RUN, profile="local-demo", backend="local", state="running",
+                          handle={"volume": str(volume), "pid": driver.pid}))
+        follow = subprocess.Popen([str(LAUNCH), "logs", RUN, "--follow"], cwd=REPO, env=fresh_env(user_home),
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        assert follow.stdout.readline() == "step 1/40 | loss 6.9\n"  # following now
+        time.sleep(0.5)
+        follow.send_signal(signal.SIGINT)
+        out, err = follow.communicate(timeout=30)
+    finally:
+        driver.kill()
+        driver.wait()
+    assert follow.returncode == 130, err
+    assert "Aborted" not in err and "Traceback" not in err, err
+    assert "the run goes on" in err and "launch down" in err, err
