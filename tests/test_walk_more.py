@@ -104,3 +104,19 @@ def test_ctrl_c_on_logs_follow_says_the_run_goes_on_and_bills(user_home):
     assert follow.returncode == 130, err
     assert "Aborted" not in err and "Traceback" not in err, err
     assert "the run goes on" in err and "launch down" in err, err
+
+
+# ------------------------------------------------------------------------------------ up --nodes
+
+
+def test_up_nodes_below_one_is_refused_and_starts_nothing(tmp_path):
+    r = launch(tmp_path, "up", "local-demo", "--nodes", "0")
+    assert r.returncode == 2 and "--nodes" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "started" not in r.stdout
+
+
+def test_up_nodes_on_a_cloud_backend_is_refused_not_ignored(tmp_path):
+    """`--nodes` sizes the local backend's node processes; on SkyPilot it was dropped without a word and
+    the run went up on the profile's node count: said before the credentials check, naming the fix."""
+    r = launch(tmp_path, "up", "sonia-h100", "--nodes", "2")
+    assert_one_line_error(r, "--nodes", "--backend local", "cluster.num_nodes")
