@@ -120,3 +120,31 @@ def test_up_nodes_on_a_cloud_backend_is_refused_not_ignored(tmp_path):
     the run went up on the profile's node count: said before the credentials check, naming the fix."""
     r = launch(tmp_path, "up", "sonia-h100", "--nodes", "2")
     assert_one_line_error(r, "--nodes", "--backend local", "cluster.num_nodes")
+
+
+# ---------------------------------------------------------------------------------- chat --image
+
+
+def with_adapter(rd):
+    (rd / "outputs" / "adapter").mkdir(parents=True)
+    (rd / "outputs" / "adapter" / "adapter_config.json").write_text("{}")
+
+
+def test_chat_image_on_a_text_model_is_refused_before_loading_it(user_home):
+    """The image was dropped without a word and a text-only answer came back as if it had been seen."""
+    with_adapter(completed_run(user_home))
+    image = user_home / "header é.png"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n")
+    r = launch(user_home, "chat", RUN, "--prompt", "What does it say?", "--image", str(image))
+    assert_one_line_error(r, "--image", "tiny-qwen3", "text-only", "drop --image")
+    assert "loaded" not in r.stderr  # refused before the model is loaded
+
+
+def test_chat_image_that_is_no_image_is_one_line_on_a_vision_model(user_home):
+    rd = completed_run(user_home)
+    (rd / "config.yaml").write_text((REPO / "sky/config/well-log-ocr-spot.yaml").read_text())
+    with_adapter(rd)
+    notes = user_home / "notes.txt"
+    notes.write_text("not an image")
+    r = launch(user_home, "chat", RUN, "--prompt", "Read it", "--image", str(notes))
+    assert_one_line_error(r, "--image", str(notes), "not an image")

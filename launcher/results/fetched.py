@@ -225,6 +225,8 @@ def chat(run_id, prompt, image, max_new_tokens, dest):
 
     run = _run(run_id)
     cfg, adapter, _ = local_config(run, Path(dest))
+    if image:
+        _check_image(cfg.model, image)  # before seconds (or minutes) of loading the model
     observe.setup_logging(to="stderr")  # stdout carries the replies only
     with console().status(f"loading {cfg.model.name_or_path} + {adapter}..."):
         model, processing = infer.load(cfg, adapter)
@@ -235,6 +237,24 @@ def chat(run_id, prompt, image, max_new_tokens, dest):
             return
         reply = infer.answer(model, processing, [infer.chat_turns(text, image)], max_new_tokens)[0]
         click.echo(reply)
+
+
+def _check_image(model, image: str) -> None:
+    """`--image` only for a model that sees images (a text model's chat template drops it without a
+    word), and only a file PIL can open."""
+    from launcher.errors import BackendError
+
+    if model.kind != "image_text_to_text":
+        raise BackendError(f"--image: {model.name_or_path} is a text-only model (model.kind {model.kind}): it "
+                           "would answer without seeing the image; drop --image")
+    from PIL import Image
+
+    try:
+        with Image.open(image) as img:
+            img.verify()
+    except Exception as e:  # noqa: BLE001 - PIL raises several kinds for a file that is no image
+        raise BackendError(f"--image {image}: not an image PIL can read ({type(e).__name__}); give a PNG or "
+                           "JPEG file") from None
 
 
 def _ask() -> Optional[str]:
