@@ -148,3 +148,17 @@ def test_chat_image_that_is_no_image_is_one_line_on_a_vision_model(user_home):
     notes.write_text("not an image")
     r = launch(user_home, "chat", RUN, "--prompt", "Read it", "--image", str(notes))
     assert_one_line_error(r, "--image", str(notes), "not an image")
+
+
+def test_chat_with_a_base_model_out_of_reach_is_one_line_naming_it(user_home):
+    """A vision run's base model neither cached here nor reachable (offline): transformers' OSError came
+    out as a traceback (after minutes of retries without HF_HUB_OFFLINE)."""
+    from PIL import Image
+
+    rd = completed_run(user_home)
+    (rd / "config.yaml").write_text((REPO / "sky/config/well-log-ocr-spot.yaml").read_text())
+    with_adapter(rd)
+    Image.new("RGB", (8, 8)).save(user_home / "header.png")
+    r = launch(user_home, "chat", RUN, "--prompt", "Read it", "--image", str(user_home / "header.png"),
+               env={"HF_HUB_OFFLINE": "1"})
+    assert_one_line_error(r, "Qwen/Qwen3-VL-2B-Instruct", "hf download Qwen/Qwen3-VL-2B-Instruct")
