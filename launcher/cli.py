@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import textwrap
 
 import click
 
@@ -61,11 +62,15 @@ class LaunchGroup(click.Group):
             if not names:
                 continue
             rows = []
+            # write_dl's width for the text column; an example is wrapped at spaces only (click's wrap
+            # breaks at hyphens: a run id split over two lines is no run id when copied)
+            width = max(formatter.width - min(max(map(len, names)), 30) - 4, 10)
             for n in names:
                 rows.append((n, known[n].get_short_help_str(200)))  # wrapped, not cut
                 example = command_example(known[n])
                 if example:
-                    rows.append(("", f"e.g. {example}"))
+                    lines = textwrap.wrap(f"e.g. {example}", width, break_on_hyphens=False, break_long_words=False)
+                    rows.append(("", "\b\n" + "\n".join(lines)))  # \b: click keeps these lines as they are
             with formatter.section(title):
                 formatter.write_dl(rows)
 
@@ -124,10 +129,10 @@ def cli():
     """Fine-tune LLMs on rented GPUs, from a profile in clusters/.
 
     \b
-      launch plan sonia-h100          what it will run, where, how long, what it costs
+      launch plan sonia-h100          what runs where, how long, at what cost
       launch up sonia-h100            render the SkyPilot task, upload, start
       launch logs --follow            follow training
-      launch down --fetch-artifacts   bring the artifacts home verified, then tear down
+      launch down --fetch-artifacts   fetch the artifacts verified, then tear down
     """
 
 

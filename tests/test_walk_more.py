@@ -162,3 +162,16 @@ def test_chat_with_a_base_model_out_of_reach_is_one_line_naming_it(user_home):
     r = launch(user_home, "chat", RUN, "--prompt", "Read it", "--image", str(user_home / "header.png"),
                env={"HF_HUB_OFFLINE": "1"})
     assert_one_line_error(r, "Qwen/Qwen3-VL-2B-Instruct", "hf download Qwen/Qwen3-VL-2B-Instruct")
+
+
+# ------------------------------------------------------------------------------------------ --help
+
+
+@pytest.mark.parametrize("args", [("--help",), ("compare", "--help")])
+def test_help_at_80_columns_never_breaks_a_run_id_of_an_example(tmp_path, args):
+    """The compare example's second run id was wrapped at its hyphen (`local-` / `demo-2026...`): copied
+    from the terminal it is no run id."""
+    r = launch(tmp_path, *args)
+    assert r.returncode == 0, r.stderr
+    assert "local-demo-20261125-113000" in r.stdout, r.stdout
+    assert all(len(line) <= 80 for line in r.stdout.splitlines()), r.stdout

@@ -253,6 +253,7 @@ def plot_path(dest: Path, ids: list[str]) -> Path:
 def compare(run_ids, dest, plot_to, as_json):
     """Compare runs: differing config, code, steps, eval loss, metric, tokens/s, hours, $; loss curves overlaid.
 
+    \b
     Example: launch compare local-demo-20261125-101500 local-demo-20261125-113000
     """
     from payload.volume.observe import plot_overlay
