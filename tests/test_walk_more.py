@@ -175,3 +175,22 @@ def test_help_at_80_columns_never_breaks_a_run_id_of_an_example(tmp_path, args):
     assert r.returncode == 0, r.stderr
     assert "local-demo-20261125-113000" in r.stdout, r.stdout
     assert all(len(line) <= 80 for line in r.stdout.splitlines()), r.stdout
+
+
+# ------------------------------------------------------------------------------ --resume of another's run
+
+
+def test_resume_of_a_run_of_another_profile_is_refused_naming_its_profile(user_home):
+    """A run id pasted from the wrong line: `launch up local-demo --resume <a well-log run>` resumed that
+    run with local-demo's model and data (a run recorded without its config compared with nothing), and a
+    completed one was answered with `launch up local-demo --resume ...` again."""
+    from launcher.store import registry
+
+    completed_run(user_home, "well-log-ocr-spot-20261126-000000")
+    run = registry.get("well-log-ocr-spot-20261126-000000")
+    run.profile, run.state = "well-log-ocr-spot", "stopped"
+    registry.save(run)
+    r = launch(user_home, "up", "local-demo", "--resume", "well-log-ocr-spot-20261126-000000")
+    assert_one_line_error(r, "well-log-ocr-spot-20261126-000000", "well-log-ocr-spot",
+                          "launch up well-log-ocr-spot --resume well-log-ocr-spot-20261126-000000")
+    assert registry.get("well-log-ocr-spot-20261126-000000").state == "stopped"

@@ -69,6 +69,10 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         except Exception:  # no such run: the profile's own problems are said first, as ever
             validate(written)
             raise
+        if prior.profile != written.name:  # a run id from the wrong line: never resumed with this profile
+            raise BackendError(f"run {prior.id} is a run of {prior.profile}, not {written.name}: resume it with "
+                               f"`launch up {prior.profile} --resume {prior.id}`, or start {written.name} "
+                               f"with `launch up {written.name}`")
     new_sets = sets
     if prior is not None:  # a resume keeps the run's config: its recorded --set and --env, this command's on top
         sets, extra_env = experiment.carried(prior, sets, extra_env)
