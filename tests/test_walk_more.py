@@ -194,3 +194,13 @@ def test_resume_of_a_run_of_another_profile_is_refused_naming_its_profile(user_h
     assert_one_line_error(r, "well-log-ocr-spot-20261126-000000", "well-log-ocr-spot",
                           "launch up well-log-ocr-spot --resume well-log-ocr-spot-20261126-000000")
     assert registry.get("well-log-ocr-spot-20261126-000000").state == "stopped"
+
+
+def test_eval_into_a_dest_it_cannot_write_says_so_before_scoring(user_home):
+    """The whole evaluation (minutes for a real model on CPU) ran first, then the write failed."""
+    with_adapter(completed_run(user_home))
+    blocker = user_home / "a file"
+    blocker.write_text("")
+    r = launch(user_home, "eval", RUN, "--dest", str(blocker / "x"))
+    assert_one_line_error(r, str(blocker))
+    assert "loaded" not in r.stderr  # nothing loaded, nothing scored

@@ -195,6 +195,7 @@ def eval_(run_id, split, dest, as_json):
 
     run = _run(run_id)
     cfg, adapter, out = local_config(run, Path(dest))
+    out.mkdir(parents=True, exist_ok=True)  # a --dest it cannot write: said before the model loads and scores
     observe.setup_logging(to="stderr")  # the payload's progress lines: never into --json on stdout
     with console().status(f"evaluating {run.id} on {split or 'the final split'}..."), _base_model_reach(cfg.model):
         result = evaluate.main(cfg, split, str(adapter), out_dir=out)
