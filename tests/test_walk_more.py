@@ -204,3 +204,23 @@ def test_eval_into_a_dest_it_cannot_write_says_so_before_scoring(user_home):
     r = launch(user_home, "eval", RUN, "--dest", str(blocker / "x"))
     assert_one_line_error(r, str(blocker))
     assert "loaded" not in r.stderr  # nothing loaded, nothing scored
+
+
+# ----------------------------------------------------------------------------------------- compare
+
+
+def test_compare_of_a_run_that_logged_no_step_does_not_say_it_was_not_fetched(user_home):
+    """A run stopped before its first logged step, fetched, its local machine still there: compare said
+    `nowhere (not fetched, machine gone)`, both untrue."""
+    from payload import layout
+
+    rd = completed_run(user_home)
+    (rd / layout.METRICS).write_text(json.dumps({"step": 5, "loss": 6.5}) + "\n")
+    completed_run(user_home, "local-demo-20261126-000100")  # no metrics.jsonl anywhere
+    fetched = user_home / "artifacts" / "local-demo-20261126-000100"
+    fetched.mkdir(parents=True)
+    (fetched / "data_stats.json").write_text("{}")
+    r = launch(user_home, "compare", RUN, "local-demo-20261126-000100", "--dest", str(user_home / "artifacts"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "not fetched" not in r.stdout and "machine gone" not in r.stdout, r.stdout
+    assert "local-demo-20261126-000100: from nowhere: no metrics fetched, none on its local machine" in r.stdout

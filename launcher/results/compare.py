@@ -124,7 +124,9 @@ def _live(run) -> tuple[dict, list[dict], str]:
     except BackendError:
         summary, metrics = None, None
     summary = _json(summary)
-    where = f"its {run.backend} machine" if metrics is not None else "nowhere (not fetched, machine gone)"
+    # None is a file missing or a machine out of reach alike (backends' read_run_file): say both
+    where = f"its {run.backend} machine" if metrics is not None else \
+        f"nowhere: no metrics fetched, none on its {run.backend} machine (no step logged, or the machine is gone)"
     return summary if isinstance(summary, dict) else {}, _records(metrics), where
 
 
