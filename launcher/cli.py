@@ -5,8 +5,10 @@ This module stays light (click only) so `launch --help` is fast; each command im
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+import textwrap
 
 import click
 
@@ -21,6 +23,14 @@ class LaunchGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except KeyboardInterrupt:  # Ctrl-C: what it stopped, and what goes on billing (not click's `Aborted!`)
+            if os.environ.get("LAUNCH_DEBUG"):
+                raise
+            from launcher.term.ui import err_console, literal
+
+            mark, line = interrupted_line(ctx.invoked_subcommand)
+            err_console().print(literal(mark, line), highlight=False, soft_wrap=True)
+            ctx.exit(130)
         except Exception as e:  # noqa: BLE001 - mapped below, re-raised when unknown or debugging
             if os.environ.get("LAUNCH_DEBUG"):
                 # SkyPilot's print_exception_no_traceback leaks sys.tracebacklimit = 0 on errors.
@@ -52,11 +62,15 @@ class LaunchGroup(click.Group):
             if not names:
                 continue
             rows = []
+            # write_dl's width for the text column; an example is wrapped at spaces only (click's wrap
+            # breaks at hyphens: a run id split over two lines is no run id when copied)
+            width = max(formatter.width - min(max(map(len, names)), 30) - 4, 10)
             for n in names:
                 rows.append((n, known[n].get_short_help_str(200)))  # wrapped, not cut
                 example = command_example(known[n])
                 if example:
-                    rows.append(("", f"e.g. {example}"))
+                    lines = textwrap.wrap(f"e.g. {example}", width, break_on_hyphens=False, break_long_words=False)
+                    rows.append(("", "\b\n" + "\n".join(lines)))  # \b: click keeps these lines as they are
             with formatter.section(title):
                 formatter.write_dl(rows)
 
@@ -69,11 +83,26 @@ def command_example(cmd) -> str:
     return ""
 
 
+def interrupted_line(command) -> tuple[str, str]:
+    """(mark, line) for a command stopped by Ctrl-C: a run started or followed goes on, a `down` may
+    not have happened; either way the user is told what still bills and the command that stops it."""
+    goes_on = ("the run goes on on its machine and bills until it ends or is stopped: `launch status` shows "
+               "it, `launch down` stops it")
+    if command == "logs":
+        return "[yellow]![/] ", f"stopped following (Ctrl-C); {goes_on}"
+    if command == "up":
+        return "[yellow]![/] ", f"interrupted (Ctrl-C); if it started, {goes_on}"
+    if command == "down":
+        return "[red]✗[/] ", ("interrupted (Ctrl-C) before the run was down: it may still run and bill; run the "
+                              "same `launch down` again (`launch status` shows it)")
+    return "[red]✗[/] ", "interrupted (Ctrl-C)"
+
+
 def user_error_lines(e: Exception):
     from payload.config import ConfigError
     from payload.errors import PayloadError  # a payload step run here (eval, chat): its one line
 
-    from .errors import BackendError
+    from .errors import BackendError, StateError
     from .catalog import PlanError
     from launcher.store.registry import RegistryError, RunNotFound
 
@@ -81,11 +110,17 @@ def user_error_lines(e: Exception):
         n = len(e.problems)
         head = [f"{n} problem{'s' if n > 1 else ''} in the profile:"] if n > 1 else []
         return head + list(e.problems)
-    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError, PayloadError)):
+    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError, PayloadError, StateError)):
         return [str(e)]
     if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
         return [f"disk full: {e.filename or ''} - free space or set LAUNCH_HOME to a larger disk"]
+    if isinstance(e, OSError) and e.filename and e.errno in UNWRITABLE:  # --dest, --plot, a file of a run
+        return [f"cannot write {e.filename}: {e.strerror}; choose a path you can write to"]
     return None
+
+
+# A path the user named that cannot be written: read-only, no permission, a file in the way.
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
 
 
 @click.group(cls=LaunchGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,10 +129,10 @@ def cli():
     """Fine-tune LLMs on rented GPUs, from a profile in clusters/.
 
     \b
-      launch plan sonia-h100          what it will run, where, how long, what it costs
+      launch plan sonia-h100          what runs where, how long, at what cost
       launch up sonia-h100            render the SkyPilot task, upload, start
       launch logs --follow            follow training
-      launch down --fetch-artifacts   bring the artifacts home verified, then tear down
+      launch down --fetch-artifacts   fetch the artifacts verified, then tear down
     """
 
 

@@ -8,3 +8,8 @@ Each is shown as one `✗` line without a traceback (launcher/cli.py), unless LA
 
 class BackendError(Exception):
     """A one-line, user-fixable problem with a run's machine or its files (shown without traceback)."""
+
+
+class StateError(Exception):
+    """launch's own state dir (`$LAUNCH_HOME`, default `~/.launch`) or a folder in it cannot be made or
+    written: one line naming the path and LAUNCH_HOME (shown without traceback)."""

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from launcher.store.state import state_dir
+from launcher.store.state import state_dir, unusable
 
 HERE = Path(__file__).resolve().parent
 SNAPSHOT = HERE / "v8"
@@ -75,9 +75,12 @@ def install_snapshot(runtime_dir: Path) -> Path:
     dest = Path(runtime_dir) / ".sky" / "catalogs" / "v8"
     for src in SNAPSHOT.rglob("*.csv"):
         target = dest / src.relative_to(SNAPSHOT)
-        if not target.exists() or target.read_bytes() != src.read_bytes():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, target)
+        try:
+            if not target.exists() or target.read_bytes() != src.read_bytes():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, target)
+        except OSError as e:  # a read-only LAUNCH_HOME, a file in the way: one line, not a traceback
+            raise unusable(target.parent, e) from None
     return dest
 
 

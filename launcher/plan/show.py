@@ -127,6 +127,7 @@ def plan_warnings(plan) -> list[str]:
 
 def print_profiles(as_json: bool) -> None:
     from launcher.plan.estimate import plan_profile
+    from launcher.store.state import StateError
     from launcher.profiles.profile import ProfileError, load_profile, profile_names
 
     rows = []
@@ -141,6 +142,8 @@ def print_profiles(as_json: bool) -> None:
                          "price_per_hour": pl.price_per_hour, "est_hours": pl.total_hours,
                          "est_usd": pl.total_usd, "gpu_memory": pl.memory.get("status"),
                          "storage_usd_per_month": round(sum(monthly), 2) if monthly else None, "error": None})
+        except StateError:  # launch's own state dir, not this profile: said once, as every command does
+            raise
         except (ProfileError, Exception) as e:  # one broken profile must not hide the others
             rows.append({"profile": name, "error": str(e).splitlines()[0]})
     from launcher.term.tables import print_table

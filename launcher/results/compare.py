@@ -125,7 +125,9 @@ def _live(run) -> tuple[dict, list[dict], str]:
     except BackendError:
         summary, metrics = None, None
     summary = _json(summary)
-    where = f"its {run.backend} machine" if metrics is not None else "nowhere (not fetched, machine gone)"
+    # None is a file missing or a machine out of reach alike (backends' read_run_file): say both
+    where = f"its {run.backend} machine" if metrics is not None else \
+        f"nowhere: no metrics fetched, none on its {run.backend} machine (no step logged, or the machine is gone)"
     return summary if isinstance(summary, dict) else {}, _records(metrics), where
 
 
@@ -250,6 +252,7 @@ def plot_path(dest: Path, ids: list[str]) -> Path:
 def compare(run_ids, dest, plot_to, as_json):
     """Compare runs: differing config, code, steps, eval loss, metric, tokens/s, hours, $; loss curves overlaid.
 
+    \b
     Example: launch compare local-demo-20261125-101500 local-demo-20261125-113000
     """
     from payload.volume.observe import plot_overlay

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -194,8 +195,9 @@ def eval_(run_id, split, dest, as_json):
 
     run = _run(run_id)
     cfg, adapter, out = local_config(run, Path(dest))
+    out.mkdir(parents=True, exist_ok=True)  # a --dest it cannot write: said before the model loads and scores
     observe.setup_logging(to="stderr")  # the payload's progress lines: never into --json on stdout
-    with console().status(f"evaluating {run.id} on {split or 'the final split'}..."):
+    with console().status(f"evaluating {run.id} on {split or 'the final split'}..."), _base_model_reach(cfg.model):
         result = evaluate.main(cfg, split, str(adapter), out_dir=out)
     if as_json:
         from launcher.term.units import json_text
@@ -225,8 +227,10 @@ def chat(run_id, prompt, image, max_new_tokens, dest):
 
     run = _run(run_id)
     cfg, adapter, _ = local_config(run, Path(dest))
+    if image:
+        _check_image(cfg.model, image)  # before seconds (or minutes) of loading the model
     observe.setup_logging(to="stderr")  # stdout carries the replies only
-    with console().status(f"loading {cfg.model.name_or_path} + {adapter}..."):
+    with console().status(f"loading {cfg.model.name_or_path} + {adapter}..."), _base_model_reach(cfg.model):
         model, processing = infer.load(cfg, adapter)
     prompts = [prompt] if prompt is not None else None
     while True:
@@ -235,6 +239,43 @@ def chat(run_id, prompt, image, max_new_tokens, dest):
             return
         reply = infer.answer(model, processing, [infer.chat_turns(text, image)], max_new_tokens)[0]
         click.echo(reply)
+
+
+@contextlib.contextmanager
+def _base_model_reach(model):
+    """The base model comes from the Hub or its cache here: out of reach, one line naming it and the
+    fix (transformers says so with a bare OSError, the Hub with its own errors), not a traceback."""
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    from launcher.errors import BackendError
+
+    try:
+        yield
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as e:
+        if isinstance(e, OSError) and e.errno is not None:  # a file here: the CLI's own line names it
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BackendError(f"cannot load {model.name_or_path} here: {first} It comes from the Hugging Face Hub "
+                           f"or its cache on this machine: connect (HF_TOKEN for a gated model), or download it "
+                           f"first: hf download {model.name_or_path}") from None
+
+
+def _check_image(model, image: str) -> None:
+    """`--image` only for a model that sees images (a text model's chat template drops it without a
+    word), and only a file PIL can open."""
+    from launcher.errors import BackendError
+
+    if model.kind != "image_text_to_text":
+        raise BackendError(f"--image: {model.name_or_path} is a text-only model (model.kind {model.kind}): it "
+                           "would answer without seeing the image; drop --image")
+    from PIL import Image
+
+    try:
+        with Image.open(image) as img:
+            img.verify()
+    except Exception as e:  # noqa: BLE001 - PIL raises several kinds for a file that is no image
+        raise BackendError(f"--image {image}: not an image PIL can read ({type(e).__name__}); give a PNG or "
+                           "JPEG file") from None
 
 
 def _ask() -> Optional[str]:

@@ -25,7 +25,7 @@ TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
 @click.option("--resume", "resume", default=None, is_flag=False, flag_value="latest",
               help="Continue RUN (default: this profile's latest) from its newest complete checkpoint.")
 @click.option("--new", "force_new", is_flag=True, help="Start a fresh run even if an earlier one could resume.")
-@click.option("--nodes", type=int, help="local backend: number of local node processes.")
+@click.option("--nodes", type=click.IntRange(min=1), help="local backend: number of local node processes.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a profile value (YAML) for this run, e.g. --set train.learning_rate=1e-4 or, for a "
                    "list item, --set data.sources.0.path=d.jsonl; the task is rendered for the run and the "
@@ -69,6 +69,10 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
         except Exception:  # no such run: the profile's own problems are said first, as ever
             validate(written)
             raise
+        if prior.profile != written.name:  # a run id from the wrong line: never resumed with this profile
+            raise BackendError(f"run {prior.id} is a run of {prior.profile}, not {written.name}: resume it with "
+                               f"`launch up {prior.profile} --resume {prior.id}`, or start {written.name} "
+                               f"with `launch up {written.name}`")
     new_sets = sets
     if prior is not None:  # a resume keeps the run's config: its recorded --set and --env, this command's on top
         sets, extra_env = experiment.carried(prior, sets, extra_env)
@@ -86,6 +90,10 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
     if backend == "ssh" and not host:
         raise BackendError("--backend ssh needs --host user@host[:port]")
+    if nodes and backend != "local":  # it sizes local node processes only: never dropped without a word
+        raise BackendError(f"--nodes runs N node processes with --backend local; on {backend} the profile's "
+                           f"cluster.num_nodes ({p.cluster.num_nodes}) is the node count: "
+                           f"--set cluster.num_nodes={nodes}")
     if backend == "local":
         _require_training_extras()
     if backend == "skypilot" and not dry_run and not p.cluster.is_local:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from launcher.errors import StateError
+
 
 def state_dir() -> Path:
     d = Path(os.environ.get("LAUNCH_HOME") or Path.home() / ".launch").expanduser()
@@ -14,10 +16,21 @@ def state_dir() -> Path:
 
 
 def private_dir(path: Path) -> Path:
-    """`path` as a directory only its owner can read (created 0700, tightened if group/other had access)."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """`path` as a directory only its owner can read (created 0700, tightened if group/other had access).
+    A path that cannot be a directory (read-only, a file in the way) is a StateError naming it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        raise unusable(path, e) from None
     tighten(path, 0o700)
     return path
+
+
+def unusable(path: Path, e: OSError) -> StateError:
+    """The one line for a folder of launch's state that cannot be made or written."""
+    why = "a file is in the way, not a directory" if isinstance(e, FileExistsError) else e.strerror or str(e)
+    return StateError(f"cannot use {e.filename or path}: {why}; set LAUNCH_HOME to a writable directory "
+                      "(launch keeps its state there, default ~/.launch)")
 
 
 def tighten(path: Path, mode: int) -> None:
