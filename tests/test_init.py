@@ -51,6 +51,8 @@ def test_init_refuses_to_overwrite_and_bad_names_without_writing(clusters):
     assert (clusters / "local-demo.yaml").read_text() == before
     r = launch("init", "My_Profile", "--from", "local-demo")
     assert r.exit_code == 1 and "is not a valid name" in r.output and "my-profile" in r.output
+    r = launch("init", "Köln-ö", "--from", "local-demo")  # accents dropped, not the letters under them
+    assert r.exit_code == 1 and "e.g. `koln-o`" in r.output
     r = launch("init", "x-demo", "--from", "no-such-profile")
     assert r.exit_code == 1 and "no profile `no-such-profile`" in r.output
     assert sorted(p.name for p in clusters.iterdir()) == ["local-demo.yaml", "sonia-h100.yaml"]

@@ -21,8 +21,12 @@ RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def slugify(value: str) -> str:
-    """The nearest valid profile name: lowercase, runs of other characters as `-`, at most 63."""
-    return re.sub(r"[^a-z0-9]+", "-", str(value).lower())[:63].strip("-") or "run"
+    """The nearest valid profile name: accents dropped (`ök` -> `ok`), lowercase, runs of other
+    characters as `-`, at most 63."""
+    import unicodedata
+
+    plain = unicodedata.normalize("NFKD", str(value)).encode("ascii", "ignore").decode()
+    return re.sub(r"[^a-z0-9]+", "-", plain.lower())[:63].strip("-") or "run"
 
 
 def check_name(value: str) -> str:
