@@ -147,3 +147,85 @@ def use_padding_free_collator(trainer) -> None:
     trainer.data_collator = DataCollatorForLanguageModeling(
         pad_token_id=old.pad_token_id, padding_free=True, pad_to_multiple_of=old.pad_to_multiple_of)
     trainer.padding_free = True
+
+
+def check_trained_tokens(trainer, cfg, train_records: list[dict], val_records: list[dict]) -> dict:
+    """The records TRL's preparation left without a trained token, counted, logged and refused.
+
+    TRL (SFTTrainer._prepare_dataset) cuts each record to `max_length` and drops the ones left with
+    no trained token (assistant-only loss: the prompt fills the window); packed records are cut the
+    same way but kept, training nothing. None left to train (or fewer than one batch): a one-line
+    PayloadError (exit 2), not the sampler's `num_samples=0` at step 0. Returns the counts that
+    status.json and the summary carry (empty when no record lost its trained tokens)."""
+    t = cfg.train
+    lost = {name: _untrained(ds, records, t.packing)
+            for name, ds, records in (("train", trainer.train_dataset, train_records),
+                                      ("val", trainer.eval_dataset, val_records)) if ds is not None}
+    if not any(n for n, _ in lost.values()):
+        return {}
+    template = getattr(trainer, "chat_template", None)
+    tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    prompts = [p for name, (_, idx) in lost.items() for i in idx[:MAX_PROMPTS_MEASURED]
+               if (p := prompt_tokens((train_records if name == "train" else val_records)[i], tok, template)) is not None]
+    span = f"{min(prompts):,}-{max(prompts):,}" if prompts and min(prompts) != max(prompts) else \
+        f"{prompts[0]:,}" if prompts else "unknown"
+    fate = "kept in the packs, training nothing" if t.packing else "dropped by TRL"
+    why = (f"their prompt fills train.max_seq_length {t.max_seq_length} (prompt tokens: {span}), so no "
+           f"assistant token is left to train")
+    n_train = len(train_records)
+    lost_train = lost.get("train", (0, []))[0]
+    left = n_train - lost_train
+    if left == 0 or left < t.per_device_batch_size:
+        raise PayloadError(
+            f"train.max_seq_length {t.max_seq_length} leaves {'none' if left == 0 else f'only {left:,}'} of the "
+            f"{n_train:,} train records with a token to train: {why}; set train.max_seq_length above "
+            f"{f'{max(prompts):,} (the longest prompt)' if prompts else 'the longest prompt'} plus room for the "
+            "answer, or shorten the prompts")
+    lines = [f"{n:,} of {len(train_records if name == 'train' else val_records):,} {name} records"
+             for name, (n, _) in lost.items() if n]
+    log.warning("%s %s: %s (the plan counted them in its steps and epochs)", " and ".join(lines), fate, why)
+    out = {"dropped_records": {name: n for name, (n, _) in lost.items() if n},
+           "dropped_reason": f"{' and '.join(lines)} {fate}: {why}"}
+    if lost.get("val", (0, []))[0] == len(val_records) and val_records:
+        raise PayloadError(f"train.max_seq_length {t.max_seq_length} leaves no val record with a token to "
+                           f"score: {why}; raise train.max_seq_length or shorten the prompts")
+    return out
+
+
+MAX_PROMPTS_MEASURED = 2000  # dropped records whose prompt is tokenized again for the line (the longest of them)
+
+
+def _untrained(ds, records: list[dict], packing: bool) -> tuple[int, list[int]]:
+    """(records without a trained token, indices of those known): unpacked, the ones TRL dropped;
+    packed, the all-masked segments of the packs (their records are not known)."""
+    if not packing:
+        kept = set(ds["record_index"]) if "record_index" in ds.column_names else set(range(len(ds)))
+        missing = [i for i in range(len(records)) if i not in kept]
+        return len(missing), missing
+    if "seq_lengths" not in ds.column_names:
+        return 0, []
+    n = 0
+    for batch in ds.iter(batch_size=256):
+        for labels, lengths in zip(batch["labels"], batch["seq_lengths"]):
+            start = 0
+            for length in lengths:
+                n += all(x == -100 for x in labels[start:start + length])
+                start += length
+    return n, []
+
+
+def prompt_tokens(rec: dict, tokenizer, chat_template=None):
+    """Tokens before the first trained one, as SFTTrainer tokenizes the record (None for a record
+    with images: the processor widens them)."""
+    from trl.data_utils import _tokenize
+
+    try:
+        row = text_row(rec, "record")
+    except PayloadError:
+        return None
+    try:
+        out = _tokenize(tokenizer, row["messages"], return_assistant_tokens_mask=True, chat_template=chat_template)
+    except (ValueError, TypeError, KeyError):
+        return None
+    mask = list(out.get("assistant_masks") or [])
+    return mask.index(1) if 1 in mask else len(mask)
