@@ -53,3 +53,17 @@ def test_some_prompts_too_long_train_and_the_drop_is_counted(train_env, capsys):
         "train.max_seq_length 64 (prompt tokens: 125-126)" in said[0], said
     status = json.loads((cfg.run_dir / layout.STATUS).read_text())
     assert status["dropped_records"] == {"train": 3} and "3 of 8 train records" in status["dropped_reason"]
+
+
+def test_packed_records_left_without_a_trained_token_are_refused_too(train_env):
+    # Packing keeps a cut record in its pack (training nothing): counted per packed segment.
+    import pytest
+
+    import payload.train.recipe as recipe
+    from payload.errors import PayloadError
+
+    cfg = make_config(train_env, "packed", train={"max_seq_length": 20, "packing": True})
+    _write_jsonl(cfg.run_dir / "data" / "train.jsonl", text_records(4, 1))
+    run = recipe.Run(cfg=cfg, run_dir=cfg.run_dir)
+    with pytest.raises(PayloadError, match="leaves none of the 4 train records with a token to train"):
+        recipe.setup(run)
