@@ -34,6 +34,11 @@ class Counted:
     how: str
     lengths: Optional[list] = None
     """Tokens of each train record (what `launch plan` says packing would save is computed from them)."""
+    untrained: int = 0
+    """Train records whose prompt fills train.max_seq_length: TRL drops them (no trained token left)."""
+    untrained_note: Optional[str] = None
+    refusal: Optional[str] = None
+    """Every train record loses its trained tokens, counted as SFTTrainer tokenizes them: the plan refuses."""
 
 
 def count_local(p, base_dir: Path) -> Counted:
@@ -43,13 +48,78 @@ def count_local(p, base_dir: Path) -> Counted:
     tok, how = _tokenizer(p.model.name_or_path)
     with tempfile.TemporaryDirectory(prefix="launch-plan-data-") as d:
         stats = prepare(p.data, d, base_dir=base_dir, log=lambda line: None)
-        lengths = []
+        lengths, prompts, long = [], [], []
         with open(Path(d) / "train.jsonl", encoding="utf-8") as f:
             for line in f:
                 if line.strip():
-                    lengths.append(record_tokens(json.loads(line), tok, Path(d), p))
+                    rec = json.loads(line)
+                    lengths.append(record_tokens(rec, tok, Path(d), p))
+                    prompts.append(record_tokens(_prompt_part(rec), tok, Path(d), p))
+                    if prompts[-1] >= CANDIDATE_SHARE * p.train.max_seq_length:
+                        long.append(rec)
+        untrained = untrained_records(p, prompts, long, tok is not None)
     return Counted(len(lengths), sum(lengths), int(stats["totals"].get("test") or 0),
-                   f"counted like the data step (max_records, filters, split), {how}", lengths)
+                   f"counted like the data step (max_records, filters, split), {how}", lengths, *untrained)
+
+
+CANDIDATE_SHARE = 0.75  # records whose counted prompt is this close to max_seq_length are tokenized exactly
+
+
+def _prompt_part(rec: Any) -> Any:
+    """The record up to its first assistant turn (what assistant-only loss masks before a trained token)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
+        return rec
+    msgs = rec["messages"]
+    first = next((i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "assistant"), len(msgs))
+    return {"messages": msgs[:first]}
+
+
+def untrained_records(p, prompts: list, long: list, counted: bool) -> tuple[int, Optional[str], Optional[str]]:
+    """(train records left without a trained token at train.max_seq_length, the plan's line about them,
+    the refusal when that is every record and the count is exact).
+
+    With assistant-only loss, TRL cuts each record to max_seq_length and drops the ones whose prompt
+    fills it (the run refuses to start when none is left, after the machine is up). The records whose
+    counted prompt comes near the limit are tokenized again exactly as SFTTrainer does, with the
+    model's tokenizer and chat template when they are cached here; else the count is an estimate."""
+    t = p.train
+    if not t.assistant_only_loss or not long:
+        return 0, None, None
+    exact = _exact_prompts(p, long)
+    if exact is not None:
+        lost = [n for n in exact if n >= t.max_seq_length]
+        how = "tokenized with the model's chat template"
+    else:
+        lost = [n for n in prompts if n >= t.max_seq_length]
+        how = "tokens counted with the model's tokenizer, chat template approximated" if counted else \
+            f"estimated at ~{CHARS_PER_TOKEN:g} characters/token"
+        how += "; `launch data preview` tokenizes them exactly once the tokenizer is cached"
+    if not lost:
+        return 0, None, None
+    fate = "they stay in the packs, training nothing" if t.packing else "TRL drops them, the steps above leave them out"
+    span = ("" if exact is not None else "~") + f"{int(min(lost)):,}" + \
+        (f"-{int(max(lost)):,}" if int(max(lost)) != int(min(lost)) else "")
+    note = (f"{len(lost):,} of {len(prompts):,} train records have a prompt of {span} tokens ({how}), filling "
+            f"train.max_seq_length {t.max_seq_length} with no assistant token left to train: {fate}; set "
+            f"train.max_seq_length above {int(max(lost)):,} plus room for the answer to keep them")
+    refusal = None
+    if exact is not None and len(lost) >= len(prompts):
+        refusal = (f"train.max_seq_length {t.max_seq_length} leaves none of the {len(prompts):,} train records "
+                   f"a token to train: their prompts are {span} tokens ({how}); set train.max_seq_length above "
+                   f"{int(max(lost)):,} (the longest prompt) plus room for the answer, or shorten the prompts")
+    return len(lost), note, refusal
+
+
+def _exact_prompts(p, records: list) -> Optional[list]:
+    """Prompt tokens of `records` as SFTTrainer tokenizes them, or None without the cached tokenizer."""
+    from payload.data import preview, trainset
+
+    tokenizer, _why = preview.load_cached_tokenizer(p)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None
+    template = preview.training_template(tokenizer, True)
+    out = [trainset.prompt_tokens(rec, tokenizer, template) for rec in records]
+    return None if any(n is None for n in out) else out
 
 
 def record_tokens(rec: Any, tok, where: Path, p) -> float:
@@ -123,9 +193,12 @@ def estimate_from_files(p, base_dir: Path) -> Optional[Counted]:
     from launcher.profiles.profile import ProfileError
 
     try:
-        return count_local(p, base_dir)
+        counted = count_local(p, base_dir)
     except PayloadError as e:
         raise ProfileError([f"{p.name}: {e} (read in full to count its tokens; the run's data step would "
                             "refuse it the same way)"]) from None
     except (OSError, ValueError, KeyError):
         return None
+    if counted.refusal:
+        raise ProfileError([f"{p.name}: {counted.refusal}"])
+    return counted
