@@ -32,8 +32,7 @@ def test_every_prompt_longer_than_max_seq_length_is_exit_2_with_one_line(train_e
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("payload train: train.max_seq_length 20 leaves none of the 4 train records with a "
                            "token to train: their prompt fills train.max_seq_length 20 (prompt tokens: 43-44)"), line
-    assert line.endswith("set train.max_seq_length above 44 (the longest prompt) plus room for the answer, or "
-                         "shorten the prompts"), line
+    assert line.endswith("set train.max_seq_length above 44 plus room for the answer, or shorten the prompts"), line
     status = json.loads((cfg.run_dir / layout.STATUS).read_text())
     assert status["state"] == "failed" and status["exit_code"] == 2 and "max_seq_length" in status["reason"]
     assert not (cfg.run_dir / layout.LOGS_DIR / "rank_0_traceback.log").exists()
@@ -51,6 +50,7 @@ def test_some_prompts_too_long_train_and_the_drop_is_counted(train_env, capsys):
     said = [line for line in capsys.readouterr().out.splitlines() if "dropped by TRL" in line]
     assert len(said) == 1 and "WARNING 3 of 8 train records dropped by TRL: their prompt fills " \
         "train.max_seq_length 64 (prompt tokens: 125-126)" in said[0], said
+    assert said[0].endswith("set train.max_seq_length above 126 plus room for the answer to keep them")
     status = json.loads((cfg.run_dir / layout.STATUS).read_text())
     assert status["dropped_records"] == {"train": 3} and "3 of 8 train records" in status["dropped_reason"]
 

@@ -76,50 +76,32 @@ def _prompt_part(rec: Any) -> Any:
 
 def untrained_records(p, prompts: list, long: list, counted: bool) -> tuple[int, Optional[str], Optional[str]]:
     """(train records left without a trained token at train.max_seq_length, the plan's line about them,
-    the refusal when that is every record and the count is exact).
+    the refusal when that is every record and the count is exact: payload/data/preview.py's lines).
 
-    With assistant-only loss, TRL cuts each record to max_seq_length and drops the ones whose prompt
-    fills it (the run refuses to start when none is left, after the machine is up). The records whose
-    counted prompt comes near the limit are tokenized again exactly as SFTTrainer does, with the
-    model's tokenizer and chat template when they are cached here; else the count is an estimate."""
-    t = p.train
-    if not t.assistant_only_loss or not long:
+    The records whose counted prompt comes near the limit (`long`) are tokenized again as SFTTrainer
+    does, with the model's tokenizer and chat template when they are cached here; else the counted
+    prompts decide, an estimate said as one."""
+    from payload.data import preview
+
+    if not p.train.assistant_only_loss or not long:
         return 0, None, None
     exact = _exact_prompts(p, long)
     if exact is not None:
-        lost = [n for n in exact if n >= t.max_seq_length]
-        how = "tokenized with the model's chat template"
-    else:
-        lost = [n for n in prompts if n >= t.max_seq_length]
-        how = "tokens counted with the model's tokenizer, chat template approximated" if counted else \
-            f"estimated at ~{CHARS_PER_TOKEN:g} characters/token"
-        how += "; `launch data preview` tokenizes them exactly once the tokenizer is cached"
-    if not lost:
-        return 0, None, None
-    fate = "they stay in the packs, training nothing" if t.packing else "TRL drops them, the steps above leave them out"
-    span = ("" if exact is not None else "~") + f"{int(min(lost)):,}" + \
-        (f"-{int(max(lost)):,}" if int(max(lost)) != int(min(lost)) else "")
-    note = (f"{len(lost):,} of {len(prompts):,} train records have a prompt of {span} tokens ({how}), filling "
-            f"train.max_seq_length {t.max_seq_length} with no assistant token left to train: {fate}; set "
-            f"train.max_seq_length above {int(max(lost)):,} plus room for the answer to keep them")
-    refusal = None
-    if exact is not None and len(lost) >= len(prompts):
-        refusal = (f"train.max_seq_length {t.max_seq_length} leaves none of the {len(prompts):,} train records "
-                   f"a token to train: their prompts are {span} tokens ({how}); set train.max_seq_length above "
-                   f"{int(max(lost)):,} (the longest prompt) plus room for the answer, or shorten the prompts")
-    return len(lost), note, refusal
+        return preview.untrained_lines(exact, len(prompts), p, "tokenized with the model's chat template", True)
+    how = "counted with the model's tokenizer, chat template approximated" if counted else \
+        f"estimated at ~{CHARS_PER_TOKEN:g} characters/token"
+    return preview.untrained_lines(prompts, len(prompts), p, how + "; `launch data preview` tokenizes them "
+                                   "exactly once the tokenizer is cached", False)
 
 
 def _exact_prompts(p, records: list) -> Optional[list]:
     """Prompt tokens of `records` as SFTTrainer tokenizes them, or None without the cached tokenizer."""
-    from payload.data import preview, trainset
+    from payload.data import preview
 
     tokenizer, _why = preview.load_cached_tokenizer(p)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
-    template = preview.training_template(tokenizer, True)
-    out = [trainset.prompt_tokens(rec, tokenizer, template) for rec in records]
-    return None if any(n is None for n in out) else out
+    return preview.prompt_lengths(records, tokenizer, preview.training_template(tokenizer, True))
 
 
 def record_tokens(rec: Any, tok, where: Path, p) -> float:

@@ -158,38 +158,32 @@ def check_trained_tokens(trainer, cfg, train_records: list[dict], val_records: l
     PayloadError (exit 2), not the sampler's `num_samples=0` at step 0. Returns the counts that
     status.json and the summary carry (empty when no record lost its trained tokens)."""
     t = cfg.train
-    lost = {name: _untrained(ds, records, t.packing)
-            for name, ds, records in (("train", trainer.train_dataset, train_records),
-                                      ("val", trainer.eval_dataset, val_records)) if ds is not None}
+    splits = {"train": (trainer.train_dataset, train_records), "val": (trainer.eval_dataset, val_records)}
+    lost = {name: _untrained(ds, records, t.packing) for name, (ds, records) in splits.items() if ds is not None}
     if not any(n for n, _ in lost.values()):
         return {}
     template = getattr(trainer, "chat_template", None)
     tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
-    prompts = [p for name, (_, idx) in lost.items() for i in idx[:MAX_PROMPTS_MEASURED]
-               if (p := prompt_tokens((train_records if name == "train" else val_records)[i], tok, template)) is not None]
-    span = f"{min(prompts):,}-{max(prompts):,}" if prompts and min(prompts) != max(prompts) else \
-        f"{prompts[0]:,}" if prompts else "unknown"
-    fate = "kept in the packs, training nothing" if t.packing else "dropped by TRL"
+    prompts = [prompt_tokens(splits[name][1][i], tok, template) for name, (_, idx) in lost.items()
+               for i in idx[:MAX_PROMPTS_MEASURED]]
+    prompts = [n for n in prompts if n is not None]
+    span = "unknown" if not prompts else f"{min(prompts):,}" + (f"-{max(prompts):,}" * (min(prompts) != max(prompts)))
     why = (f"their prompt fills train.max_seq_length {t.max_seq_length} (prompt tokens: {span}), so no "
            f"assistant token is left to train")
-    n_train = len(train_records)
-    lost_train = lost.get("train", (0, []))[0]
-    left = n_train - lost_train
+    fix = f"set train.max_seq_length above {f'{max(prompts):,}' if prompts else 'the longest prompt'} plus room " \
+          "for the answer"
+    left = len(train_records) - lost.get("train", (0, []))[0]
     if left == 0 or left < t.per_device_batch_size:
-        raise PayloadError(
-            f"train.max_seq_length {t.max_seq_length} leaves {'none' if left == 0 else f'only {left:,}'} of the "
-            f"{n_train:,} train records with a token to train: {why}; set train.max_seq_length above "
-            f"{f'{max(prompts):,} (the longest prompt)' if prompts else 'the longest prompt'} plus room for the "
-            "answer, or shorten the prompts")
-    lines = [f"{n:,} of {len(train_records if name == 'train' else val_records):,} {name} records"
-             for name, (n, _) in lost.items() if n]
-    log.warning("%s %s: %s (the plan counted them in its steps and epochs)", " and ".join(lines), fate, why)
-    out = {"dropped_records": {name: n for name, (n, _) in lost.items() if n},
-           "dropped_reason": f"{' and '.join(lines)} {fate}: {why}"}
-    if lost.get("val", (0, []))[0] == len(val_records) and val_records:
-        raise PayloadError(f"train.max_seq_length {t.max_seq_length} leaves no val record with a token to "
-                           f"score: {why}; raise train.max_seq_length or shorten the prompts")
-    return out
+        raise PayloadError(f"train.max_seq_length {t.max_seq_length} leaves {'none' if left == 0 else f'only {left:,}'}"
+                           f" of the {len(train_records):,} train records with a token to train: {why}; {fix}, or "
+                           "shorten the prompts")
+    if val_records and lost.get("val", (0, []))[0] == len(val_records):
+        raise PayloadError(f"train.max_seq_length {t.max_seq_length} leaves none of the {len(val_records):,} val "
+                           f"records with a token to score: {why}; {fix}, or shorten the prompts")
+    said = " and ".join(f"{n:,} of {len(splits[name][1]):,} {name} records" for name, (n, _) in lost.items() if n)
+    said += " kept in the packs, training nothing" if t.packing else " dropped by TRL"
+    log.warning("%s: %s; %s to keep them", said, why, fix)
+    return {"dropped_records": {name: n for name, (n, _) in lost.items() if n}, "dropped_reason": f"{said}: {why}"}
 
 
 MAX_PROMPTS_MEASURED = 2000  # dropped records whose prompt is tokenized again for the line (the longest of them)
