@@ -67,3 +67,51 @@ def test_packed_records_left_without_a_trained_token_are_refused_too(train_env):
     run = recipe.Run(cfg=cfg, run_dir=cfg.run_dir)
     with pytest.raises(PayloadError, match="leaves none of the 4 train records with a token to train"):
         recipe.setup(run)
+
+
+# ------------------------------------------------------------------------------ before money: the launcher
+
+
+def test_plan_refuses_a_max_seq_length_no_prompt_fits_in(tmp_path):
+    from walk import assert_one_line_error, launch
+
+    r = launch(tmp_path, "plan", "local-demo", "--set", "train.max_seq_length=20")
+    line = assert_one_line_error(r, "local-demo: train.max_seq_length 20 leaves none of the 380 train records a "
+                                    "token to train: their prompts are 25-58 tokens (tokenized with the model's "
+                                    "chat template)", "set train.max_seq_length above 58")
+    assert "\n" not in line
+
+
+def test_plan_counts_the_records_it_would_lose_and_leaves_them_out_of_the_steps(tmp_path):
+    from walk import launch
+
+    epochs = ("--set", "train.max_steps=null", "--set", "train.epochs=1")  # the steps follow the records
+    r = launch(tmp_path, "plan", "local-demo", "--json", *epochs, "--set", "train.max_seq_length=40")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    # the payload's own run drops exactly these (TRL's preparation of the same 380 records: 279)
+    assert plan["data_note"].startswith("279 of 380 train records have a prompt of 40-58 tokens (tokenized with "
+                                        "the model's chat template), filling train.max_seq_length 40")
+    assert plan["train_tokens"] == (380 - 279) * 40  # the 101 records left, each cut to 40 tokens
+    kept = launch(tmp_path, "plan", "local-demo", "--json", *epochs, "--set", "train.max_seq_length=64")
+    assert json.loads(kept.stdout)["data_note"] is None
+
+
+def test_data_preview_says_it_in_one_line(tmp_path):
+    from walk import assert_one_line_error, launch
+
+    r = launch(tmp_path, "data", "preview", "local-demo", "-n", "1", "--set", "train.max_seq_length=20")
+    assert_one_line_error(r, "leaves none of the 380 train records a token to train")
+
+
+def test_without_the_tokenizer_the_count_is_an_estimate_that_warns_and_never_refuses():
+    from launcher.plan.data_count import count_local
+    from launcher.profiles.checks import load_checked
+    from launcher.profiles.profile import REPO_ROOT
+
+    p = load_checked("local-demo", overrides=("train.max_seq_length=8",))[0]
+    p = p.model_copy(update={"model": p.model.model_copy(update={"name_or_path": "nobody/not-cached", "tiny": None})})
+    counted = count_local(p, REPO_ROOT)
+    assert counted.refusal is None and counted.untrained == counted.records == 380
+    assert "estimated at ~4 characters/token" in counted.untrained_note
+    assert "of 380 train records have a prompt of ~" in counted.untrained_note

@@ -160,7 +160,7 @@ def untrained_lines(prompts: list, of: int, cfg, how: str, exact: bool) -> tuple
     span = ("" if exact else "~") + f"{int(min(lost)):,}" + \
         (f"-{int(max(lost)):,}" if int(max(lost)) != int(min(lost)) else "")
     fate = "they stay in the packs, training nothing" if t.packing else \
-        "TRL drops them (the plan's steps leave them out)"
+        "TRL drops them (the plan counts the records left)"
     note = (f"{len(lost):,} of {of:,} train records have a prompt of {span} tokens ({how}), filling "
             f"train.max_seq_length {t.max_seq_length} with no assistant token left to train: {fate}; set "
             f"train.max_seq_length above {int(max(lost)):,} plus room for the answer to keep them")
