@@ -198,13 +198,13 @@ def _untrained(ds, records: list[dict], packing: bool) -> tuple[int, list[int]]:
         return len(missing), missing
     if "seq_lengths" not in ds.column_names:
         return 0, []
+    import numpy as np
+
     n = 0
-    for batch in ds.iter(batch_size=256):
+    for batch in ds.select_columns(["labels", "seq_lengths"]).with_format("numpy").iter(batch_size=256):
         for labels, lengths in zip(batch["labels"], batch["seq_lengths"]):
-            start = 0
-            for length in lengths:
-                n += all(x == -100 for x in labels[start:start + length])
-                start += length
+            trained = np.add.reduceat(np.asarray(labels) != -100, np.cumsum(lengths) - lengths)
+            n += int((trained == 0).sum())
     return n, []
 
 
