@@ -11,6 +11,9 @@ directory: the same `max_records`, filters, transforms, de-duplication and seede
   Qwen-VL processors cut images into 16x16 patches (14x14 for Qwen2/2.5-VL) merged 2x2 into one
   token, so tokens = min(pixels, max_pixels) / (2 x patch)^2 (Qwen3-VL's processor default
   max_pixels is 16,777,216; data.max_image_pixels lowers it).
+The prompt of each record (up to its first assistant turn) is counted too: with assistant-only loss,
+a prompt that fills train.max_seq_length leaves no token to train and TRL drops the record
+(`untrained_records`: exact where the tokenizer and its chat template are cached).
 """
 
 from __future__ import annotations
