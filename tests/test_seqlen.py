@@ -115,3 +115,29 @@ def test_without_the_tokenizer_the_count_is_an_estimate_that_warns_and_never_ref
     assert counted.refusal is None and counted.untrained == counted.records == 380
     assert "estimated at ~4 characters/token" in counted.untrained_note
     assert "of 380 train records have a prompt of ~" in counted.untrained_note
+
+
+def test_up_refuses_before_renting_when_the_cached_tokenizer_says_no_prompt_fits(in_repo, tmp_path, monkeypatch):
+    # `launch up`'s budget gate plans the run before the machine is rented: its refusal goes through.
+    import pytest
+    from huggingface_hub import constants
+    from test_preview import RECORDS, cache_tokenizer, qwen25_tokenizer
+
+    from launcher.plan.budget_gate import confirm_over_budget
+    from launcher.profiles.checks import load_checked
+    from launcher import catalog
+    from launcher.profiles.profile import REPO_ROOT, ProfileError
+
+    def no_instance(p):  # SkyPilot's optimizer (a child process, seconds) is the edge: its price is the profile's
+        raise catalog.PlanError("not in the snapshot")
+
+    monkeypatch.setattr(catalog, "choice_apart", no_instance)
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    cache_tokenizer(cache, "Qwen/Qwen2.5-32B", qwen25_tokenizer())
+    data = in_repo / "three.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    p = load_checked("lovecraft-a100-spot", overrides=(f"data.sources.0.path={data.relative_to(REPO_ROOT)}",
+                                                       "train.max_seq_length=8", "budget.price_per_hour=4"))[0]
+    with pytest.raises(ProfileError, match="train.max_seq_length 8 leaves none of the 3 train records a token"):
+        confirm_over_budget(p, "skypilot", interactive=False)

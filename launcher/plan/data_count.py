@@ -58,14 +58,16 @@ def count_local(p, base_dir: Path) -> Counted:
                     rec = json.loads(line)
                     lengths.append(record_tokens(rec, tok, Path(d), p))
                     prompts.append(record_tokens(_prompt_part(rec), tok, Path(d), p))
-                    if prompts[-1] >= CANDIDATE_SHARE * p.train.max_seq_length:
+                    if prompts[-1] >= CANDIDATE_SHARE * p.train.max_seq_length - CANDIDATE_SLACK:
                         long.append(rec)
         untrained = untrained_records(p, prompts, long, tok is not None)
     return Counted(len(lengths), sum(lengths), int(stats["totals"].get("test") or 0),
                    f"counted like the data step (max_records, filters, split), {how}", lengths, *untrained)
 
 
-CANDIDATE_SHARE = 0.75  # records whose counted prompt is this close to max_seq_length are tokenized exactly
+# Records whose counted prompt comes this close to max_seq_length are tokenized exactly: the count
+# approximates the chat template (a default system prompt, as Qwen2.5's, adds ~20 tokens).
+CANDIDATE_SHARE, CANDIDATE_SLACK = 0.75, 64
 
 
 def _prompt_part(rec: Any) -> Any:
