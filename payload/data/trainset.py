@@ -158,15 +158,20 @@ def check_trained_tokens(trainer, cfg, train_records: list[dict], val_records: l
     PayloadError (exit 2), not the sampler's `num_samples=0` at step 0. Returns the counts that
     status.json and the summary carry (empty when no record lost its trained tokens)."""
     t = cfg.train
-    splits = {"train": (trainer.train_dataset, train_records), "val": (trainer.eval_dataset, val_records)}
-    lost = {name: _untrained(ds, records, t.packing) for name, (ds, records) in splits.items() if ds is not None}
+    # (dataset, records, packed): validation rows are never packed (sft_config's eval_packing=False)
+    splits = {"train": (trainer.train_dataset, train_records, t.packing),
+              "val": (trainer.eval_dataset, val_records, False)}
+    lost = {name: _untrained(ds, records, packed) for name, (ds, records, packed) in splits.items() if ds is not None}
     if not any(n for n, _ in lost.values()):
         return {}
     template = getattr(trainer, "chat_template", None)
     tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
-    prompts = [prompt_tokens(splits[name][1][i], tok, template) for name, (_, idx) in lost.items()
-               for i in idx[:MAX_PROMPTS_MEASURED]]
-    prompts = [n for n in prompts if n is not None]
+    measured = []  # the records that lost their tokens; packed, which ones is not known: the first ones
+    for name, (n, idx) in lost.items():
+        records, packed = splits[name][1], splits[name][2]
+        measured += (records if packed else [records[i] for i in idx])[:MAX_PROMPTS_MEASURED] if n else []
+    prompts = [n for n in (prompt_tokens(rec, tok, template) for rec in measured)
+               if n is not None and n >= t.max_seq_length]
     span = "unknown" if not prompts else f"{min(prompts):,}" + (f"-{max(prompts):,}" * (min(prompts) != max(prompts)))
     why = (f"their prompt fills train.max_seq_length {t.max_seq_length} (prompt tokens: {span}), so no "
            f"assistant token is left to train")
@@ -180,8 +185,9 @@ def check_trained_tokens(trainer, cfg, train_records: list[dict], val_records: l
     if val_records and lost.get("val", (0, []))[0] == len(val_records):
         raise PayloadError(f"train.max_seq_length {t.max_seq_length} leaves none of the {len(val_records):,} val "
                            f"records with a token to score: {why}; {fix}, or shorten the prompts")
-    said = " and ".join(f"{n:,} of {len(splits[name][1]):,} {name} records" for name, (n, _) in lost.items() if n)
-    said += " kept in the packs, training nothing" if t.packing else " dropped by TRL"
+    said = " and ".join(f"{n:,} of {len(splits[name][1]):,} {name} records "
+                        + ("kept in the packs, training nothing" if splits[name][2] else "dropped by TRL")
+                        for name, (n, _) in lost.items() if n)
     log.warning("%s: %s; %s to keep them", said, why, fix)
     return {"dropped_records": {name: n for name, (n, _) in lost.items() if n}, "dropped_reason": f"{said}: {why}"}
 
