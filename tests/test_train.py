@@ -230,9 +230,15 @@ def test_early_stopping_on_eval_plateau(train_env):
     assert (cfg.run_dir / layout.ADAPTER_DIR).is_dir()
 
 
-def test_crash_writes_rank_traceback_and_failed_status(train_env):
-    # Every record is longer than max_seq_length, so nothing is left to train on: the Trainer fails.
-    cfg = make_config(train_env, "crash", train={"max_seq_length": 4})
+def test_crash_writes_rank_traceback_and_failed_status(train_env, monkeypatch):
+    # A step that raises (a max_seq_length shorter than every prompt is exit 2 now: tests/test_seqlen.py).
+    import payload.train.trainer as trainer
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("a crash inside a training step")
+
+    monkeypatch.setattr(trainer.LaunchTrainerMixin, "compute_loss", boom)
+    cfg = make_config(train_env, "crash")
     write_text_data(cfg.run_dir, n_train=4, n_val=0)
     with pytest.raises(Exception) as info:
         train_in_process(cfg)

@@ -15,10 +15,13 @@ def confirm_over_budget(p, backend: str, interactive: bool) -> None:
     import click
 
     from launcher.catalog import PlanError
+    from launcher.profiles.profile import ProfileError
     from launcher.term.ui import err_console, esc
 
     try:
         note = budget_note(p)
+    except ProfileError:  # the data counted for the plan leaves nothing to train: refused before renting
+        raise
     except Exception:  # noqa: BLE001 - planning is advice here; `up` reports its own errors
         return
     if not note:

@@ -11,6 +11,9 @@ directory: the same `max_records`, filters, transforms, de-duplication and seede
   Qwen-VL processors cut images into 16x16 patches (14x14 for Qwen2/2.5-VL) merged 2x2 into one
   token, so tokens = min(pixels, max_pixels) / (2 x patch)^2 (Qwen3-VL's processor default
   max_pixels is 16,777,216; data.max_image_pixels lowers it).
+The prompt of each record (up to its first assistant turn) is counted too: with assistant-only loss,
+a prompt that fills train.max_seq_length leaves no token to train and TRL drops the record
+(`untrained_records`: exact where the tokenizer and its chat template are cached).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ class Counted:
     how: str
     lengths: Optional[list] = None
     """Tokens of each train record (what `launch plan` says packing would save is computed from them)."""
+    untrained: int = 0
+    """Train records whose prompt fills train.max_seq_length: TRL drops them (no trained token left)."""
+    untrained_note: Optional[str] = None
+    refusal: Optional[str] = None
+    """Every train record loses its trained tokens, counted as SFTTrainer tokenizes them: the plan refuses."""
 
 
 def count_local(p, base_dir: Path) -> Counted:
@@ -43,13 +51,62 @@ def count_local(p, base_dir: Path) -> Counted:
     tok, how = _tokenizer(p.model.name_or_path)
     with tempfile.TemporaryDirectory(prefix="launch-plan-data-") as d:
         stats = prepare(p.data, d, base_dir=base_dir, log=lambda line: None)
-        lengths = []
+        lengths, prompts, long = [], [], []
         with open(Path(d) / "train.jsonl", encoding="utf-8") as f:
             for line in f:
                 if line.strip():
-                    lengths.append(record_tokens(json.loads(line), tok, Path(d), p))
+                    rec = json.loads(line)
+                    lengths.append(record_tokens(rec, tok, Path(d), p))
+                    prompts.append(record_tokens(_prompt_part(rec), tok, Path(d), p))
+                    if prompts[-1] >= CANDIDATE_SHARE * p.train.max_seq_length - CANDIDATE_SLACK:
+                        long.append(rec)
+        untrained = untrained_records(p, prompts, long, tok is not None)
     return Counted(len(lengths), sum(lengths), int(stats["totals"].get("test") or 0),
-                   f"counted like the data step (max_records, filters, split), {how}", lengths)
+                   f"counted like the data step (max_records, filters, split), {how}", lengths, *untrained)
+
+
+# Records whose counted prompt comes this close to max_seq_length are tokenized exactly: the count
+# approximates the chat template (a default system prompt, as Qwen2.5's, adds ~20 tokens).
+CANDIDATE_SHARE, CANDIDATE_SLACK = 0.75, 64
+
+
+def _prompt_part(rec: Any) -> Any:
+    """The record up to its first assistant turn (what assistant-only loss masks before a trained token)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
+        return rec
+    msgs = rec["messages"]
+    first = next((i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "assistant"), len(msgs))
+    return {"messages": msgs[:first]}
+
+
+def untrained_records(p, prompts: list, long: list, counted: bool) -> tuple[int, Optional[str], Optional[str]]:
+    """(train records left without a trained token at train.max_seq_length, the plan's line about them,
+    the refusal when that is every record and the count is exact: payload/data/preview.py's lines).
+
+    The records whose counted prompt comes near the limit (`long`) are tokenized again as SFTTrainer
+    does, with the model's tokenizer and chat template when they are cached here; else the counted
+    prompts decide, an estimate said as one."""
+    from payload.data import preview
+
+    if not p.train.assistant_only_loss or not long:
+        return 0, None, None
+    exact = _exact_prompts(p, long)
+    if exact is not None:
+        return preview.untrained_lines(exact, len(prompts), p, "tokenized with the model's chat template", True)
+    how = "counted with the model's tokenizer, chat template approximated" if counted else \
+        f"estimated at ~{CHARS_PER_TOKEN:g} characters/token"
+    return preview.untrained_lines(prompts, len(prompts), p, how + "; `launch data preview` tokenizes them "
+                                   "exactly once the tokenizer is cached", False)
+
+
+def _exact_prompts(p, records: list) -> Optional[list]:
+    """Prompt tokens of `records` as SFTTrainer tokenizes them, or None without the cached tokenizer."""
+    from payload.data import preview
+
+    tokenizer, _why = preview.load_cached_tokenizer(p)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None
+    return preview.prompt_lengths(records, tokenizer, preview.training_template(tokenizer, True))
 
 
 def record_tokens(rec: Any, tok, where: Path, p) -> float:
@@ -123,9 +180,12 @@ def estimate_from_files(p, base_dir: Path) -> Optional[Counted]:
     from launcher.profiles.profile import ProfileError
 
     try:
-        return count_local(p, base_dir)
+        counted = count_local(p, base_dir)
     except PayloadError as e:
         raise ProfileError([f"{p.name}: {e} (read in full to count its tokens; the run's data step would "
                             "refuse it the same way)"]) from None
     except (OSError, ValueError, KeyError):
         return None
+    if counted.refusal:
+        raise ProfileError([f"{p.name}: {counted.refusal}"])
+    return counted

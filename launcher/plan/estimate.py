@@ -50,6 +50,7 @@ class DataEstimate:
     source: str
     test_records: Optional[int] = None
     lengths: Optional[list] = None
+    untrained_note: Optional[str] = None  # records TRL will drop: max_seq_length leaves them no trained token
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Plan:
     spot_note: Optional[str] = None
     budget_note: Optional[str] = None
     packing: Optional[str] = None
+    data_note: Optional[str] = None  # train records max_seq_length leaves without a trained token
     save_note: Optional[str] = None  # what the save cadence costs when saves are a large share (plan/cost.py)
 
     def to_dict(self) -> dict:
@@ -114,8 +116,9 @@ def estimate_data(p: Profile) -> DataEstimate:
 
         counted = estimate_from_files(p, REPO_ROOT)
         if counted is not None and counted.records:
-            return DataEstimate(counted.records, counted.tokens / counted.records, counted.how,
-                                counted.test_records, counted.lengths)
+            kept = counted.records - (0 if p.train.packing else counted.untrained)  # TRL drops them unpacked
+            return DataEstimate(max(kept, 0), counted.tokens / counted.records, counted.how,
+                                counted.test_records, counted.lengths, counted.untrained_note)
         test = 0
         for s, path in zip(p.data.sources, paths):
             n = _count_records(path)
@@ -313,6 +316,7 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
         }
         plan.spot_note = plan_ranges.spot_note(plan.use_spot, price, plan.total_usd, plan.alternative)
     plan.budget_note, plan.packing = plan_ranges.over_budget(plan), plan_ranges.packing_note(p, data, train_h, price)
+    plan.data_note = data.untrained_note
     plan.save_note = plan_ranges.save_note(p.train.checkpoints.save_steps, steps, total_h, price)
     return plan
 

@@ -104,6 +104,8 @@ def _storage_line(s: dict) -> str:
 
 def plan_warnings(plan) -> list[str]:
     out = []
+    if plan.data_note:
+        out.append(plan.data_note)
     if plan.snapshot_warning:
         out.append(plan.snapshot_warning)
     if plan.memory.get("status") == "does not fit":

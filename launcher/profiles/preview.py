@@ -50,11 +50,15 @@ def preview(ctx, profile, sets, n):
         cfg.runtime.volume = tmp  # the data check writes its sample here; nothing else is written
         tokenizer, why = pv.load_cached_tokenizer(cfg)
         try:
-            records = pv.first_examples(cfg, n, Path(tmp), REPO_ROOT, tokenizer=tokenizer)
+            records = pv.first_examples(cfg, None, Path(tmp), REPO_ROOT, tokenizer=tokenizer)
             template = pv.training_template(tokenizer, cfg.train.assistant_only_loss) if tokenizer else None
-            _show(cfg, records, tokenizer, template)
+            _show(cfg, records[:n], tokenizer, template)
+            refusal = _untrained(cfg, records, tokenizer, template)
         except PayloadError as e:
             err_console().print(literal("[red]✗[/] ", f"{p.name}: {e}"), soft_wrap=True)
+            ctx.exit(1)
+        if refusal:
+            err_console().print(literal("[red]✗[/] ", f"{p.name}: {refusal}"), soft_wrap=True)
             ctx.exit(1)
     skipped = pv.hub_sources(cfg)
     if skipped and len(skipped) < len(cfg.data.sources):
@@ -69,6 +73,24 @@ def preview(ctx, profile, sets, n):
                                 f"offline ({why}); it is downloaded with the model on the first run, or now with "
                                 f"`hf download {cfg.model.name_or_path} --include 'tokenizer*' '*.json'`"),
                         soft_wrap=True)
+
+
+def _untrained(cfg, records: list[dict], tokenizer, template):
+    """Say how many of the records read lose every trained token at train.max_seq_length (exact, with
+    the tokenizer); the refusal line when that is all of them (None otherwise)."""
+    from payload.data import preview as pv
+    from payload.data.pipeline import SAMPLE_RECORDS
+
+    if tokenizer is None or not cfg.train.assistant_only_loss or not records:
+        return None
+    prompts = pv.prompt_lengths(records, tokenizer, template)
+    if prompts is None:  # records with images: their visual tokens are the processor's
+        return None
+    how = f"tokenized with the model's chat template; the first {SAMPLE_RECORDS:,} records of each source read"
+    _n, note, refusal = pv.untrained_lines(prompts, len(records), cfg, how, exact=True)
+    if note and not refusal:
+        console().print(literal("[yellow]![/] ", note), soft_wrap=True)
+    return refusal
 
 
 def _show(cfg, records: list[dict], tokenizer, template) -> None:

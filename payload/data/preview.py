@@ -9,6 +9,9 @@
   template (`get_training_chat_template`) when the tokenizer's has no `{% generation %}` markers,
   `data_utils._tokenize` with `return_assistant_tokens_mask`, then truncation at max_seq_length.
 
+`prompt_lengths` / `untrained_lines` count the records whose prompt fills train.max_seq_length (TRL
+drops them: no trained token left) for the preview and `launch plan` (launcher/plan/data_count.py).
+
 For vision-language rows the token view runs the tokenizer's template, where each image is one
 `<|image_pad|>` placeholder; the processor widens it to the image's patch count when training.
 """
@@ -24,10 +27,10 @@ from payload.errors import PayloadError
 
 from .pipeline import check_sample
 
-def first_examples(cfg, n: int, work_dir: Path, base_dir: Path, tokenizer=None) -> list[dict]:
+def first_examples(cfg, n: Optional[int], work_dir: Path, base_dir: Path, tokenizer=None) -> list[dict]:
     """Run the data stage's record check on `cfg.data`'s local sources (`check_sample`: the first
     SAMPLE_RECORDS of each; hub datasets are not downloaded: `hub_sources` names them) into `work_dir`
-    and return the first `n` train records as train.jsonl holds them. Raises PayloadError (one line)."""
+    and return the first `n` train records (None: all) as train.jsonl holds them. Raises PayloadError (one line)."""
     if all(s.hf_dataset for s in cfg.data.sources):
         raise PayloadError("every data source is a Hugging Face dataset, which the preview does not download; "
                            "preview a local sample: --set 'data.sources=[{name: s, path: FILE, format: ...}]'")
@@ -140,3 +143,33 @@ def _plain(content):
     if isinstance(content, list) and not any(p.get("type") == "image" for p in content):
         return "".join(p.get("text") or "" for p in content)
     return content
+
+
+def prompt_lengths(records: list[dict], tokenizer, chat_template: Optional[str] = None) -> Optional[list]:
+    """Tokens before the first trained one in each record, as SFTTrainer tokenizes it (None when a
+    record has images: the processor widens them)."""
+    out = [trainset.prompt_tokens(rec, tokenizer, chat_template) for rec in records]
+    return None if any(n is None for n in out) else out
+
+
+def untrained_lines(prompts: list, of: int, cfg, how: str, exact: bool) -> tuple[int, Optional[str], Optional[str]]:
+    """(records whose prompt fills train.max_seq_length, the warning line, the refusal when that is
+    every one of the `of` records and `prompts` are exact). SFTTrainer cuts each record to max_length
+    and drops the ones left without a trained token (assistant-only loss); packed, it keeps them."""
+    t = cfg.train
+    lost = [n for n in prompts if n >= t.max_seq_length] if t.assistant_only_loss else []
+    if not lost:
+        return 0, None, None
+    span = ("" if exact else "~") + f"{int(min(lost)):,}" + \
+        (f"-{int(max(lost)):,}" if int(max(lost)) != int(min(lost)) else "")
+    fate = "they stay in the packs, training nothing" if t.packing else \
+        "TRL drops them (the plan counts the records left)"
+    note = (f"{len(lost):,} of {of:,} train records have a prompt of {span} tokens ({how}), filling "
+            f"train.max_seq_length {t.max_seq_length} with no assistant token left to train: {fate}; set "
+            f"train.max_seq_length above {int(max(lost)):,} plus room for the answer to keep them")
+    refusal = None
+    if exact and len(lost) >= of:
+        refusal = (f"train.max_seq_length {t.max_seq_length} leaves none of the {of:,} train records a token to "
+                   f"train: their prompts are {span} tokens ({how}); set train.max_seq_length above "
+                   f"{int(max(lost)):,} (the longest prompt) plus room for the answer, or shorten the prompts")
+    return len(lost), note, refusal

@@ -147,3 +147,85 @@ def use_padding_free_collator(trainer) -> None:
     trainer.data_collator = DataCollatorForLanguageModeling(
         pad_token_id=old.pad_token_id, padding_free=True, pad_to_multiple_of=old.pad_to_multiple_of)
     trainer.padding_free = True
+
+
+def check_trained_tokens(trainer, cfg, train_records: list[dict], val_records: list[dict]) -> dict:
+    """The records TRL's preparation left without a trained token, counted, logged and refused.
+
+    TRL (SFTTrainer._prepare_dataset) cuts each record to `max_length` and drops the ones left with
+    no trained token (assistant-only loss: the prompt fills the window); packed records are cut the
+    same way but kept, training nothing. None left to train (or fewer than one batch): a one-line
+    PayloadError (exit 2), not the sampler's `num_samples=0` at step 0. Returns the counts that
+    status.json and the summary carry (empty when no record lost its trained tokens)."""
+    t = cfg.train
+    # (dataset, records, packed): validation rows are never packed (sft_config's eval_packing=False)
+    splits = {"train": (trainer.train_dataset, train_records, t.packing),
+              "val": (trainer.eval_dataset, val_records, False)}
+    lost = {name: _untrained(ds, records, packed) for name, (ds, records, packed) in splits.items() if ds is not None}
+    if not any(n for n, _ in lost.values()):
+        return {}
+    template = getattr(trainer, "chat_template", None)
+    tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    measured = []  # the records that lost their tokens; packed, which ones is not known: the first ones
+    for name, (n, idx) in lost.items():
+        records, packed = splits[name][1], splits[name][2]
+        measured += (records if packed else [records[i] for i in idx])[:MAX_PROMPTS_MEASURED] if n else []
+    prompts = [n for n in (prompt_tokens(rec, tok, template) for rec in measured)
+               if n is not None and n >= t.max_seq_length]
+    span = "unknown" if not prompts else f"{min(prompts):,}" + (f"-{max(prompts):,}" * (min(prompts) != max(prompts)))
+    why = (f"their prompt fills train.max_seq_length {t.max_seq_length} (prompt tokens: {span}), so no "
+           f"assistant token is left to train")
+    fix = f"set train.max_seq_length above {f'{max(prompts):,}' if prompts else 'the longest prompt'} plus room " \
+          "for the answer"
+    left = len(train_records) - lost.get("train", (0, []))[0]
+    if left == 0 or left < t.per_device_batch_size:
+        raise PayloadError(f"train.max_seq_length {t.max_seq_length} leaves {'none' if left == 0 else f'only {left:,}'}"
+                           f" of the {len(train_records):,} train records with a token to train: {why}; {fix}, or "
+                           "shorten the prompts")
+    if val_records and lost.get("val", (0, []))[0] == len(val_records):
+        raise PayloadError(f"train.max_seq_length {t.max_seq_length} leaves none of the {len(val_records):,} val "
+                           f"records with a token to score: {why}; {fix}, or shorten the prompts")
+    said = " and ".join(f"{n:,} of {len(splits[name][1]):,} {name} records "
+                        + ("kept in the packs, training nothing" if splits[name][2] else "dropped by TRL")
+                        for name, (n, _) in lost.items() if n)
+    log.warning("%s: %s; %s to keep them", said, why, fix)
+    return {"dropped_records": {name: n for name, (n, _) in lost.items() if n}, "dropped_reason": f"{said}: {why}"}
+
+
+MAX_PROMPTS_MEASURED = 2000  # dropped records whose prompt is tokenized again for the line (the longest of them)
+
+
+def _untrained(ds, records: list[dict], packing: bool) -> tuple[int, list[int]]:
+    """(records without a trained token, indices of those known): unpacked, the ones TRL dropped;
+    packed, the all-masked segments of the packs (their records are not known)."""
+    if not packing:
+        kept = set(ds["record_index"]) if "record_index" in ds.column_names else set(range(len(ds)))
+        missing = [i for i in range(len(records)) if i not in kept]
+        return len(missing), missing
+    if "seq_lengths" not in ds.column_names:
+        return 0, []
+    import numpy as np
+
+    n = 0
+    for batch in ds.select_columns(["labels", "seq_lengths"]).with_format("numpy").iter(batch_size=256):
+        for labels, lengths in zip(batch["labels"], batch["seq_lengths"]):
+            trained = np.add.reduceat(np.asarray(labels) != -100, np.cumsum(lengths) - lengths)
+            n += int((trained == 0).sum())
+    return n, []
+
+
+def prompt_tokens(rec: dict, tokenizer, chat_template=None):
+    """Tokens before the first trained one, as SFTTrainer tokenizes the record (None for a record
+    with images: the processor widens them)."""
+    from trl.data_utils import _tokenize
+
+    try:
+        row = text_row(rec, "record")
+    except PayloadError:
+        return None
+    try:
+        out = _tokenize(tokenizer, row["messages"], return_assistant_tokens_mask=True, chat_template=chat_template)
+    except (ValueError, TypeError, KeyError):
+        return None
+    mask = list(out.get("assistant_masks") or [])
+    return mask.index(1) if 1 in mask else len(mask)

@@ -198,6 +198,10 @@ def setup(run: Run, build=None) -> None:
     observe.quiet_trainer(run.trainer)
     modeling.cast_adapters(cfg, run.trainer.model)  # QLoRA adapters per modeling.dtype_plan
     run.counts = modeling.check_vision_frozen(cfg, run.trainer.model)
+    lost = trainset.check_trained_tokens(run.trainer, cfg, train_records, run.val_records)  # exit 2: none left
+    run.counts.update(lost)
+    if lost:
+        observe.write_status(rd, **lost)
 
 
 def _set_env(cfg) -> None:
