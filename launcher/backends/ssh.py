@@ -38,7 +38,7 @@ from ..errors import BackendError
 from launcher.store.registry import Run
 from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, remote_command, restart_line,
                    skipped_note)
-from .ssh_scripts import DOWN_CMD, DRIVER, SEED_AND_LIST, START, STATUS_CMD
+from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, SEED_AND_LIST, START, STATUS_CMD
 from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
@@ -143,7 +143,7 @@ class SSHBackend(Backend):
                        ips=["127.0.0.1"], gpus_per_node=gpus, task_id=run.id)
         node = (f"#!/usr/bin/env bash\n# launch node script for run {run.id} (no secrets here)\n"
                 f"cd {shlex.quote(run_root)}/workdir || exit 1\n"
-                + export_lines(env, skip=set(spec.secrets)) + node_script(task))
+                + export_lines(env, skip=set(spec.secrets)) + FREE_PORT + node_script(task))
         driver = DRIVER.format(log_dir=shlex.quote(str(PurePosixPath(log).parent)), log=shlex.quote(log),
                                mark=shlex.quote(restart_line().rstrip("\n")))
         self._retry(conn, lambda: self._write_files(conn, run_root, {
