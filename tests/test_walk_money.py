@@ -3,6 +3,8 @@
 
 - two runs on one ssh host (two launch homes, or `launch up --new`) each get a torchrun port free on
   that host: the rendered default 29500 made the second fail with EADDRINUSE after its setup billed;
+- `launch down` and `launch status` without a RUN take the latest run: a live run behind a newer one
+  that ended is said (with the command that stops it), where `down` said "is down" and it billed on;
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ import yaml
 
 from launcher.backends import LaunchSpec
 from launcher.backends.ssh import SSHBackend
+from launcher.store import registry
 from launcher.store.registry import Run
+
+try:
+    from walk import launch
+except ImportError:
+    from tests.walk import launch
 
 NODE_PATH = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
 
@@ -68,3 +76,37 @@ def test_two_runs_on_one_ssh_host_each_get_a_free_torchrun_port(tmp_path, sshd):
     ends = [_wait_ended(be, run) for run in (first, second)]
     log = Path(second.handle["log"]).read_text()
     assert [st.state for st in ends] == ["completed", "completed"], (ends, log)
+
+
+# ------------------------------------------- `down`/`status` without a RUN: a live run is never hidden
+
+
+def _shared() -> dict:
+    """The walk's commands see the registry this test process writes (conftest's LAUNCH_HOME)."""
+    return {"LAUNCH_HOME": os.environ["LAUNCH_HOME"]}
+
+
+def _flat(r) -> str:
+    return " ".join((r.stdout + r.stderr).split())  # rich wraps at 80 columns
+
+
+def test_down_of_the_latest_run_says_an_older_one_still_runs(tmp_path, sshd):
+    be = _ssh_backend(tmp_path, sshd)
+    training = be.up(_spec(tmp_path, "walk-money-live-1", "sleep 60"))  # the run that bills
+    training.state, training.started_at, training.price_per_hour = "running", time.time() - 120, 3.6
+    registry.save(training)
+    finished = be.up(_spec(tmp_path, "walk-money-live-2", "true"))  # a newer one that ended
+    assert _wait_ended(be, finished).state == "completed"
+    finished.state, finished.ended_at, finished.price_per_hour = "completed", time.time(), 3.6
+    registry.save(finished)
+    try:
+        status = _flat(launch(tmp_path, "status", env=_shared()))
+        assert "walk-money-live-2" in status, status
+        assert "! walk-money-live-1 is running and may be billing (ssh): launch status --all" in status, status
+        r = launch(tmp_path, "down", env=_shared())
+        out = _flat(r)
+        assert r.returncode == 0 and "walk-money-live-2 is down (completed)" in out, out
+        assert "! walk-money-live-1 is running and may be billing (ssh): launch down walk-money-live-1" in out, out
+        assert registry.get("walk-money-live-1").state == "running"  # said, never stopped unasked
+    finally:
+        be.down(training, grace_s=1)
