@@ -5,6 +5,9 @@
   that host: the rendered default 29500 made the second fail with EADDRINUSE after its setup billed;
 - `launch down` and `launch status` without a RUN take the latest run: a live run behind a newer one
   that ended is said (with the command that stops it), where `down` said "is down" and it billed on;
+- a SkyPilot cluster run seen ended while its cluster idled before autostop billed on in `launch cost`
+  forever (an ended run was never asked again): its bill closes once the cluster is gone, at the end
+  plus the autostop idle (SkyPilot faked at its API edge, tests/sky_edge.py);
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from pathlib import Path
 
 import yaml
+from click.testing import CliRunner
 
 from launcher.backends import LaunchSpec
 from launcher.backends.ssh import SSHBackend
@@ -110,3 +114,43 @@ def test_down_of_the_latest_run_says_an_older_one_still_runs(tmp_path, sshd):
         assert registry.get("walk-money-live-1").state == "running"  # said, never stopped unasked
     finally:
         be.down(training, grace_s=1)
+
+
+# ----------------------------------- a cluster that autostopped after its job: its bill closes
+
+
+def test_an_ended_cluster_run_stops_billing_once_autostop_took_its_cluster(monkeypatch):
+    import json
+
+    from sky.skylet.job_lib import JobStatus
+    from sky.utils.status_lib import ClusterStatus
+
+    from launcher.cli import cli
+
+    try:
+        from sky_edge import FakeSky
+    except ImportError:
+        from tests.sky_edge import FakeSky
+
+    fake, now = FakeSky(monkeypatch), time.time()
+    run = Run(id="sonia-h100-20261126-120000", profile="sonia-h100", backend="skypilot", cluster="c1", job_id="7",
+              state="running", started_at=now - 200, price_per_hour=3600.0,  # $1 a second
+              handle={"kind": "cluster", "cluster": "c1", "job_id": 7, "job_name": "c1", "autostop_minutes": 10,
+                      "run_dir": "/workspace/runs/x", "volume": None, "bucket": None, "push_to_hub": None})
+    run.billed_s, run.billed_usd, run.billing_since = 0.0, 0.0, now - 200
+    registry.save(run)
+
+    def cost() -> dict:
+        r = CliRunner().invoke(cli, ["cost", "--json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["runs"][0]
+
+    fake.results["status"] = [{"name": "c1", "status": ClusterStatus.UP}]  # the job done, autostop's idle
+    fake.results["job_status"] = {7: JobStatus.SUCCEEDED}
+    assert cost()["state"] == "completed"
+    # Seen so two hours ago, not looked at since; autostop took the cluster 10 idle minutes after.
+    registry.update(run.id, ended_at=now - 7200, billing_since=now - 7200, billed_s=200.0, billed_usd=200.0)
+    fake.results["status"] = []
+    row = cost()
+    assert row["state"] == "completed" and abs(row["cost_usd"] - 800) < 5, row  # 200 s + 10 idle min, not 2 h
+    assert abs(registry.get(run.id).billed(now=time.time() + 86400)[1] - row["cost_usd"]) < 1e-3  # no more after

@@ -59,7 +59,7 @@ def _seen(report) -> dict:
 
 def current_row(run) -> dict:
     """A run's status row, refreshed from its backend first while it is active (`_run`: the run)."""
-    run = refresh(run) if run.active else run
+    run = refresh(run) if run.watched else run
     return {**_row(run), "_run": run}
 
 
@@ -204,7 +204,7 @@ def status(run_id, all_, as_json):
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
     rows = []
     for run in runs:
-        run = refresh(run) if run.active else run
+        run = refresh(run) if run.watched else run
         row = _row(run)
         spent = max(row["cost_usd"], row["train_cost_usd"] or 0.0)
         if run.active and run.budget_usd and spent >= run.budget_usd and _stop_for_budget(run, spent):
@@ -264,7 +264,7 @@ def cost(as_json):
     from launcher.term.tables import Column, print_table
     from launcher.term.ui import console, duration, money
 
-    rows = [_row(refresh(r) if r.active else r) for r in registry.all_runs()]
+    rows = [_row(refresh(r) if r.watched else r) for r in registry.all_runs()]
     total = round(sum(r["cost_usd"] for r in rows), 6)
     columns = [Column("run", "id", must_copy=True), Column("profile", "profile", must_copy=True, priority=1),
                Column("state", "state", priority=3),
