@@ -8,6 +8,8 @@
 - a SkyPilot cluster run seen ended while its cluster idled before autostop billed on in `launch cost`
   forever (an ended run was never asked again): its bill closes once the cluster is gone, at the end
   plus the autostop idle (SkyPilot faked at its API edge, tests/sky_edge.py);
+- `launch up --resume` of a run that still runs is refused in one line: it said "resumed" and did nothing
+  on ssh (a new budget not applied), and on SkyPilot would start a second machine billing beside it;
 """
 
 from __future__ import annotations
@@ -154,3 +156,25 @@ def test_an_ended_cluster_run_stops_billing_once_autostop_took_its_cluster(monke
     row = cost()
     assert row["state"] == "completed" and abs(row["cost_usd"] - 800) < 5, row  # 200 s + 10 idle min, not 2 h
     assert abs(registry.get(run.id).billed(now=time.time() + 86400)[1] - row["cost_usd"]) < 1e-3  # no more after
+
+
+# ------------------------------------------------------- --resume of a run that still runs: refused
+
+
+def test_resume_of_a_run_that_still_runs_is_refused_in_one_line(tmp_path, sshd):
+    from walk import assert_one_line_error
+
+    be = _ssh_backend(tmp_path, sshd)
+    run = be.up(_spec(tmp_path, "local-demo-20261126-walkmoney", "sleep 60"))
+    run.profile, run.state = "local-demo", "running"
+    registry.save(run)
+    ssh_dir = tmp_path / "user-home" / ".ssh"  # the user's own known_hosts trusts the host: `up` could go on
+    ssh_dir.mkdir(parents=True)
+    (ssh_dir / "known_hosts").write_text(sshd.known_hosts_line())
+    try:
+        r = launch(tmp_path, "up", "local-demo", "--resume", run.id, "--set", "budget.max_usd=5", env=_shared())
+        assert_one_line_error(r, f"run {run.id} is running: it needs no --resume", f"launch down {run.id}")
+        assert "resumed" not in r.stdout
+        assert registry.get(run.id).budget_usd is None and be.status(run).state == "running"
+    finally:
+        be.down(run, grace_s=1)
