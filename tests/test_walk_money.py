@@ -10,6 +10,8 @@
   plus the autostop idle (SkyPilot faked at its API edge, tests/sky_edge.py);
 - `launch up --resume` of a run that still runs is refused in one line: it said "resumed" and did nothing
   on ssh (a new budget not applied), and on SkyPilot would start a second machine billing beside it;
+- an ssh host short of the profile's GPUs or nodes is refused before any upload: a GPU short failed only
+  after setup, and a multi-node profile trained on one node without a word (another batch, more hours).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from launcher.store import registry
 from launcher.store.registry import Run
 
 try:
-    from walk import launch
+    from walk import assert_one_line_error, launch
 except ImportError:
-    from tests.walk import launch
+    from tests.walk import assert_one_line_error, launch
 
 NODE_PATH = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
 
@@ -52,6 +54,13 @@ def _spec(tmp_path: Path, run_id: str, run_script: str) -> LaunchSpec:
     (d / "walk.yaml").write_text("name: walk\n")
     return LaunchSpec(run=Run(id=run_id, profile="walk", backend="ssh"), profile=None, task_yaml=d / "task.yaml",
                       config_yaml=d / "walk.yaml", envs={"LAUNCH_LOCAL": "1", "PATH": NODE_PATH}, secrets={})
+
+
+def _trust(tmp_path: Path, sshd) -> None:
+    """The walk's user knows the test host: its key is in their ~/.ssh/known_hosts (tests/walk.py's HOME)."""
+    ssh_dir = tmp_path / "user-home" / ".ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    (ssh_dir / "known_hosts").write_text(sshd.known_hosts_line())
 
 
 def _wait_ended(be: SSHBackend, run: Run, timeout: float = 60):
@@ -162,15 +171,11 @@ def test_an_ended_cluster_run_stops_billing_once_autostop_took_its_cluster(monke
 
 
 def test_resume_of_a_run_that_still_runs_is_refused_in_one_line(tmp_path, sshd):
-    from walk import assert_one_line_error
-
     be = _ssh_backend(tmp_path, sshd)
     run = be.up(_spec(tmp_path, "local-demo-20261126-walkmoney", "sleep 60"))
     run.profile, run.state = "local-demo", "running"
     registry.save(run)
-    ssh_dir = tmp_path / "user-home" / ".ssh"  # the user's own known_hosts trusts the host: `up` could go on
-    ssh_dir.mkdir(parents=True)
-    (ssh_dir / "known_hosts").write_text(sshd.known_hosts_line())
+    _trust(tmp_path, sshd)  # `up` could go on
     try:
         r = launch(tmp_path, "up", "local-demo", "--resume", run.id, "--set", "budget.max_usd=5", env=_shared())
         assert_one_line_error(r, f"run {run.id} is running: it needs no --resume", f"launch down {run.id}")
@@ -178,3 +183,17 @@ def test_resume_of_a_run_that_still_runs_is_refused_in_one_line(tmp_path, sshd):
         assert registry.get(run.id).budget_usd is None and be.status(run).state == "running"
     finally:
         be.down(run, grace_s=1)
+
+
+# ---------------------------------------------- an ssh host short of GPUs or nodes: before any upload
+
+
+def test_an_ssh_host_short_of_the_profiles_gpus_or_nodes_is_refused_before_upload(tmp_path, sshd):
+    _trust(tmp_path, sshd)
+    ssh = ("--backend", "ssh", "--host", sshd.host, "--identity", str(sshd.client_key))
+    r = launch(tmp_path, "up", "local-demo", *ssh, "--set", "cluster.accelerators=H100:2", env=_shared())
+    assert_one_line_error(r, f"{sshd.host} has 0 GPU(s)", "local-demo asks for H100:2 per node")
+    r = launch(tmp_path, "up", "local-demo", *ssh, "--set", "cluster.num_nodes=2", env=_shared())
+    assert_one_line_error(r, "local-demo asks for 2 nodes and the ssh backend runs on one machine",
+                          "--set cluster.num_nodes=1")
+    assert registry.all_runs() == [], "a run was started"

@@ -117,7 +117,9 @@ class SSHBackend(Backend):
     def probe(self) -> dict:
         """Connect (checking the host key) and describe the host: home, GPU count, python."""
         conn = self._conn()
-        out = self._sh(conn, 'echo "home=$HOME"; echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")"; '
+        # GPUs by nvidia-smi, else by their device files (nvidia-smi off a non-login shell's PATH)
+        out = self._sh(conn, 'echo "home=$HOME"; n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -gt 0 ] || '
+                             'n=$(ls -d /dev/nvidia[0-9]* 2>/dev/null | wc -l); echo "gpus=$n"; '
                              'echo "python=$(command -v python3 python 2>/dev/null | head -n1)"')
         facts = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         gpus = facts.get("gpus", "0").strip()
@@ -130,6 +132,7 @@ class SSHBackend(Backend):
         run, task = spec.run, load_task(spec.task_yaml)
         conn = self._conn()
         info = self.probe()
+        _fits(spec.profile, info)
         home, old = info["home"], run.handle if run.handle.get("host") == str(conn.target) else {}
         root = old.get("remote_root") or _expand(self.remote_root, home)  # a resumed run keeps its place
         run_root = f"{root}/{run.id}"
@@ -438,6 +441,24 @@ def _expand(path: str, home: str) -> str:
     if not path.startswith("/"):
         path = f"{home.rstrip('/')}/{path}"
     return str(PurePosixPath(path))
+
+
+def _fits(profile, info: dict) -> None:
+    """What one host runs, refused before any upload: the ssh backend starts one node, with torchrun's
+    process per GPU the profile asks for (a node or GPU short failed after setup, or trained on one
+    node of several without a word: another global batch, twice the hours)."""
+    c = getattr(profile, "cluster", None)
+    if c is None:
+        return
+    if c.num_nodes > 1:
+        raise BackendError(f"{profile.name} asks for {c.num_nodes} nodes and the ssh backend runs on one machine "
+                           f"({info['host']}): run it with --backend skypilot, or on one node with --set "
+                           "cluster.num_nodes=1 (a smaller global batch, more hours)")
+    if c.gpus_per_node > info["gpus"]:
+        fix = f"or --set cluster.accelerators={c.accelerator_name}:{info['gpus']}" if info["gpus"] else \
+            "or check `nvidia-smi` there"
+        raise BackendError(f"{info['host']} has {info['gpus']} GPU(s) (nvidia-smi -L) and {profile.name} asks for "
+                           f"{c.accelerators_label} per node: use a host with {c.gpus_per_node}, {fix}")
 
 
 def _why(e: Optional[BaseException]) -> str:
