@@ -176,6 +176,8 @@ def collect(chan: paramiko.Channel, timeout: float, what: str) -> tuple[int, str
     while chan.recv_ready() or chan.recv_stderr_ready():  # drain what arrived with the exit status
         out += chan.recv(65536) if chan.recv_ready() else b""
         err += chan.recv_stderr(65536) if chan.recv_stderr_ready() else b""
-    code = chan.recv_exit_status()
+    code, transport = chan.recv_exit_status(), chan.get_transport()
     chan.close()
+    if code == -1 and not (transport and transport.is_active()):  # no exit status: the connection went
+        raise EOFError("connection closed before the command's exit status")
     return code, out.decode(errors="replace"), err.decode(errors="replace")
