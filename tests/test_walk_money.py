@@ -11,13 +11,18 @@
 - `launch up --resume` of a run that still runs is refused in one line: it said "resumed" and did nothing
   on ssh (a new budget not applied), and on SkyPilot would start a second machine billing beside it;
 - an ssh host short of the profile's GPUs or nodes is refused before any upload: a GPU short failed only
-  after setup, and a multi-node profile trained on one node without a word (another batch, more hours).
+  after setup, and a multi-node profile trained on one node without a word (another batch, more hours);
+- `launch down` asking for a final checkpoint stops waiting once the machine stops answering, instead of
+  waiting out the 30 min a save may take and only then saying it cannot reach the host;
+- an ssh command whose connection drops before its exit status is retried like any dropped connection
+  (it was an error, "failed (-1)", that ended `launch down` mid-way).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -197,3 +202,68 @@ def test_an_ssh_host_short_of_the_profiles_gpus_or_nodes_is_refused_before_uploa
     assert_one_line_error(r, "local-demo asks for 2 nodes and the ssh backend runs on one machine",
                           "--set cluster.num_nodes=1")
     assert registry.all_runs() == [], "a run was started"
+
+
+# --------------------------------------- down's final checkpoint: a machine that stops answering
+
+
+# A trainer that says it is training and never answers a stop request (its save takes long).
+TRAINING = """\
+RD="$LAUNCH_VOLUME/runs/$LAUNCH_RUN_ID"; mkdir -p "$RD"
+echo '{"state": "training", "step": 3}' > "$RD/status.json"
+sleep 60
+"""
+
+
+def test_the_final_checkpoint_wait_ends_when_the_machine_stops_answering(tmp_path, monkeypatch):
+    from launcher.backends import final_save
+
+    try:
+        from sshd import SSHServer
+    except ImportError:
+        from tests.sshd import SSHServer
+
+    server = SSHServer(tmp_path / "sshd").start()  # its own: this test takes it away
+    be = _ssh_backend(tmp_path, server)
+    run = be.up(_spec(tmp_path, "walk-money-lost", TRAINING))
+    run.state = "running"
+    try:
+        deadline = time.monotonic() + 30
+        while final_save.status_json(be, run).get("state") != "training":
+            assert time.monotonic() < deadline, "the stand-in trainer never said it trains"
+            time.sleep(0.2)
+        monkeypatch.setattr(final_save, "UNREACHABLE_S", 2.0, raising=False)
+        threading.Timer(1.0, server.stop).start()  # gone once the request is written
+        t0 = time.monotonic()
+        saved = final_save.request(be, run, timeout_s=30, poll_s=0.2)
+        took = time.monotonic() - t0
+        assert saved is not None and not saved.saved and "stopped answering" in saved.line, saved
+        assert took < 20, f"waited {took:.0f} s for a machine that did not answer"
+    finally:
+        server.stop()
+        for pid in _tagged("walk-money-lost"):
+            os.kill(pid, 9)
+
+
+def _tagged(run_id: str) -> list[int]:
+    """This host's processes of the run (its environment carries LAUNCH_RUN_ID)."""
+    out = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"LAUNCH_RUN_ID={run_id}".encode() in env.read_bytes().split(b"\0"):
+                out.append(int(env.parent.name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+# ------------------------------------- a connection that drops mid-command: retried, not "failed (-1)"
+
+
+def test_a_command_whose_connection_drops_is_retried_not_failed(tmp_path, sshd):
+    be = _ssh_backend(tmp_path, sshd)
+    conn = be._conn()
+    marker = tmp_path / "tries"
+    threading.Timer(0.7, sshd.kill_sessions).start()  # while the first try sleeps
+    out = be._sh(conn, f"echo x >> {marker}; sleep 1.5; echo done")
+    assert out == "done\n" and marker.read_text().count("x") == 2  # the dropped try, then the one that answered
