@@ -15,17 +15,21 @@
 - `launch down` asking for a final checkpoint stops waiting once the machine stops answering, instead of
   waiting out the 30 min a save may take and only then saying it cannot reach the host;
 - an ssh command whose connection drops before its exit status is retried like any dropped connection
-  (it was an error, "failed (-1)", that ended `launch down` mid-way).
+  (it was an error, "failed (-1)", that ended `launch down` mid-way);
+- `--resume` of an ssh run on another host (a new pod after the old one died) is refused before any
+  upload when the run's directory is not there: it said "resumed" and trained again from step 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -267,3 +271,32 @@ def test_a_command_whose_connection_drops_is_retried_not_failed(tmp_path, sshd):
     threading.Timer(0.7, sshd.kill_sessions).start()  # while the first try sleeps
     out = be._sh(conn, f"echo x >> {marker}; sleep 1.5; echo done")
     assert out == "done\n" and marker.read_text().count("x") == 2  # the dropped try, then the one that answered
+
+
+# --------------------------------------------- --resume on another host: its checkpoints are not there
+
+
+def test_resume_on_a_host_without_the_runs_directory_is_refused_before_upload(tmp_path, sshd):
+    from launcher.errors import BackendError
+
+    try:
+        from sshd import SSHServer
+    except ImportError:
+        from tests.sshd import SSHServer
+
+    (tmp_path / "a").mkdir()
+    first = _ssh_backend(tmp_path / "a", sshd)
+    run = first.up(_spec(tmp_path, "walk-money-moved", "true"))
+    assert _wait_ended(first, run).state == "completed"
+    other = SSHServer(tmp_path / "sshd-new").start()  # the new pod
+    try:
+        (tmp_path / "b").mkdir()
+        moved = _ssh_backend(tmp_path / "b", other)
+        spec = dataclasses.replace(_spec(tmp_path / "b", "walk-money-moved", "true"), run=run, resume=True)
+        with pytest.raises(BackendError) as refused:
+            moved.up(spec)
+        assert f"run {run.id} ran on {sshd.host} and its checkpoints are there, not in {other.host}:" in \
+            str(refused.value)
+        assert not (tmp_path / "b" / "remote" / run.id).exists(), "uploaded before refusing"
+    finally:
+        other.stop()

@@ -139,6 +139,12 @@ class SSHBackend(Backend):
         volume = old.get("volume") or _expand(self.volume or f"{root}/volume", home)
         run_dir = PurePosixPath(layout.run_dir(PurePosixPath(volume), run.id).as_posix())
         log = str(run_dir / layout.LOGS_DIR / "run.log")
+        was = run.handle.get("host")  # a resume on another host finds none of the run's checkpoints there
+        if spec.resume and was and not old and self._sh(conn, f"test -d {shlex.quote(str(run_dir))} && echo y || "
+                                                              "true").strip() != "y":
+            raise BackendError(f"run {run.id} ran on {was} and its checkpoints are there, not in {conn.target}:"
+                               f"{run_dir}: resume it there (--resume without --host), or copy that run directory "
+                               "over first (else it would train again from step 0); a fresh run: --new")
         config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
         self.last_upload = self._sync(conn, root, f"{run_root}/workdir", workdir_files(spec.profile, spec.config_yaml, config_rel))
         gpus = getattr(getattr(spec.profile, "cluster", None), "gpus_per_node", 0) or info["gpus"]
