@@ -126,11 +126,11 @@ def test_down_of_the_latest_run_says_an_older_one_still_runs(tmp_path, sshd):
     try:
         status = _flat(launch(tmp_path, "status", env=_shared()))
         assert "walk-money-live-2" in status, status
-        assert "! walk-money-live-1 is running and may be billing (ssh): launch status --all" in status, status
+        assert "! walk-money-live-1 was running when last seen and may be billing (ssh): launch status --all" in status, status
         r = launch(tmp_path, "down", env=_shared())
         out = _flat(r)
         assert r.returncode == 0 and "walk-money-live-2 is down (completed)" in out, out
-        assert "! walk-money-live-1 is running and may be billing (ssh): launch down walk-money-live-1" in out, out
+        assert "! walk-money-live-1 was running when last seen and may be billing (ssh): launch down walk-money-live-1" in out, out
         assert registry.get("walk-money-live-1").state == "running"  # said, never stopped unasked
     finally:
         be.down(training, grace_s=1)

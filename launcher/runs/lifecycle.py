@@ -215,7 +215,7 @@ def status(run_id, all_, as_json):
         from launcher.runs.experiment import print_differences
 
         print_differences(rows[0])
-        _say_others_live(run_id, runs[0].id, "launch status --all", fresh=False)
+        _say_others_live(run_id, runs[0].id, "launch status --all")
 
 
 def interactive() -> bool:
@@ -343,22 +343,22 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         console().print(literal("[yellow]![/] ", f"still billing: {line}"), soft_wrap=True)
     if fetch_artifacts:
         print_summary(run, report.dest)
-    _say_others_live(run_id, run.id, None, fresh=True)
+    _say_others_live(run_id, run.id, None)
     if left and (stores or run.backend != "skypilot"):
         hints(f"launch up {run.profile} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
     elif not fetch_artifacts:
         hints(f"launch status {run.id}")
 
 
-def _say_others_live(asked, shown: str, command, fresh: bool) -> None:
-    """Not `asked` a RUN, status/down take the latest: say each other live run, billing behind a newer one."""
+def _say_others_live(asked, shown: str, command) -> None:
+    """Not `asked` a RUN, status/down take the latest: say each other live run, billing behind a newer one
+    (as recorded: asking each machine would make `down` wait on hosts that may not answer)."""
     from launcher.store import registry
     from launcher.term.ui import console, literal
 
     for other in (r for r in registry.all_runs() if r.active and r.id != shown and not asked):
-        if (other := refresh(other) if fresh else other).active:
-            console().print(literal("[yellow]![/] ", f"{other.id} is {other.state} and may be billing "
-                                    f"({other.backend}): {command or f'launch down {other.id}'}"), soft_wrap=True)
+        console().print(literal("[yellow]![/] ", f"{other.id} was {other.state} when last seen and may be billing "
+                                f"({other.backend}): {command or f'launch down {other.id}'}"), soft_wrap=True)
 
 
 def _forget(run, forget: bool, why: str) -> None:
