@@ -17,7 +17,10 @@
 - an ssh command whose connection drops before its exit status is retried like any dropped connection
   (it was an error, "failed (-1)", that ended `launch down` mid-way);
 - `--resume` of an ssh run on another host (a new pod after the old one died) is refused before any
-  upload when the run's directory is not there: it said "resumed" and trained again from step 0.
+  upload when the run's directory is not there: it said "resumed" and trained again from step 0;
+- an --identity that is a .pub file, or a key with a passphrase, is said as such at once: it was "cannot
+  reach HOST after 5 tries" (a live run's host then read as unreachable, `down` naming --forget), or
+  "HOST refused our key".
 """
 
 from __future__ import annotations
@@ -300,3 +303,21 @@ def test_resume_on_a_host_without_the_runs_directory_is_refused_before_upload(tm
         assert not (tmp_path / "b" / "remote" / run.id).exists(), "uploaded before refusing"
     finally:
         other.stop()
+
+
+# ------------------------------------------------ an --identity launch cannot read: said as what it is
+
+
+def test_an_identity_that_is_no_usable_private_key_is_said_as_such(tmp_path, sshd):
+    import subprocess
+
+    _trust(tmp_path, sshd)
+    locked = tmp_path / "locked_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "a passphrase", "-f", str(locked)], check=True,
+                   capture_output=True, timeout=60)
+    for key, fix in ((f"{sshd.client_key}.pub", "pass the private key file (not the .pub)"),
+                     (str(locked), "it has a passphrase: load it into ssh-agent")):
+        r = launch(tmp_path, "up", "local-demo", "--backend", "ssh", "--host", sshd.host, "--identity", key,
+                   env=_shared())
+        assert_one_line_error(r, f"identity file {key} is not a private key launch can read", fix)
+    assert registry.all_runs() == []

@@ -97,11 +97,9 @@ class Connection:
             client.load_host_keys(str(self.known_hosts))
         client.set_missing_host_key_policy(_HostKeyPolicy(self.known_hosts, self.accept))
         t, ident = self.timeout, self.identity
-        if ident and not Path(ident).expanduser().is_file():
-            raise BackendError(f"identity file {ident} does not exist")
+        key = _load_key(ident) if ident else None
         try:
-            client.connect(self.target.hostname, self.target.port, self.target.user,
-                           key_filename=str(Path(ident).expanduser()) if ident else None,
+            client.connect(self.target.hostname, self.target.port, self.target.user, pkey=key,
                            look_for_keys=ident is None, allow_agent=ident is None, timeout=t,
                            banner_timeout=t, auth_timeout=t, channel_timeout=t)
         except paramiko.BadHostKeyException as e:
@@ -150,6 +148,21 @@ class Connection:
         chan.settimeout(timeout)
         chan.exec_command(command)
         return chan
+
+
+def _load_key(ident: str) -> paramiko.PKey:
+    """The --identity key, read here: a .pub file or a key with a passphrase is said as what it is (in
+    paramiko's connect it was "cannot reach the host" after five tries, or "the host refused our key")."""
+    path = Path(ident).expanduser()
+    if not path.is_file():
+        raise BackendError(f"identity file {ident} does not exist")
+    try:
+        return paramiko.PKey.from_path(path)
+    except Exception as e:  # noqa: BLE001 - paramiko/cryptography raise ValueError, TypeError, SSHException...
+        locked = any(w in str(e).lower() for w in ("password", "passphrase", "encrypted"))
+        fix = "it has a passphrase: load it into ssh-agent (`ssh-add KEY`) and drop --identity" if locked else \
+            "pass the private key file (not the .pub), in OpenSSH or PEM format"
+        raise BackendError(f"identity file {ident} is not a private key launch can read: {fix}") from None
 
 
 class CommandTimeout(BackendError):
