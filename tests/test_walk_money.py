@@ -20,7 +20,9 @@
   upload when the run's directory is not there: it said "resumed" and trained again from step 0;
 - an --identity that is a .pub file, or a key with a passphrase, is said as such at once: it was "cannot
   reach HOST after 5 tries" (a live run's host then read as unreachable, `down` naming --forget), or
-  "HOST refused our key".
+  "HOST refused our key";
+- an ssh host whose GPUs already compute (another run's trainer, from this launch home or another) is
+  refused before any upload: a second run there took the memory the first one's next step needed.
 """
 
 from __future__ import annotations
@@ -321,3 +323,43 @@ def test_an_identity_that_is_no_usable_private_key_is_said_as_such(tmp_path, ssh
                    env=_shared())
         assert_one_line_error(r, f"identity file {key} is not a private key launch can read", fix)
     assert registry.all_runs() == []
+
+
+# ------------------------------------------------- a host whose GPUs already train: refused before upload
+
+
+FAKE_NVIDIA_SMI = """\
+#!/bin/sh
+# two GPUs, one process computing on them (another run's trainer)
+case "$*" in
+  -L) echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"; echo "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)";;
+  *query-compute-apps*) echo "4242";;
+esac
+"""
+
+
+def test_an_ssh_host_whose_gpus_already_train_is_refused_before_upload(tmp_path):
+    try:
+        from sshd import SSHServer
+    except ImportError:
+        from tests.sshd import SSHServer
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    gpu_host = SSHServer(tmp_path / "sshd-gpu")  # a host with GPUs: nvidia-smi answers there
+    remote_home = tmp_path / "remote-home"  # what an upload would write goes there, not to this machine's ~
+    remote_home.mkdir()
+    gpu_host.conf.write_text(gpu_host.conf.read_text() + f"SetEnv PATH={bin_dir}:/usr/bin:/bin HOME={remote_home}\n")
+    gpu_host.start()
+    try:
+        _trust(tmp_path, gpu_host)
+        ssh = ("--backend", "ssh", "--host", gpu_host.host, "--identity", str(gpu_host.client_key),
+               "--set", "cluster.accelerators=H100:2")
+        r = launch(tmp_path, "up", "local-demo", *ssh, env=_shared())
+        assert_one_line_error(r, f"{gpu_host.host}'s GPUs already run 1 process(es) (nvidia-smi)",
+                              "--env CUDA_VISIBLE_DEVICES=")
+        assert registry.all_runs() == [] and not (remote_home / "launch").exists(), "a run was started"
+    finally:
+        gpu_host.stop()

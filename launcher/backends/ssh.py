@@ -117,14 +117,16 @@ class SSHBackend(Backend):
     def probe(self) -> dict:
         """Connect (checking the host key) and describe the host: home, GPU count, python."""
         conn = self._conn()
-        # GPUs by nvidia-smi, else by their device files (nvidia-smi off a non-login shell's PATH)
+        # GPUs by nvidia-smi, else by their device files (nvidia-smi off a non-login shell's PATH); `busy`:
+        # the processes computing on them now (another run's trainer)
         out = self._sh(conn, 'echo "home=$HOME"; n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -gt 0 ] || '
-                             'n=$(ls -d /dev/nvidia[0-9]* 2>/dev/null | wc -l); echo "gpus=$n"; '
+                             'n=$(ls -d /dev/nvidia[0-9]* 2>/dev/null | wc -l); echo "gpus=$n"; echo "busy=$(nvidia-smi '
+                             '--query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c "[0-9]")"; '
                              'echo "python=$(command -v python3 python 2>/dev/null | head -n1)"')
         facts = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-        gpus = facts.get("gpus", "0").strip()
+        gpus, busy = (facts.get(k, "0").strip() for k in ("gpus", "busy"))
         return {"host": str(conn.target), "home": facts.get("home", ""), "gpus": int(gpus) if gpus.isdigit() else 0,
-                "python": facts.get("python", "")}
+                "busy": int(busy) if busy.isdigit() else 0, "python": facts.get("python", "")}
 
     # ------------------------------------------------------------------------------------ up
 
@@ -132,7 +134,7 @@ class SSHBackend(Backend):
         run, task = spec.run, load_task(spec.task_yaml)
         conn = self._conn()
         info = self.probe()
-        _fits(spec.profile, info)
+        _fits(spec.profile, info, {**(task.get("envs") or {}), **spec.envs})  # the profile's envs: and --env
         home, old = info["home"], run.handle if run.handle.get("host") == str(conn.target) else {}
         root = old.get("remote_root") or _expand(self.remote_root, home)  # a resumed run keeps its place
         run_root = f"{root}/{run.id}"
@@ -449,10 +451,12 @@ def _expand(path: str, home: str) -> str:
     return str(PurePosixPath(path))
 
 
-def _fits(profile, info: dict) -> None:
+def _fits(profile, info: dict, envs: dict) -> None:
     """What one host runs, refused before any upload: the ssh backend starts one node, with torchrun's
     process per GPU the profile asks for (a node or GPU short failed after setup, or trained on one
-    node of several without a word: another global batch, twice the hours)."""
+    node of several without a word: another global batch, twice the hours), on GPUs nothing else
+    computes on (a second run's model load takes the memory a live run's next step needs, and crashes
+    it), unless --env CUDA_VISIBLE_DEVICES names the GPUs this run takes."""
     c = getattr(profile, "cluster", None)
     if c is None:
         return
@@ -465,6 +469,11 @@ def _fits(profile, info: dict) -> None:
             "or check `nvidia-smi` there"
         raise BackendError(f"{info['host']} has {info['gpus']} GPU(s) (nvidia-smi -L) and {profile.name} asks for "
                            f"{c.accelerators_label} per node: use a host with {c.gpus_per_node}, {fix}")
+    if c.gpus_per_node and info.get("busy") and "CUDA_VISIBLE_DEVICES" not in envs:
+        raise BackendError(f"{info['host']}'s GPUs already run {info['busy']} process(es) (nvidia-smi): a run "
+                           "started beside them shares their memory and can crash the one training there; stop it "
+                           "first (`launch status --all`), or give this run other GPUs with --env "
+                           "CUDA_VISIBLE_DEVICES=...")
 
 
 def _why(e: Optional[BaseException]) -> str:
