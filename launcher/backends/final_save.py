@@ -24,6 +24,7 @@ from payload.volume.stop_request import REQUEST
 
 FINAL_SAVE_TIMEOUT_S = 1800.0  # a ZeRO-3 save of a 32B model onto a network volume: minutes, not seconds
 POLL_S = 5.0
+UNREACHABLE_S = 120.0  # the machine not answering this long while asked: waiting on would see nothing
 _ENDED = (*END_STATES, "interrupted")
 
 
@@ -53,13 +54,13 @@ def _complete(be, run) -> list[dict]:
             and not isinstance(r.get("step"), bool)] if isinstance(rows, list) else []
 
 
-def _ended_here(be, run) -> bool:
-    """Whether the backend sees the run ended (a state of its own, not a machine it cannot reach)."""
+def _state_here(be, run) -> Optional[str]:
+    """The run's state as its backend sees it (`unreachable`: its machine does not answer; None: the
+    backend cannot say now)."""
     try:
-        state = be.status(run).state
+        return be.status(run).state
     except Exception:  # noqa: BLE001 - a backend that cannot say now: keep waiting for status.json
-        return False
-    return state in END_STATES
+        return None
 
 
 def _kept(be, run) -> str:
@@ -107,14 +108,20 @@ def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] 
                                 f"the run keeps {_kept(be, run)}")
     deadline = time.monotonic() + timeout_s
     st = status_json(be, run)
-    gone = False
+    gone, lost_since = False, None
     while st.get("state") not in _ENDED and time.monotonic() < deadline:
         time.sleep(min(POLL_S if poll_s is None else poll_s, max(0.0, deadline - time.monotonic())))
         st = status_json(be, run)
-        if st.get("state") not in _ENDED and _ended_here(be, run):
+        here = None if st.get("state") in _ENDED else _state_here(be, run)
+        if here in END_STATES:
             st = status_json(be, run)  # it may have ended by saving in between: status.json says so then
             gone = st.get("state") not in _ENDED  # else its processes ended without an end (killed, lost)
             break
+        lost_since = (lost_since or time.monotonic()) if here == "unreachable" else None
+        if lost_since is not None and time.monotonic() - lost_since >= UNREACHABLE_S:  # not 30 min for nothing
+            return FinalSave(False, f"no final checkpoint seen: the machine stopped answering while the run was "
+                                    f"asked for one ({UNREACHABLE_S:g} s); it may still save it there, and the run "
+                                    "keeps its newest complete checkpoint on that machine")
     if gone:
         return FinalSave(False, f"no final checkpoint: the run's processes ended while it was asked for one; "
                                 f"the run keeps {_kept(be, run)}")

@@ -38,7 +38,7 @@ from ..errors import BackendError
 from launcher.store.registry import Run
 from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, remote_command, restart_line,
                    skipped_note)
-from .ssh_scripts import DOWN_CMD, DRIVER, SEED_AND_LIST, START, STATUS_CMD
+from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, SEED_AND_LIST, START, STATUS_CMD
 from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
@@ -117,12 +117,16 @@ class SSHBackend(Backend):
     def probe(self) -> dict:
         """Connect (checking the host key) and describe the host: home, GPU count, python."""
         conn = self._conn()
-        out = self._sh(conn, 'echo "home=$HOME"; echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")"; '
+        # GPUs by nvidia-smi, else by their device files (nvidia-smi off a non-login shell's PATH); `busy`:
+        # the processes computing on them now (another run's trainer)
+        out = self._sh(conn, 'echo "home=$HOME"; n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -gt 0 ] || '
+                             'n=$(ls -d /dev/nvidia[0-9]* 2>/dev/null | wc -l); echo "gpus=$n"; echo "busy=$(nvidia-smi '
+                             '--query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c "[0-9]")"; '
                              'echo "python=$(command -v python3 python 2>/dev/null | head -n1)"')
         facts = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-        gpus = facts.get("gpus", "0").strip()
+        gpus, busy = (facts.get(k, "0").strip() for k in ("gpus", "busy"))
         return {"host": str(conn.target), "home": facts.get("home", ""), "gpus": int(gpus) if gpus.isdigit() else 0,
-                "python": facts.get("python", "")}
+                "busy": int(busy) if busy.isdigit() else 0, "python": facts.get("python", "")}
 
     # ------------------------------------------------------------------------------------ up
 
@@ -130,12 +134,19 @@ class SSHBackend(Backend):
         run, task = spec.run, load_task(spec.task_yaml)
         conn = self._conn()
         info = self.probe()
+        _fits(spec.profile, info, {**(task.get("envs") or {}), **spec.envs})  # the profile's envs: and --env
         home, old = info["home"], run.handle if run.handle.get("host") == str(conn.target) else {}
         root = old.get("remote_root") or _expand(self.remote_root, home)  # a resumed run keeps its place
         run_root = f"{root}/{run.id}"
         volume = old.get("volume") or _expand(self.volume or f"{root}/volume", home)
         run_dir = PurePosixPath(layout.run_dir(PurePosixPath(volume), run.id).as_posix())
         log = str(run_dir / layout.LOGS_DIR / "run.log")
+        was = run.handle.get("host")  # a resume on another host finds none of the run's checkpoints there
+        if spec.resume and was and not old and self._sh(conn, f"test -d {shlex.quote(str(run_dir))} && echo y || "
+                                                              "true").strip() != "y":
+            raise BackendError(f"run {run.id} ran on {was} and its checkpoints are there, not in {conn.target}:"
+                               f"{run_dir}: resume it there (--resume without --host), or copy that run directory "
+                               "over first (else it would train again from step 0); a fresh run: --new")
         config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
         self.last_upload = self._sync(conn, root, f"{run_root}/workdir", workdir_files(spec.profile, spec.config_yaml, config_rel))
         gpus = getattr(getattr(spec.profile, "cluster", None), "gpus_per_node", 0) or info["gpus"]
@@ -143,7 +154,7 @@ class SSHBackend(Backend):
                        ips=["127.0.0.1"], gpus_per_node=gpus, task_id=run.id)
         node = (f"#!/usr/bin/env bash\n# launch node script for run {run.id} (no secrets here)\n"
                 f"cd {shlex.quote(run_root)}/workdir || exit 1\n"
-                + export_lines(env, skip=set(spec.secrets)) + node_script(task))
+                + export_lines(env, skip=set(spec.secrets)) + FREE_PORT + node_script(task))
         driver = DRIVER.format(log_dir=shlex.quote(str(PurePosixPath(log).parent)), log=shlex.quote(log),
                                mark=shlex.quote(restart_line().rstrip("\n")))
         self._retry(conn, lambda: self._write_files(conn, run_root, {
@@ -438,6 +449,31 @@ def _expand(path: str, home: str) -> str:
     if not path.startswith("/"):
         path = f"{home.rstrip('/')}/{path}"
     return str(PurePosixPath(path))
+
+
+def _fits(profile, info: dict, envs: dict) -> None:
+    """What one host runs, refused before any upload: the ssh backend starts one node, with torchrun's
+    process per GPU the profile asks for (a node or GPU short failed after setup, or trained on one
+    node of several without a word: another global batch, twice the hours), on GPUs nothing else
+    computes on (a second run's model load takes the memory a live run's next step needs, and crashes
+    it), unless --env CUDA_VISIBLE_DEVICES names the GPUs this run takes."""
+    c = getattr(profile, "cluster", None)
+    if c is None:
+        return
+    if c.num_nodes > 1:
+        raise BackendError(f"{profile.name} asks for {c.num_nodes} nodes and the ssh backend runs on one machine "
+                           f"({info['host']}): run it with --backend skypilot, or on one node with --set "
+                           "cluster.num_nodes=1 (a smaller global batch, more hours)")
+    if c.gpus_per_node > info["gpus"]:
+        fix = f"or --set cluster.accelerators={c.accelerator_name}:{info['gpus']}" if info["gpus"] else \
+            "or check `nvidia-smi` there"
+        raise BackendError(f"{info['host']} has {info['gpus']} GPU(s) (nvidia-smi -L) and {profile.name} asks for "
+                           f"{c.accelerators_label} per node: use a host with {c.gpus_per_node}, {fix}")
+    if c.gpus_per_node and info.get("busy") and "CUDA_VISIBLE_DEVICES" not in envs:
+        raise BackendError(f"{info['host']}'s GPUs already run {info['busy']} process(es) (nvidia-smi): a run "
+                           "started beside them shares their memory and can crash the one training there; stop it "
+                           "first (`launch status --all`), or give this run other GPUs with --env "
+                           "CUDA_VISIBLE_DEVICES=...")
 
 
 def _why(e: Optional[BaseException]) -> str:

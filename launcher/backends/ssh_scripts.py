@@ -27,6 +27,17 @@ rc=$?
 echo "$rc" > exit_code.tmp && mv exit_code.tmp exit_code
 """
 
+# A host may run several runs at once (two launch homes, `launch up --new`): each run's torchrun gets a
+# port that is free when its node script starts, not the rendered default 29500, which a second run
+# would fail to bind (EADDRINUSE) after its setup and data stage had billed. A port the task's envs
+# set stays; without a python the default stays.
+FREE_PORT = """\
+if [ -z "${LAUNCH_MASTER_PORT:-}" ]; then
+  LAUNCH_MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])' \\
+    2>/dev/null) && export LAUNCH_MASTER_PORT || unset LAUNCH_MASTER_PORT
+fi
+"""
+
 # Reads NAME / value line pairs from stdin (the SSH channel) into the environment with builtins
 # only, so no secret reaches a file or any process's argv; then starts the driver detached.
 START = """\

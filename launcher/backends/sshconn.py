@@ -97,11 +97,9 @@ class Connection:
             client.load_host_keys(str(self.known_hosts))
         client.set_missing_host_key_policy(_HostKeyPolicy(self.known_hosts, self.accept))
         t, ident = self.timeout, self.identity
-        if ident and not Path(ident).expanduser().is_file():
-            raise BackendError(f"identity file {ident} does not exist")
+        key = _load_key(ident) if ident else None
         try:
-            client.connect(self.target.hostname, self.target.port, self.target.user,
-                           key_filename=str(Path(ident).expanduser()) if ident else None,
+            client.connect(self.target.hostname, self.target.port, self.target.user, pkey=key,
                            look_for_keys=ident is None, allow_agent=ident is None, timeout=t,
                            banner_timeout=t, auth_timeout=t, channel_timeout=t)
         except paramiko.BadHostKeyException as e:
@@ -152,6 +150,21 @@ class Connection:
         return chan
 
 
+def _load_key(ident: str) -> paramiko.PKey:
+    """The --identity key, read here: a .pub file or a key with a passphrase is said as what it is (in
+    paramiko's connect it was "cannot reach the host" after five tries, or "the host refused our key")."""
+    path = Path(ident).expanduser()
+    if not path.is_file():
+        raise BackendError(f"identity file {ident} does not exist")
+    try:
+        return paramiko.PKey.from_path(path)
+    except Exception as e:  # noqa: BLE001 - paramiko/cryptography raise ValueError, TypeError, SSHException...
+        locked = any(w in str(e).lower() for w in ("password", "passphrase", "encrypted"))
+        fix = "it has a passphrase: load it into ssh-agent (`ssh-add KEY`) and drop --identity" if locked else \
+            "pass the private key file (not the .pub), in OpenSSH or PEM format"
+        raise BackendError(f"identity file {ident} is not a private key launch can read: {fix}") from None
+
+
 class CommandTimeout(BackendError):
     pass
 
@@ -176,6 +189,8 @@ def collect(chan: paramiko.Channel, timeout: float, what: str) -> tuple[int, str
     while chan.recv_ready() or chan.recv_stderr_ready():  # drain what arrived with the exit status
         out += chan.recv(65536) if chan.recv_ready() else b""
         err += chan.recv_stderr(65536) if chan.recv_stderr_ready() else b""
-    code = chan.recv_exit_status()
+    code, transport = chan.recv_exit_status(), chan.get_transport()
     chan.close()
+    if code == -1 and not (transport and transport.is_active()):  # no exit status: the connection went
+        raise EOFError("connection closed before the command's exit status")
     return code, out.decode(errors="replace"), err.decode(errors="replace")

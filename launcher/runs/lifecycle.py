@@ -14,12 +14,8 @@ import click
 def backend_for(run):
     from launcher.backends import get_backend
 
-    options = {}
-    if run.backend == "ssh":
-        options = {"host": run.handle.get("host")}
-    if run.backend == "local":
-        options = {"num_nodes": run.handle.get("num_nodes")}
-    return get_backend(run.backend, **{k: v for k, v in options.items() if v is not None})
+    options = {"ssh": {"host": run.handle.get("host")}, "local": {"num_nodes": run.handle.get("num_nodes")}}
+    return get_backend(run.backend, **{k: v for k, v in options.get(run.backend, {}).items() if v is not None})
 
 
 def refresh(run):
@@ -63,7 +59,7 @@ def _seen(report) -> dict:
 
 def current_row(run) -> dict:
     """A run's status row, refreshed from its backend first while it is active (`_run`: the run)."""
-    run = refresh(run) if run.active else run
+    run = refresh(run) if run.watched else run
     return {**_row(run), "_run": run}
 
 
@@ -208,7 +204,7 @@ def status(run_id, all_, as_json):
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
     rows = []
     for run in runs:
-        run = refresh(run) if run.active else run
+        run = refresh(run) if run.watched else run
         row = _row(run)
         spent = max(row["cost_usd"], row["train_cost_usd"] or 0.0)
         if run.active and run.budget_usd and spent >= run.budget_usd and _stop_for_budget(run, spent):
@@ -219,6 +215,7 @@ def status(run_id, all_, as_json):
         from launcher.runs.experiment import print_differences
 
         print_differences(rows[0])
+        _say_others_live(run_id, runs[0].id, "launch status --all")
 
 
 def interactive() -> bool:
@@ -267,7 +264,7 @@ def cost(as_json):
     from launcher.term.tables import Column, print_table
     from launcher.term.ui import console, duration, money
 
-    rows = [_row(refresh(r) if r.active else r) for r in registry.all_runs()]
+    rows = [_row(refresh(r) if r.watched else r) for r in registry.all_runs()]
     total = round(sum(r["cost_usd"] for r in rows), 6)
     columns = [Column("run", "id", must_copy=True), Column("profile", "profile", must_copy=True, priority=1),
                Column("state", "state", priority=3),
@@ -346,10 +343,22 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         console().print(literal("[yellow]![/] ", f"still billing: {line}"), soft_wrap=True)
     if fetch_artifacts:
         print_summary(run, report.dest)
+    _say_others_live(run_id, run.id, None)
     if left and (stores or run.backend != "skypilot"):
         hints(f"launch up {run.profile} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
     elif not fetch_artifacts:
         hints(f"launch status {run.id}")
+
+
+def _say_others_live(asked, shown: str, command) -> None:
+    """Not `asked` a RUN, status/down take the latest: say each other live run, billing behind a newer one
+    (as recorded: asking each machine would make `down` wait on hosts that may not answer)."""
+    from launcher.store import registry
+    from launcher.term.ui import console, literal
+
+    for other in (r for r in registry.all_runs() if r.active and r.id != shown and not asked):
+        console().print(literal("[yellow]![/] ", f"{other.id} was {other.state} when last seen and may be billing "
+                                f"({other.backend}): {command or f'launch down {other.id}'}"), soft_wrap=True)
 
 
 def _forget(run, forget: bool, why: str) -> None:

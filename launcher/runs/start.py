@@ -212,6 +212,10 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
         from launcher.runs.experiment import resume_target
 
         old = prior or resume_target(p.name, resume)
+        if old.active and (old := refresh(old)).active:  # a second start would bill beside it, or do nothing
+            seen = old._remote.state if old._remote.state == "unreachable" else old.state
+            raise BackendError(f"run {old.id} is {seen}: it needs no --resume; follow it with `launch logs {old.id} "
+                               f"--follow`, or stop it with `launch down {old.id}` and resume it after")
         if old.state == "completed" and not _trains_further(old, p):
             raise BackendError(f"run {old.id} already completed; to train it further resume it with more steps "
                                f"(`launch up {p.name} --resume {old.id} --set train.max_steps=N`, N above the "

@@ -80,6 +80,12 @@ class Run:
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
 
+    @property
+    def watched(self) -> bool:
+        """Asked of its backend on every look: live, or a machine of it bills still (a cluster idling
+        until its autostop after the job ended), so that the bill closes once the machine is gone."""
+        return self.active or self.billing_since is not None
+
     def elapsed_s(self, now: Optional[float] = None) -> float:
         end = self.ended_at or (now or time.time())
         return max(0.0, end - self.started_at)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from pathlib import Path, PurePosixPath
 from typing import Optional, TextIO
 
@@ -286,10 +287,10 @@ class SkyPilotBackend(Backend):
         reported = self._reported(run, up=state in ("running", "completed", "failed"))
         st = merge_status(state, reason, reported, run.state)
         st.billing = billing
-        if state is None and reported:  # its machine is gone: it billed until the run ended, + autostop idle
-            end = control.epoch(reported.get("ended_at"))
+        if state is None:  # its machine is gone: it billed until the run ended (or was seen ended), + autostop idle
+            end = control.epoch((reported or {}).get("ended_at")) or (None if run.active else run.ended_at)
             idle = 0 if h.get("kind") == "managed_job" else h.get("autostop_minutes", control.CLUSTER_IDLE_MIN)
-            st.ended_at = end + 60 * idle if end else None
+            st.ended_at = min(end + 60 * idle, time.time()) if end else None  # not past now: torn down sooner
         return st
 
     def _cluster_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str], bool]:
