@@ -156,6 +156,12 @@ def test_down_fetches_after_the_final_checkpoint(tmp_path):
     assert summary["state"] == "stopped" and summary["steps"] == step
     assert f"{run_id} is down (stopped)" in out
     said_left_and_verified(out, rd, step, run_id, home)  # tests/test_walk_down.py: what down leaves
+    logs = launch(tmp_path, "logs", run_id, env=env)  # a clean stop's log ends on the payload's own line
+    assert logs.returncode == 0 and "Traceback" not in logs.stdout and "ChildFailedError" not in logs.stdout, \
+        logs.stdout[-3000:]
+    last = " ".join(logs.stdout.split("payload train: ")[-1].split())  # the line, unwrapped at 80 columns
+    assert last.startswith(f"stopped by launch down at step {step}") and last.endswith(
+        f"saved (final); resumes from {rd / final['final_checkpoint']}"), logs.stdout[-3000:]  # nothing after it
 
 
 # ------------------------------------------------------------------------ item 6: eval changes no run
