@@ -60,7 +60,6 @@ def clock(monkeypatch):
 @pytest.fixture
 def backend(monkeypatch):
     be = FakeBackend()
-    monkeypatch.setattr(runs, "backend_for", lambda run: be)
     import launcher.backends
 
     monkeypatch.setattr(launcher.backends, "get_backend", lambda name, **kw: be)
