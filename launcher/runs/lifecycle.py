@@ -110,6 +110,12 @@ def status(run_id, all_, as_json):
             row = status_row(registry.get(run.id))
         rows.append(row)
     print_status(rows, as_json, json_value=rows if all_ else rows[0])
+    if not as_json and all_:  # one line per run whose trainer dropped records (`status RUN` says the rest)
+        from launcher.runs.experiment import dropped_line
+        from launcher.term.ui import console, literal
+
+        for row in (r for r in rows if r.get("dropped_reason")):
+            console().print(literal("[yellow]![/] ", f"{row['id']}: {dropped_line(row)}"), soft_wrap=True)
     if not as_json and not all_:
         from launcher.runs.experiment import print_differences
 
@@ -121,17 +127,43 @@ def interactive() -> bool:
     return sys.stdin.isatty()
 
 
-def _stop_for_budget(run, spent: float) -> bool:
-    """Tear down a run whose billed spend reached its budget - once a checkpoint exists; before the
-    first one, say the work would be lost and ask (a script gets a warning: the payload stops itself,
-    with a checkpoint, when its own count reaches the budget). Returns whether it was torn down."""
-    from launcher.store import registry
-    from launcher.term.ui import err_console, money
+BUDGET_SAVE_TIMEOUT_S = 600.0  # the final save of a run past its budget: billed too, so bounded, its price said
 
-    st = getattr(run, "_remote", None)
+
+def _stop_for_budget(run, spent: float) -> bool:
+    """Tear down a run whose billed spend reached its budget the way `launch down` does: the final
+    checkpoint first (asked through its run directory, waited for at most BUDGET_SAVE_TIMEOUT_S, whose
+    price is said), then the teardown, saying what was kept. The launcher's bill counts setup, so it
+    reaches the budget before the payload's own count (training only) would stop the run with a save.
+    Where the backend cannot read the run's files, or the save fails, and no checkpoint exists, it says
+    the work would be lost and asks (a script gets a warning: the payload stops itself, with a
+    checkpoint, when its own count reaches the budget). Returns whether it was torn down."""
+    from launcher.backends import final_save
+    from launcher.runs.teardown import ask_final_checkpoint
+    from launcher.store import registry
+    from launcher.term.ui import duration, err_console, literal, money
+
+    be, st = backend_for(run), getattr(run, "_remote", None)
     extra = st.extra if st else {}
     checkpoint = extra.get("checkpoint_step") or extra.get("resumed_from")
     said = f"{run.id}: billed spend {money(spent)} reached the {money(run.budget_usd)} budget"
+    trainer = final_save.status_json(be, run).get("state")
+    saved = None
+    if trainer == "training":
+        wait = BUDGET_SAVE_TIMEOUT_S
+        err_console().print(literal("[yellow]![/] ", f"{said}: asking for a final checkpoint before tearing down "
+                                    f"(waiting at most {duration(wait)}, {money(wait * run.price_per_hour / 3600)} "
+                                    f"at {money(run.price_per_hour)}/h)"), soft_wrap=True)
+        saved = ask_final_checkpoint(be, run, wait, out=err_console())
+    elif trainer is None:
+        err_console().print(literal("[yellow]![/] ", f"{said}: no final checkpoint was asked for (no status.json "
+                                    "from the run: still setting up, or not readable from here)"), soft_wrap=True)
+    if saved is not None and saved.saved:
+        checkpoint = saved.checkpoint
+    elif saved is not None:
+        run = refresh(run)  # the trainer may have ended (its own save, or none) while it was asked
+        extra = run._remote.extra
+        checkpoint = extra.get("checkpoint_step") or extra.get("resumed_from") or checkpoint
     if not checkpoint:
         step = f"{st.step} steps" if st and st.step else "the work so far"
         question = f"{said} before its first checkpoint: tearing down now loses {step}. Tear down anyway?"
@@ -140,12 +172,13 @@ def _stop_for_budget(run, spent: float) -> bool:
                                 f"saves one and stops (`launch down {run.id}` stops it now, losing {step})",
                                 soft_wrap=True)
             return False
-    backend_for(run).down(run)
+    left = final_save.left(be, run, saved) if trainer is not None else None  # read on the machine, before it goes
+    be.down(run)
     registry.accrue(run.id, False)
-    registry.update(run.id, state="budget_exhausted", ended_at=time.time(), reason=f"{said}; torn down")
-    kept = f"checkpoint {checkpoint} kept" if checkpoint else "no checkpoint"
-    err_console().print(f"[red]✗[/] {said}; torn down ({kept}): continue with `launch up {run.profile} "
-                        f"--resume {run.id} --set budget.max_usd=...`", soft_wrap=True)
+    kept = f"; it keeps {left}" if left else f" (checkpoint {checkpoint} kept)" if checkpoint else " (no checkpoint)"
+    registry.update(run.id, state="budget_exhausted", ended_at=time.time(), reason=f"{said}; torn down{kept}")
+    err_console().print(literal("[red]✗[/] ", f"{said}; torn down{kept}: continue with `launch up {run.profile} "
+                                f"--resume {run.id} --set budget.max_usd=...`"), soft_wrap=True)
     return True
 
 

@@ -48,7 +48,17 @@ def _seen(report) -> dict:
     seen = {k: number(report.get(k)) for k in LAST_SEEN}
     if isinstance(report.get("stage"), dict):
         seen["stage"] = report["stage"]
-    return seen
+    return {**seen, **dropped(report)}
+
+
+def dropped(report: dict) -> dict:
+    """The records TRL dropped (their prompt fills train.max_seq_length: payload/data/trainset.py), as
+    the payload's status.json says them: `dropped_reason` (a sentence) and `dropped_records` ({split: n})."""
+    if not isinstance(report.get("dropped_reason"), str):
+        return {}
+    counts = report.get("dropped_records")
+    return {"dropped_reason": report["dropped_reason"],
+            **({"dropped_records": counts} if isinstance(counts, dict) else {})}
 
 
 def current_row(run) -> dict:
@@ -81,6 +91,7 @@ def status_row(run) -> dict:
             row["budget_warning"] = st.extra["budget_warning"]
         if isinstance(st.extra.get("attention"), str):  # the kernel the payload loaded, and why
             row["attention"] = st.extra["attention"]
+        row.update(dropped(st.extra))
     if (st is None or st.step is None) and (not run.active or (st and st.state == "unreachable")):
         last = _seen((run.handle or {}).get("last_status"))  # ended, or not answering: where it got to
         row.update({**last, "eta_s": None, "projected_cost_usd": None} if last else {})

@@ -46,11 +46,7 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
     from launcher.backends import final_save
 
     # The final checkpoint first, the fetch after it (and after the run's own end), the teardown last.
-    with console().status(f"asking {run.id}'s trainer for a final checkpoint..."):
-        saved = final_save.request(be, run)
-    if saved is not None:
-        console().print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
-        remember(run, final_save.status_json(be, run))  # its last step, for `status` once the machine is gone
+    saved = ask_final_checkpoint(be, run)
     if fetch_artifacts:
         run = _await_end(be, run, saved)
         report = _fetch(be, run, Path(dest) / run.id, merged)
@@ -80,6 +76,22 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         hints(f"launch up {run.profile} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
     elif not fetch_artifacts:
         hints(f"launch status {run.id}")
+
+
+def ask_final_checkpoint(be, run, timeout_s=None, out=None):
+    """Ask a training run for a final checkpoint and wait for it (final_save.request: until it is saved,
+    the run's processes end, its machine stops answering, or `timeout_s`), say the outcome in one line
+    and keep its last step. None: no trainer is training. `down` and status's budget teardown."""
+    from launcher.backends import final_save
+    from launcher.term.ui import console, literal
+
+    out = out or console()  # status's budget teardown says it on stderr: `status --json` stays JSON
+    with out.status(f"asking {run.id}'s trainer for a final checkpoint..."):
+        saved = final_save.request(be, run, timeout_s)
+    if saved is not None:
+        out.print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
+        remember(run, final_save.status_json(be, run))  # its last step, for `status` once the machine is gone
+    return saved
 
 
 def say_others_live(asked, shown: str, command) -> None:
