@@ -34,6 +34,6 @@ FACES: dict[str, tuple[str, ...]] = {
     "catalog": ("",),
     "plan": ("estimate", "show", "compare", "storage", "budget_gate"),
     "backends": ("", "local", "final_save", "skypilot", "skypilot.control", "skypilot.sdk"),
-    "runs": ("start", "lifecycle", "experiment", "rehearse", "access", "volumes"),
+    "runs": ("start", "lifecycle", "refresh", "teardown", "experiment", "rehearse", "access", "volumes"),
     "results": ("fetched", "compare"),
 }

@@ -261,12 +261,8 @@ def profiles(as_json):
 
 # ------------------------------------------------------------------------------------ runs
 
-from launcher.runs.lifecycle import (  # noqa: E402  (click commands; light imports only)
-    cost,
-    down,
-    logs,
-    status,
-)
+from launcher.runs.lifecycle import cost, logs, status  # noqa: E402  (click commands; light imports only)
+from launcher.runs.teardown import down  # noqa: E402
 from launcher.runs.start import up  # noqa: E402
 
 for _cmd in (up, logs, status, down, cost):

@@ -106,7 +106,7 @@ def test_loading_on_cpu_takes_the_first_that_runs_and_says_why(train_env, caplog
 def test_launch_status_says_which_attention_ran_and_why(capsys):
     """The payload writes `attention` to status.json; `launch status RUN` shows it under the table."""
     from launcher.runs import experiment
-    from launcher.runs import lifecycle as runs
+    from launcher.runs import refresh as runs
     from launcher.backends import RemoteStatus
     from launcher.store.registry import Run
 
@@ -114,7 +114,7 @@ def test_launch_status_says_which_attention_ran_and_why(capsys):
               price_per_hour=6.58, budget_usd=40.0)
     said = "flex_attention: padding-free batch, flash-attn not installed: flex_attention skips the masked blocks"
     run._remote = RemoteStatus.from_report("running", {"state": "training", "step": 3, "attention": said})
-    row = runs._row(run)
+    row = runs.status_row(run)
     assert row["attention"] == said
     experiment.print_differences(row)
     assert f"attention: {said}" in " ".join(capsys.readouterr().out.split())

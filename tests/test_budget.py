@@ -39,6 +39,9 @@ class FakeBackend:
     def down(self, run):
         self.downs.append(run.id)
 
+    def read_run_file(self, run, rel):  # the run's files are out of reach (Backend's default)
+        return None
+
     def up(self, spec):
         self.specs.append(spec)
         run = spec.run
@@ -60,7 +63,6 @@ def clock(monkeypatch):
 @pytest.fixture
 def backend(monkeypatch):
     be = FakeBackend()
-    monkeypatch.setattr(runs, "backend_for", lambda run: be)
     import launcher.backends
 
     monkeypatch.setattr(launcher.backends, "get_backend", lambda name, **kw: be)
@@ -131,6 +133,7 @@ def test_a_budget_stop_keeps_the_work_it_asks_before_losing_it(clock, backend, m
     backend.reply = RemoteStatus.from_report("running", {"state": "training", "step": 30, "checkpoint_step": 25})
     r = launch("status", "b")  # a checkpoint exists: no question, torn down
     assert "billed spend $0.60 reached the $0.50 budget; torn down (checkpoint 25 kept)" in r.output
+    assert "no final checkpoint was asked for (no status.json from the run" in r.output
     assert "--resume b --set budget.max_usd=" in r.output
     run = registry.get("b")
     assert backend.downs == ["b"] and run.state == "budget_exhausted" and run.billing_since is None

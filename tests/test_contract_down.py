@@ -177,6 +177,31 @@ def test_contract_down_gets_the_final_checkpoint_before_any_signal(kind, honour,
 
 
 
+def test_a_budget_teardown_saves_a_final_checkpoint_first_and_the_bill_stops(tmp_path, monkeypatch, scaled):
+    """`launch status` tearing a run down for its spent budget goes the way `down` goes: the trainer
+    is asked for a final checkpoint (its last periodic one, checkpoint-4, is older), the teardown
+    waits for it, says it, and the bill stops there (the launcher's bill, setup in, reaches the budget
+    before the payload's own count would stop it)."""
+    run, _ = start_trainer("local", True, tmp_path, tmp_path, None, monkeypatch)
+    run.price_per_hour, run.budget_usd = 3600.0, 0.2  # $1/s: spent in a fifth of a second
+    registry.save(run)
+    registry.accrue(run.id, True)
+    time.sleep(0.3)
+    r = CliRunner().invoke(cli, ["status", run.id])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0, said
+    (final,) = _run_dir_files(tmp_path, run.id) - {"checkpoints/checkpoint-4/COMPLETE"}
+    step = int(final.split("/")[1].removeprefix("checkpoint-"))
+    assert "asking for a final checkpoint before tearing down (waiting at most 10m00s, $600.00 at" in said, said
+    assert f"final checkpoint checkpoints/checkpoint-{step} saved (its COMPLETE marker checked)" in said, said
+    assert f"torn down; it keeps checkpoint step {step} (checkpoint-{step}" in said, said
+    ended = registry.get(run.id)
+    assert ended.state == "budget_exhausted" and ended.billing_since is None
+    time.sleep(0.2)
+    row = json.loads(CliRunner().invoke(cli, ["status", run.id, "--json"]).output)
+    assert row["step"] == step and row["cost_usd"] == pytest.approx(ended.billed_usd), row  # billed no more
+
+
 ENDED = "2026-11-25T10:00:00Z"
 
 

@@ -333,7 +333,7 @@ def test_remote_failure_reason_is_printed_literally_by_logs_follow(tmp_path):
 def test_errors_tables_and_summaries_print_markup_literally(tmp_path, capsys, monkeypatch):
     from rich.console import Console
 
-    from launcher.runs import lifecycle as runs
+    from launcher.runs import teardown as runs
     from launcher.term import ui
 
     wide = Console(width=200, highlight=False)  # tables wrap at 80 columns; the point here is markup

@@ -142,3 +142,39 @@ def test_up_refuses_before_renting_when_the_cached_tokenizer_says_no_prompt_fits
                                                        "train.max_seq_length=8", "budget.price_per_hour=4"))[0]
     with pytest.raises(ProfileError, match="train.max_seq_length 8 leaves none of the 3 train records a token"):
         confirm_over_budget(p, "skypilot", interactive=False)
+
+
+def test_status_shows_the_records_the_trainer_dropped_one_line_per_run(tmp_path):
+    """status.json's `dropped_records`/`dropped_reason` (payload/data/trainset.py) is one `!` line
+    under `launch status RUN` while the run trains, and one per run under `status --all` once it ended
+    and its machine is no longer asked (kept with its last step)."""
+    import os
+    import subprocess
+
+    from walk import launch
+
+    from launcher.store import registry
+
+    run_id, vol = "local-demo-20261126-120000", tmp_path / "volume"
+    reason = ("3 of 8 train records dropped by TRL: their prompt fills train.max_seq_length 40 (prompt tokens: "
+              "43-46), so no assistant token is left to train")
+    rd = layout.run_dir(vol, run_id)
+    rd.mkdir(parents=True)
+    (rd / layout.STATUS).write_text(json.dumps({"state": "training", "step": 2, "max_steps": 8,
+                                                "dropped_records": {"train": 3}, "dropped_reason": reason}))
+    trainer = subprocess.Popen(["sleep", "60"], env={**os.environ, "LAUNCH_RUN_ID": run_id,  # the driver, alive
+                                                     "LAUNCH_VOLUME": str(vol)})
+    try:
+        registry.save(registry.Run(id=run_id, profile="local-demo", backend="local", state="running",
+                                   started_at=1.0, handle={"volume": str(vol), "pid": trainer.pid}))
+        env = {"LAUNCH_HOME": os.environ["LAUNCH_HOME"]}
+        said = " ".join(launch(tmp_path, "status", run_id, env=env).stdout.split())
+        assert " running " in said and f"! {reason}; a larger train.max_seq_length keeps them" in said, said
+    finally:
+        trainer.kill()
+        trainer.wait()
+    registry.update(run_id, state="stopped", ended_at=2.0)
+    (rd / layout.STATUS).unlink()  # the machine is gone: status says what it remembered
+    r = launch(tmp_path, "status", "--all", env=env)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("!")]
+    assert r.returncode == 0 and len(lines) == 1 and lines[0].startswith(f"! {run_id}: 3 of 8 train"), r.stdout

@@ -117,7 +117,7 @@ def _from_fetch(d: Path) -> tuple[dict, list[dict]]:
 
 def _live(run) -> tuple[dict, list[dict], str]:
     """(summary, records, where) read where the run runs (or ran: a local run dir stays)."""
-    from launcher.runs.lifecycle import backend_for
+    from launcher.runs.refresh import backend_for
 
     try:
         be = backend_for(run)
@@ -140,7 +140,7 @@ def _read(path: Path) -> Optional[str]:
 
 def run_row(run, dest: Path) -> dict:
     """One run's column: metrics from what it produced, cost from the registry (billed time)."""
-    from launcher.runs.lifecycle import current_row
+    from launcher.runs.refresh import current_row
 
     billed = current_row(run)
     run = billed.pop("_run")

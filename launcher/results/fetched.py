@@ -79,7 +79,7 @@ def _live_index(run) -> tuple[Optional[list], Optional[str]]:
     (payload/checkpoints.write_index), read where the run is by its backend (as `launch status`
     reads status.json); (None, why not) when it cannot be had there."""
     from launcher.errors import BackendError
-    from launcher.runs.lifecycle import backend_for
+    from launcher.runs.refresh import backend_for
 
     try:
         text = backend_for(run).read_run_file(run, layout.CHECKPOINT_LISTING)

@@ -2,8 +2,9 @@
 
 `start` is `launch up` (pick or resume a run, check, render, start, record); `experiment` holds the
 resume rule (a resumed run keeps its recorded config; what may change is payload/config/resume.py's)
-and the run's provenance; `rehearse` is `--rehearse`; `lifecycle` is `logs`, `status`, `cost` and
-`down`, and the refresh of a run's state and bill; `access` is `launch ssh`/`exec`; `volumes` is what
+and the run's provenance; `rehearse` is `--rehearse`; `refresh` is the refresh of a run's state and
+bill and its status row; `lifecycle` is `logs`, `status` (with its budget teardown) and `cost`;
+`teardown` is `down`; `access` is `launch ssh`/`exec`; `volumes` is what
 keeps billing after `down`. It may import backends/, plan/, catalog/, profiles/, store/, term/,
 errors and the launcher's version.
 """

@@ -19,7 +19,7 @@ def run_access(run_id, command) -> int:
     """Start the backend's access process for the run (the terminal stays the user's); its exit code."""
     from launcher.store import registry
     from launcher.errors import BackendError
-    from launcher.runs.lifecycle import backend_for
+    from launcher.runs.refresh import backend_for
 
     run = registry.get(run_id)
     access = backend_for(run).access(run, command, tty=sys.stdin.isatty())

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from launcher.runs.lifecycle import follow_run, interactive, refresh
+from launcher.runs.lifecycle import follow_run, interactive
+from launcher.runs.refresh import refresh
 
 SECRET_NAMES = ("HF_TOKEN", "WANDB_API_KEY")
 TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")

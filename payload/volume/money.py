@@ -11,8 +11,10 @@ The check runs after every optimizer step, so the overshoot is about one step pl
 (bench/bench_budget.py), within one logging interval's cost.
 
 What runs before `train` (install, model download, data) is not counted here: the launcher counts
-every billed second, setup included (registry billed_s), and `launch status` stops a run whose billed
-spend reaches the budget once a checkpoint exists; `checkpoint_step` in status.json tells it.
+every billed second, setup included (registry billed_s), so it reaches the budget first: `launch status`
+then asks the trainer for a final checkpoint (stop_request.json, as `launch down` does), waits a bounded
+time, and tears the run down; where it cannot ask, it does so once a checkpoint exists
+(`checkpoint_step` in status.json tells it).
 """
 
 from __future__ import annotations

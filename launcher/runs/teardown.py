@@ -1,0 +1,244 @@
+"""`launch down`: the final checkpoint first, then the fetch (verified), then the teardown, and what
+keeps billing after; the same wait serves the budget teardown of `launch status`
+(launcher/runs/lifecycle.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from launcher.runs.refresh import backend_for, refresh, remember
+
+@click.command()
+@click.argument("run_id", required=False)
+@click.option("--fetch-artifacts", is_flag=True,
+              help="First bring the adapter, MLX adapter, summary, metrics, plot, data stats, high-loss "
+                   "samples, checkpoint listing and logs home, verified; refuse to tear down if that fails.")
+@click.option("--merged", is_flag=True, help="With --fetch-artifacts: also the merged model (large: 65 GB for 32B).")
+@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True,
+              help="Artifacts go to DEST/<run>/.")
+@click.option("--forget", is_flag=True,
+              help="For a live run whose machine is gone for good (deleted at its provider): end it here only, "
+                   "billed until it was last seen; launch cannot confirm the machine is gone.")
+def down(run_id, fetch_artifacts, merged, dest, forget):
+    """Stop a run / tear down its cluster (default: the latest run), optionally fetching artifacts first.
+
+    Example: launch down --fetch-artifacts
+    """
+    from launcher.store import registry
+    from launcher.term.ui import console, hints, literal
+
+    if merged and not fetch_artifacts:
+        raise click.BadParameter("--merged goes with --fetch-artifacts", param_hint="--merged")
+    if forget and fetch_artifacts:
+        raise click.BadParameter("--forget is for a machine that cannot be reached: nothing can be fetched "
+                                 "from it", param_hint="--forget")
+    run = refresh(registry.get(run_id))
+    be = backend_for(run)
+    if run.active and run._remote.state == "unreachable":
+        return _forget(run, forget, run._remote.reason.removeprefix("unreachable: "))
+    if forget:
+        console().print(literal("[yellow]![/] ", f"--forget is for a machine launch cannot reach; {run.id}'s "
+                                "answered, so `down` goes on as usual"), soft_wrap=True)
+    from launcher.backends import final_save
+
+    # The final checkpoint first, the fetch after it (and after the run's own end), the teardown last.
+    saved = ask_final_checkpoint(be, run)
+    if fetch_artifacts:
+        run = _await_end(be, run, saved)
+        report = _fetch(be, run, Path(dest) / run.id, merged)
+        registry.update(run.id, artifacts=str(report.dest))
+    left = final_save.left(be, run, saved)  # read on the machine, before it goes
+    with console().status(f"stopping {run.id}..."):
+        if _stop(be, run, forget):
+            return
+    run = registry.accrue(run.id, False)
+    if run.active:
+        run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
+    console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state})"))
+    from launcher.runs.volumes import still_billing_lines
+
+    stores = [h["name"] for k in ("volume", "bucket") if isinstance(h := (run.handle or {}).get(k), dict)
+              and h.get("name")]
+    if left and not stores and run.backend != "skypilot":  # on the machine's own disk: local, or the ssh host
+        where = (run.handle or {}).get("run_dir") or "the run's directory"
+        host = f"{run.handle['host']}:" if run.backend == "ssh" and (run.handle or {}).get("host") else ""
+        console().print(literal("  ", f"{left} is kept in {host}{where}"), soft_wrap=True)
+    for line in still_billing_lines(run, left if stores else None):
+        console().print(literal("[yellow]![/] ", f"still billing: {line}"), soft_wrap=True)
+    if fetch_artifacts:
+        print_summary(run, report.dest)
+    say_others_live(run_id, run.id, None)
+    if left and (stores or run.backend != "skypilot"):
+        hints(f"launch up {run.profile} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
+    elif not fetch_artifacts:
+        hints(f"launch status {run.id}")
+
+
+def ask_final_checkpoint(be, run, timeout_s=None, out=None):
+    """Ask a training run for a final checkpoint and wait for it (final_save.request: until it is saved,
+    the run's processes end, its machine stops answering, or `timeout_s`), say the outcome in one line
+    and keep its last step. None: no trainer is training. `down` and status's budget teardown."""
+    from launcher.backends import final_save
+    from launcher.term.ui import console, literal
+
+    out = out or console()  # status's budget teardown says it on stderr: `status --json` stays JSON
+    with out.status(f"asking {run.id}'s trainer for a final checkpoint..."):
+        saved = final_save.request(be, run, timeout_s)
+    if saved is not None:
+        out.print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
+        remember(run, final_save.status_json(be, run))  # its last step, for `status` once the machine is gone
+    return saved
+
+
+def say_others_live(asked, shown: str, command) -> None:
+    """Not `asked` a RUN, status/down take the latest: say each other live run, billing behind a newer one
+    (as recorded: asking each machine would make `down` wait on hosts that may not answer)."""
+    from launcher.store import registry
+    from launcher.term.ui import console, literal
+
+    for other in (r for r in registry.all_runs() if r.active and r.id != shown and not asked):
+        console().print(literal("[yellow]![/] ", f"{other.id} was {other.state} when last seen and may be billing "
+                                f"({other.backend}): {command or f'launch down {other.id}'}"), soft_wrap=True)
+
+
+def _forget(run, forget: bool, why: str) -> None:
+    """A live run whose machine does not answer (`why`): refused, naming --forget (it may still run and
+    bill there), or, with --forget, ended in the registry only (registry.forget), with a warning that
+    nothing was confirmed."""
+    from launcher.errors import BackendError
+    from launcher.store import registry
+    from launcher.term.ui import console, duration, literal, money
+
+    seen = f"{run.state} when last seen"
+    if not forget:
+        raise BackendError(f"{why}; {run.id} was {seen} and may still run and bill there: retry `launch down "
+                           f"{run.id}` once it answers; if that machine is gone for good, `launch down {run.id} "
+                           "--forget` ends the run here only") from None
+    run = registry.forget(run.id)
+    billed_s, billed_usd = run.billed()
+    console().print(literal("[yellow]![/] ", f"launch could not confirm that {run.id}'s machine is gone: it was "
+                            f"{seen} and was not reached now; check your cloud console (or the host) and stop it "
+                            "there if it still runs"), soft_wrap=True)
+    console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state}, here only): billed "
+                            f"{duration(billed_s)}, {money(billed_usd)}, until it was last seen"), soft_wrap=True)
+
+
+POST_TIMEOUT_S = 1800.0  # a finished run's post phase: evaluation, a 65 GB merge, the MANIFEST
+EXIT_TIMEOUT_S = 120.0  # a trainer that ended otherwise (a final save, a budget stop): its script exits
+SETTLE_POLL_S = 1.0
+
+
+def _await_end(be, run, saved):
+    """Before a fetch: once the trainer has ended, wait for the run's own end, so what comes home is
+    its last word: after a final checkpoint, until its script exits; after finished training, until
+    `post` has written the summary and MANIFEST. A trainer still training (its final save failed or
+    was not asked for) is not waited for: the fetch takes what exists, and a line says why."""
+    from payload import layout
+    from payload.errors import END_STATES
+
+    from launcher.backends.final_save import status_json
+    from launcher.term.ui import console, literal
+
+    if not run.active or (saved is not None and not saved.saved):
+        return run
+    said = status_json(be, run).get("state")
+    if said not in (*END_STATES, "interrupted"):
+        return run
+    post = said == "completed"
+    limit = POST_TIMEOUT_S if post else EXIT_TIMEOUT_S
+    deadline = time.monotonic() + limit
+    with console().status(f"waiting for {run.id} to finish ({said}; writing its summary and MANIFEST)..."):
+        while run.active and time.monotonic() < deadline:
+            if post and be.read_run_file(run, layout.MANIFEST) is not None:  # post's last write
+                return run
+            time.sleep(SETTLE_POLL_S)
+            run = refresh(run)
+            if run._remote.state in ("unreachable", "unknown"):
+                break
+    if run.active:
+        why = {"unreachable": "its machine stopped answering", "unknown": "its processes cannot be seen from here"}\
+            .get(run._remote.state, f"it had not ended after {limit:g} s")
+        console().print(literal("[yellow]![/] ", f"fetching before {run.id} finished ({why}): what exists now "
+                                "comes home, a MANIFEST only if the run wrote one (post, or its stop)"),
+                        soft_wrap=True)
+    return run
+
+
+def _stop(be, run, forget: bool) -> bool:
+    """The backend's teardown. A run that had ended whose machine cannot be reached any more is down
+    here all the same: nothing of it runs there, and its bill closed when it ended. A live one is
+    refused, or with --forget ended here only (True: nothing more to say)."""
+    from launcher.errors import BackendError
+    from launcher.term.ui import console, literal
+
+    try:
+        be.down(run)
+    except BackendError as e:
+        if not str(e).startswith("cannot reach"):
+            raise
+        if run.active:
+            _forget(run, forget, str(e))
+            return True
+        console().print(literal("[yellow]![/] ", f"{e}: {run.id} had ended ({run.state}), so nothing of it runs "
+                                "there; marked down here"), soft_wrap=True)
+    return False
+
+
+def _fetch(be, run, target: Path, merged: bool):
+    """Fetch and verify (launcher.store.artifacts); one ✓ line and its notes, or refuse to tear down."""
+    from rich.markup import escape
+
+    from launcher.store.artifacts import fetch
+    from launcher.term.units import human_size
+    from launcher.errors import BackendError
+    from launcher.term.ui import console
+
+    retry = f"retry `launch down {run.id} --fetch-artifacts`, or tear down without --fetch-artifacts"
+    try:
+        with console().status(f"fetching artifacts of {run.id}..."):
+            report = fetch(be, run, target, merged=merged)
+    except BackendError as e:
+        raise BackendError(f"not tearing down {run.id}: fetching artifacts failed ({e}); {retry}") from None
+    for note in report.notes:
+        console().print(f"[yellow]![/] {escape(note)}", soft_wrap=True)
+    if not report.ok:
+        raise BackendError(f"not tearing down {run.id}: {'; '.join(report.problems)}; {retry}")
+    size = human_size(sum(report.files.values()))
+    how = "sha256-verified against the machine's MANIFEST" if report.checked == "sha256" else "sizes checked"
+    console().print(f"[green]✓[/] {len(report.files)} files ({size}) in {escape(str(report.dest))}, "
+                    f"{how}", soft_wrap=True)
+    return report
+
+
+def print_summary(run, target: Path) -> None:
+    """The run in four lines, and what its artifacts directory holds (the artifact layout's names)."""
+    from payload import layout
+
+    from launcher.term.ui import console, duration, literal, money
+    from launcher.term.units import number
+
+    try:
+        s = json.loads((target / "training_summary.json").read_text())
+    except (OSError, ValueError):
+        s = {}
+    if not isinstance(s, dict):
+        s = {}
+    c = console()  # the summary comes from the remote machine: every value is printed literally
+    c.print(literal("", run.id, ": ", s.get("state", run.state)))
+    loss, eval_loss = (number(s.get(k, s.get(alt))) for k, alt in (("final_train_loss", "final_loss"),
+                                                                     ("final_eval_loss", "best_eval_loss")))
+    c.print(literal("", f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss "
+                        f"{'-' if loss is None else f'{loss:.4g}'}, eval loss "
+                        f"{'-' if eval_loss is None else f'{eval_loss:.4g}'}"))
+    billed_s, billed_usd = run.billed()
+    c.print(literal("", f"  {duration(billed_s)} billed, {money(billed_usd)} at {money(run.price_per_hour)}/h "
+                        f"({duration(number(s.get('duration_s')))} and {money(number(s.get('cost_usd')))} of it "
+                        "training)"))
+    names = [a.name + ("/" if a.directory else "") for a in layout.ARTIFACTS if (target / a.name).exists()]
+    names += [layout.LOCAL_MANIFEST] if (target / layout.LOCAL_MANIFEST).exists() else []
+    c.print(literal("", f"  artifacts: {target.resolve()}"), soft_wrap=True)
+    c.print(literal("", f"    {' '.join(names) or '(none)'}"), soft_wrap=True)
