@@ -150,6 +150,10 @@ def test_an_ssh_machine_is_the_users_to_stop():
     run = Run(id="r", profile="sonia-h100", backend="ssh", handle={"host": "root@1.2.3.4:22022"})
     assert volumes.still_billing_lines(run) == [
         "the machine root@1.2.3.4:22022 is yours: it bills until you stop it at your provider"]
+    (line,) = volumes.still_billing_lines(run, "checkpoint step 71 (checkpoint-71, 1.2 GB)")
+    assert line.endswith("; terminating it deletes checkpoint step 71 (checkpoint-71, 1.2 GB) unless its disk "
+                         "outlives it (a network volume): copy the run's directory off first if you will "
+                         "`--resume` elsewhere"), line  # what `down` kept there goes with a terminated pod
 
 
 # ------------------------------------------------------------------- RunPod volume placement

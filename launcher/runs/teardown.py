@@ -67,7 +67,7 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         where = (run.handle or {}).get("run_dir") or "the run's directory"
         host = f"{run.handle['host']}:" if run.backend == "ssh" and (run.handle or {}).get("host") else ""
         console().print(literal("  ", f"{left} is kept in {host}{where}"), soft_wrap=True)
-    for line in still_billing_lines(run, left if stores else None):
+    for line in still_billing_lines(run, left if stores or run.backend == "ssh" else None):
         console().print(literal("[yellow]![/] ", f"still billing: {line}"), soft_wrap=True)
     if fetch_artifacts:
         print_summary(run, report.dest)

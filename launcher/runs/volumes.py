@@ -285,7 +285,11 @@ def still_billing_lines(run, checkpoint: Optional[str] = None) -> list[str]:
 
     h, lines = run.handle or {}, []
     if run.backend == "ssh":
-        return [f"the machine {h.get('host', '(ssh host)')} is yours: it bills until you stop it at your provider"]
+        line = f"the machine {h.get('host', '(ssh host)')} is yours: it bills until you stop it at your provider"
+        if checkpoint:  # on that machine's disk: a pod terminated takes it along
+            line += (f"; terminating it deletes {checkpoint} unless its disk outlives it (a network volume): "
+                     "copy the run's directory off first if you will `--resume` elsewhere")
+        return [line]
     sizes = {}
     try:
         from launcher.profiles.profile import load_profile
