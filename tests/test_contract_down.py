@@ -195,6 +195,8 @@ def test_a_budget_teardown_saves_a_final_checkpoint_first_and_the_bill_stops(tmp
     assert "asking for a final checkpoint before tearing down (waiting at most 10m00s, $600.00 at" in said, said
     assert f"final checkpoint checkpoints/checkpoint-{step} saved (its COMPLETE marker checked)" in said, said
     assert f"torn down; it keeps checkpoint step {step} (checkpoint-{step}" in said, said
+    (request,) = tmp_path.rglob(f"runs/{run.id}/stop_request.json")  # the trainer's end line names who asked
+    assert json.loads(request.read_text())["by"] == "the launcher's budget check (billed spend reached budget.max_usd)"
     ended = registry.get(run.id)
     assert ended.state == "budget_exhausted" and ended.billing_since is None
     time.sleep(0.2)

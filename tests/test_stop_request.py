@@ -41,14 +41,15 @@ def test_a_stop_request_saves_a_complete_checkpoint_exits_5_and_resumes(referenc
     proc = start_payload("train", write_config(cfg, tmp_path / "run.yaml"), log)
     assert wait_for(lambda: (rd / layout.CHECKPOINTS_DIR / "checkpoint-4" / layout.COMPLETE_MARKER).exists(),
                     proc, every=0.01), log.read_text()[-3000:]
-    (rd / stop_request.REQUEST).write_text(json.dumps({"by": "launch down"}))
+    by = "the launcher's budget check (billed spend reached budget.max_usd)"  # who asked: the end line says
+    (rd / stop_request.REQUEST).write_text(json.dumps({"by": by}))
     assert proc.wait(timeout=KILL_TIMEOUT) == EXIT_STOP_REQUESTED == 5, log.read_text()[-3000:]
     assert state_for_exit(5) == "stopped"
     status = json.loads((rd / layout.STATUS).read_text())
     step = status["step"]
     assert (status["state"], status["exit_code"]) == ("stopped", 5) and step > 4
     assert status["final_checkpoint"] == f"checkpoints/checkpoint-{step}"
-    assert status["reason"] == f"stopped by launch down at step {step} of 24; checkpoint-{step} saved (final)"
+    assert status["reason"] == f"stopped by {by} at step {step} of 24; checkpoint-{step} saved (final)"
     assert ck.read_marker(rd / status["final_checkpoint"])["step"] == step  # the COMPLETE marker
     assert "stop requested (stop_request.json)" in log.read_text()
     # No `post` follows a stop: its training wrote the MANIFEST of what it has, before status.json said so.

@@ -91,8 +91,10 @@ def left(be, run, saved: Optional[FinalSave]) -> Optional[str]:
     return f"checkpoint step {name.removeprefix('checkpoint-')} ({name}{size})"
 
 
-def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] = None) -> Optional[FinalSave]:
-    """Ask a training run for a final checkpoint and wait for it (None: no trainer is training)."""
+def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] = None,
+            by: str = "launch down") -> Optional[FinalSave]:
+    """Ask a training run for a final checkpoint and wait for it (None: no trainer is training); `by`
+    is who asks, which the trainer's end line says."""
     timeout_s = FINAL_SAVE_TIMEOUT_S if timeout_s is None else timeout_s
     if not run.active:  # ended (preempted, failed...): its status.json may still say "training", but no
         return None     # trainer is left to answer; asking would wait FINAL_SAVE_TIMEOUT_S for nothing
@@ -102,7 +104,7 @@ def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] 
                                 f"so no final checkpoint was asked for; the run keeps {_kept(be, run)}")
     if said != "training":
         return None
-    body = json.dumps({"by": "launch down", "at": time.time()})
+    body = json.dumps({"by": by, "at": time.time()})
     if not be.write_run_file(run, REQUEST, body):
         return FinalSave(False, f"could not ask for a final checkpoint ({be.name}: {REQUEST} not writable); "
                                 f"the run keeps {_kept(be, run)}")

@@ -127,6 +127,7 @@ def interactive() -> bool:
     return sys.stdin.isatty()
 
 
+BUDGET_STOPPER = "the launcher's budget check (billed spend reached budget.max_usd)"  # the run's end line
 BUDGET_SAVE_TIMEOUT_S = 600.0  # the final save of a run past its budget: billed too, so bounded, its price said
 
 
@@ -154,7 +155,7 @@ def _stop_for_budget(run, spent: float) -> bool:
         err_console().print(literal("[yellow]![/] ", f"{said}: asking for a final checkpoint before tearing down "
                                     f"(waiting at most {duration(wait)}, {money(wait * run.price_per_hour / 3600)} "
                                     f"at {money(run.price_per_hour)}/h)"), soft_wrap=True)
-        saved = ask_final_checkpoint(be, run, wait, out=err_console())
+        saved = ask_final_checkpoint(be, run, wait, out=err_console(), by=BUDGET_STOPPER)
     elif trainer is None:
         err_console().print(literal("[yellow]![/] ", f"{said}: no final checkpoint was asked for (no status.json "
                                     "from the run: still setting up, or not readable from here)"), soft_wrap=True)

@@ -78,7 +78,7 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         hints(f"launch status {run.id}")
 
 
-def ask_final_checkpoint(be, run, timeout_s=None, out=None):
+def ask_final_checkpoint(be, run, timeout_s=None, out=None, by="launch down"):
     """Ask a training run for a final checkpoint and wait for it (final_save.request: until it is saved,
     the run's processes end, its machine stops answering, or `timeout_s`), say the outcome in one line
     and keep its last step. None: no trainer is training. `down` and status's budget teardown."""
@@ -87,7 +87,7 @@ def ask_final_checkpoint(be, run, timeout_s=None, out=None):
 
     out = out or console()  # status's budget teardown says it on stderr: `status --json` stays JSON
     with out.status(f"asking {run.id}'s trainer for a final checkpoint..."):
-        saved = final_save.request(be, run, timeout_s)
+        saved = final_save.request(be, run, timeout_s, by=by)
     if saved is not None:
         out.print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
         remember(run, final_save.status_json(be, run))  # its last step, for `status` once the machine is gone

@@ -371,7 +371,7 @@ def end_of_training(run: Run) -> tuple[str, Optional[str]]:
         raise lease.LeaseHeld(f"another trainer took over this run's lease at step {step}; this one stopped "
                               "without saving")
     if c.reason == stop_request.REASON:
-        return "stopped", stop_request.end_reason(step, total)
+        return "stopped", stop_request.end_reason(step, total, c.stop_by)
     if c.reason == "stopped":
         import signal
 

@@ -426,6 +426,7 @@ class RunControl(Callback):
         self.pending_time_save = False
         self.reason: Optional[str] = None  # "stopped" | "budget_exhausted" | "lease_lost"
         self.stop_saved: Optional[bool] = None  # on a signal: whether the stop saved a checkpoint
+        self.stop_by: Optional[str] = None  # on a stop request: who asked (rank 0 reads it)
         self.stop_save_s: Optional[float] = None
         self.device = None
 

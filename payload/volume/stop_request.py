@@ -19,6 +19,7 @@ when training starts, so a resumed run is not stopped by it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -77,6 +78,7 @@ class SaveAndExit:
         (asked,) = all_reduce_max([asked], self.control.device)
         if asked and self.control.reason != "lease_lost":
             self.control.reason = REASON
+            self.control.stop_by = asked_by(self.path) if _main_rank() else None
             control.should_training_stop = control.should_save = True
             if _main_rank():  # rank 0 speaks for the run (the others end quietly: payload.train.torchrun)
                 log.warning("stop requested (%s) at step %d: saving a final checkpoint, then exiting with %d",
@@ -84,8 +86,17 @@ class SaveAndExit:
         return control
 
 
-def end_reason(step: int, total: Optional[int]) -> str:
-    return f"stopped by launch down at step {step} of {total}; checkpoint-{step} saved (final)"
+def asked_by(path: Path) -> Optional[str]:
+    """Who asked (the request's `by`: `launch down`, or the launcher's budget check), one printable line."""
+    try:
+        by = json.loads(path.read_text()).get("by")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return by[:120] if isinstance(by, str) and by.isprintable() and by.strip() else None
+
+
+def end_reason(step: int, total: Optional[int], by: Optional[str] = None) -> str:
+    return f"stopped by {by or 'launch down'} at step {step} of {total}; checkpoint-{step} saved (final)"
 
 
 def honoured(control) -> bool:
