@@ -242,7 +242,15 @@ def test_the_final_checkpoint_wait_ends_when_the_machine_stops_answering(tmp_pat
             assert time.monotonic() < deadline, "the stand-in trainer never said it trains"
             time.sleep(0.2)
         monkeypatch.setattr(final_save, "UNREACHABLE_S", 2.0, raising=False)
-        threading.Timer(1.0, server.stop).start()  # gone once the request is written
+        request = Path(run.handle["run_dir"]) / final_save.REQUEST
+
+        def gone_once_asked():  # the machine goes once the request is written (a timer raced the write)
+            end = time.monotonic() + 60
+            while not request.exists() and time.monotonic() < end:
+                time.sleep(0.05)
+            server.stop()
+
+        threading.Thread(target=gone_once_asked, daemon=True).start()
         t0 = time.monotonic()
         saved = final_save.request(be, run, timeout_s=30, poll_s=0.2)
         took = time.monotonic() - t0
