@@ -142,10 +142,16 @@ def test_up_on_a_full_disk_is_one_line(monkeypatch):
     assert registry.all_runs() == []
 
 
-def test_status_tears_down_a_run_past_its_budget_once_a_checkpoint_exists(tmp_path):
+def test_status_tears_down_a_run_past_its_budget_once_a_checkpoint_exists(tmp_path, monkeypatch):
     import os
     import signal
     import time
+
+    from launcher.runs import lifecycle
+
+    # a trainer that does not answer the final-save request (`sleep`): the teardown waits its bound, here 1 s
+    # (a trainer that saves: tests/test_contract_down.py::test_a_budget_teardown_saves_...)
+    monkeypatch.setattr(lifecycle, "BUDGET_SAVE_TIMEOUT_S", 1.0)
 
     # the run's driver as the local backend starts it: its own process group, the run's id and volume in
     # its environment (what the backend knows it by)
@@ -163,6 +169,7 @@ def test_status_tears_down_a_run_past_its_budget_once_a_checkpoint_exists(tmp_pa
         status.parent.mkdir(parents=True)
         status.write_text(json.dumps({"state": "training", "step": 25, "checkpoint_step": 20}))
         r = invoke("status", "pricey", "--json")
+        assert "asking for a final checkpoint before tearing down (waiting at most" in r.output, r.output
         assert "billed spend $2.00 reached the $1.00 budget; torn down (checkpoint 20 kept)" in r.output
         proc.wait(timeout=20)  # the process group was stopped
         run = registry.get("pricey")
