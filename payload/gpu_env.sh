@@ -113,8 +113,12 @@ _launch_net() {  # WHAT CMD...: CMD, again after a wait while its failure is the
   err=$(mktemp)
   while true; do
     code=0
-    "$@" 2> >(tee "$err" >&2) || code=$?
-    wait $! 2>/dev/null || true  # tee has written all of it
+    # CMD's stderr kept in $err, then shown: written in full before the grep below reads it (a tee in a
+    # process substitution was not reliably waited for: under CI load a network failure read as "not a network
+    # error", and was not retried). CMD runs in this shell (_launch_uv_install sets _LAUNCH_UV); the
+    # installs are --quiet, so little waits to be shown.
+    "$@" 2>"$err" || code=$?
+    cat "$err" >&2
     [ "$code" -ne 0 ] || { rm -f "$err"; return 0; }
     if ! grep -qiE "$_LAUNCH_NET_ERRORS" "$err"; then
       rm -f "$err"
