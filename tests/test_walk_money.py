@@ -251,11 +251,10 @@ def test_the_final_checkpoint_wait_ends_when_the_machine_stops_answering(tmp_pat
             server.stop()
 
         threading.Thread(target=gone_once_asked, daemon=True).start()
-        t0 = time.monotonic()
         saved = final_save.request(be, run, timeout_s=30, poll_s=0.2)
-        took = time.monotonic() - t0
+        # the wait ended on the machine's silence (UNREACHABLE_S), not on its 30 s bound: that says
+        # "did not finish saving within 30 s", so nothing here is timed
         assert saved is not None and not saved.saved and "stopped answering" in saved.line, saved
-        assert took < 20, f"waited {took:.0f} s for a machine that did not answer"
     finally:
         server.stop()
         for pid in _tagged("walk-money-lost"):
