@@ -52,14 +52,16 @@ def count_local(p, base_dir: Path) -> Counted:
     with tempfile.TemporaryDirectory(prefix="launch-plan-data-") as d:
         stats = prepare(p.data, d, base_dir=base_dir, log=lambda line: None)
         lengths, prompts, long = [], [], []
+        masked = p.train.assistant_only_loss  # only then can a long prompt leave nothing to train
         with open(Path(d) / "train.jsonl", encoding="utf-8") as f:
             for line in f:
                 if line.strip():
                     rec = json.loads(line)
                     lengths.append(record_tokens(rec, tok, Path(d), p))
-                    prompts.append(record_tokens(_prompt_part(rec), tok, Path(d), p))
-                    if prompts[-1] >= CANDIDATE_SHARE * p.train.max_seq_length - CANDIDATE_SLACK:
-                        long.append(rec)
+                    if masked:
+                        prompts.append(record_tokens(_prompt_part(rec), tok, Path(d), p))
+                        if prompts[-1] >= CANDIDATE_SHARE * p.train.max_seq_length - CANDIDATE_SLACK:
+                            long.append(rec)
         untrained = untrained_records(p, prompts, long, tok is not None)
     return Counted(len(lengths), sum(lengths), int(stats["totals"].get("test") or 0),
                    f"counted like the data step (max_records, filters, split), {how}", lengths, *untrained)

@@ -54,9 +54,10 @@ def produced(run, dest: Path) -> tuple[dict, list[dict], str, Optional[str]]:
     """(training summary, metric records, where they came from, a one-line note or None): the newest
     fetch when it is from the run's last attempt, else the machine's, else that older fetch's (the
     note says it is older than the last attempt)."""
-    found = sorted(_fetches(run, dest), key=_fetched_at, reverse=True)
+    found = sorted(((_fetched_at(d), d) for d in _fetches(run, dest)), key=lambda t: t[0], reverse=True)
+    newest, found = (found[0][0] if found else None), [d for _, d in found]
     started = last_attempt_at(run)
-    if found and _fetched_at(found[0]) >= started[0]:
+    if found and newest >= started[0]:
         return (*_from_fetch(found[0]), str(found[0]), None)
     summary, records, where = _live(run)
     if not found:
@@ -68,7 +69,7 @@ def produced(run, dest: Path) -> tuple[dict, list[dict], str, Optional[str]]:
         summary, records = _from_fetch(fetch)
         where, numbers = f"{fetch} (older than its last attempt)", "these numbers are from that fetch"
         refresh += " if its machine or volume still holds the run"
-    note = (f"{run.id}: its fetch {fetch} ({_when(_fetched_at(fetch))}) is older than its last attempt "
+    note = (f"{run.id}: its fetch {fetch} ({_when(newest)}) is older than its last attempt "
             f"({started[1]} {_when(started[0])}): {numbers}; refresh it with {refresh}")
     return summary, records, where, note
 

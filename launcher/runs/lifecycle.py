@@ -9,7 +9,7 @@ import time
 
 import click
 
-from launcher.runs.refresh import backend_for, refresh, status_row
+from launcher.runs.refresh import backend_for, refresh, refreshed, status_row
 from launcher.runs.teardown import say_others_live
 
 # ----------------------------------------------------------------------------------- logs
@@ -103,7 +103,7 @@ def status(run_id, all_, as_json):
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
     rows = []
     for run in runs:
-        run = refresh(run) if run.watched else run
+        run = refreshed(run)
         row = status_row(run)
         spent = max(row["cost_usd"], row["train_cost_usd"] or 0.0)
         if run.active and run.budget_usd and spent >= run.budget_usd and _stop_for_budget(run, spent):
@@ -197,7 +197,7 @@ def cost(as_json):
     from launcher.term.tables import Column, print_table
     from launcher.term.ui import console, duration, money
 
-    rows = [status_row(refresh(r) if r.watched else r) for r in registry.all_runs()]
+    rows = [status_row(refreshed(r)) for r in registry.all_runs()]
     total = round(sum(r["cost_usd"] for r in rows), 6)
     columns = [Column("run", "id", must_copy=True), Column("profile", "profile", must_copy=True, priority=1),
                Column("state", "state", priority=3),

@@ -61,9 +61,15 @@ def dropped(report: dict) -> dict:
             **({"dropped_records": counts} if isinstance(counts, dict) else {})}
 
 
+def refreshed(run):
+    """The run refreshed from its backend while it is watched (live, or an ended run still billing), else
+    as recorded."""
+    return refresh(run) if run.watched else run
+
+
 def current_row(run) -> dict:
     """A run's status row, refreshed from its backend first while it is active (`_run`: the run)."""
-    run = refresh(run) if run.watched else run
+    run = refreshed(run)
     return {**status_row(run), "_run": run}
 
 

@@ -78,7 +78,8 @@ def run_stage(cfg, scfg, spent_before: float) -> dict:
     from payload.train import recipe as train
 
     budget = cfg.runtime.budget_usd
-    info, last = scfg.stage_info(), scfg.stage_info()["index"] == scfg.stage_info()["of"]
+    info = scfg.stage_info()
+    last = info["index"] == info["of"]
     if budget is not None:
         left = budget - spent_before
         (over,) = ck.all_reduce_max([float(left <= 0)])  # every rank stops here, or none (ranks' figures may differ)
