@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Bakes the emulated RunPod's pod image: one ext4 file holding an overlay layer that every pod puts
+# over this machine's root (pods.py). Done once per key (image.py: this script, the dev lock, the
+# SkyPilot wheel, the catalog); the only step that needs the package index.
+#
+#   unshare -m --propagation private bash bake.sh IMAGE.ext4     (as root; image.py runs it)
+#
+# Inputs (env): REPO (requirements/dev.lock), PY310 (a Python 3.10 install dir, bind-mounted read-only
+# into pods: SkyPilot's runtime venv on the pod is Python 3.10), SKY_WHEEL (the wheel SkyPilot builds
+# of itself on the client and installs on every pod), UV (uv binary), HOOK (hook/ dir), CATALOG (the
+# emulated cloud's ~/.sky/catalogs/v8), TORCH_FLAGS (uv flags that find the CPU torch wheel),
+# HOST_UV_CACHE (the host's uv cache, read for the payload environment).
+#
+# What the layer holds, on top of this machine's root:
+# - /root, /tmp, /work, /home, /var/tmp as empty opaque directories: a pod never sees the host's.
+# - openssh-server, rsync (SkyPilot's RunPod init script apt-installs them; pods have no network).
+# - ~/skypilot-runtime (SkyPilot's remote venv, skipped by SkyPilot when it exists) with every
+#   dependency of the SkyPilot wheel, and uv's cache, so the on-pod `uv pip install wheel[runpod,remote]`
+#   (sky/skylet/constants.py:484) resolves offline (/etc/uv/uv.toml: offline = true).
+# - the redirect hook (hook/launch_emulator_hook.py) as a .pth file of that venv.
+# - SkyPilot's catalogs (~/.sky/catalogs/v8: downloaded when missing, sky/catalog/common.py:246).
+# - /opt/launch-payload-env: the payload's CPU environment (requirements/dev.lock: CPU torch, the same
+#   transformers/peft/trl as the tests), which the scenarios name as their one environment override.
+set -euo pipefail
+out=$1
+: "${REPO:?}" "${PY310:?}" "${SKY_WHEEL:?}" "${UV:?}" "${HOOK:?}" "${CATALOG:?}" "${HOST_UV_CACHE:?}"
+work=$(mktemp -d /var/tmp/launch-bake.XXXXXX)
+trap 'umount -R "$work/root" 2>/dev/null || true; umount "$work/fs" 2>/dev/null || true; rm -rf "$work"' EXIT
+rm -f "$out.part"
+truncate -s 40G "$out.part"
+mkfs.ext4 -q -F -E lazy_itable_init=1 "$out.part"
+mkdir -p "$work/fs" "$work/root"
+mount -o loop "$out.part" "$work/fs"
+img=$work/fs/image
+mkdir -p "$img" "$work/fs/bakework"
+for d in root tmp work home var/tmp; do
+  mkdir -p "$img/$d"
+  python3 -c 'import os, sys; os.setxattr(sys.argv[1], "trusted.overlay.opaque", b"y")' "$img/$d"
+done
+chmod 700 "$img/root"; chmod 1777 "$img/tmp" "$img/var/tmp"
+# RunPod images run as root; SkyPilot's setup still calls sudo.
+mkdir -p "$img/usr/local/bin" "$img/root/.local/bin" "$img/opt/sky-wheel" "$img/etc/uv" "$img/usr/sbin"
+printf '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n' >"$img/usr/local/bin/sudo"
+chmod 755 "$img/usr/local/bin/sudo"
+cp "$UV" "$img/root/.local/bin/uv"
+cp "$SKY_WHEEL" "$img/opt/sky-wheel/"
+printf '#!/bin/sh\nexit 101\n' >"$img/usr/sbin/policy-rc.d"; chmod 755 "$img/usr/sbin/policy-rc.d"
+
+m=$work/root
+mount -t overlay overlay -o "lowerdir=/,upperdir=$img,workdir=$work/fs/bakework" "$m"
+mount -t proc proc "$m/proc"; mount --rbind /dev "$m/dev"; mount -t sysfs sys "$m/sys"
+mount --bind /etc/resolv.conf "$m/etc/resolv.conf"
+mkdir -p "$m$PY310" "$m/mnt/req" "$m/mnt/uvcache"
+mount --bind -o ro "$PY310" "$m$PY310"
+mount --bind -o ro "$REPO/requirements" "$m/mnt/req"
+mount --bind "$HOST_UV_CACHE" "$m/mnt/uvcache"
+chroot "$m" /usr/bin/env -i HOME=/root PATH=/root/.local/bin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  DEBIAN_FRONTEND=noninteractive UV_LINK_MODE=copy PY310="$PY310" TORCH_FLAGS="${TORCH_FLAGS:-}" \
+  SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt bash -euc '
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends openssh-server rsync >/dev/null
+  export UV_CACHE_DIR=/root/.cache/uv
+  uv venv -q --seed /root/skypilot-runtime --python "$PY310/bin/python3.10"
+  export VIRTUAL_ENV=/root/skypilot-runtime
+  # SkyPilot pins for its remote runtime (sky/skylet/constants.py), then the wheel it will install.
+  uv pip install -q "setuptools<70" "click<8.3.0" "ray[default]==2.9.3" "skypilot[runpod,remote]==0.14.1"
+  for w in /opt/sky-wheel/*.whl; do uv pip install -q "$w[runpod,remote]"; uv pip uninstall -q skypilot; done
+  uv pip install -q "click<8.3.0"
+  uv venv -q --seed --relocatable --system-site-packages --python /usr/bin/python3 /root/sky-user-env
+  unset VIRTUAL_ENV
+  # The payload CPU environment (from the host cache: nothing of it is fetched twice).
+  UV_CACHE_DIR=/mnt/uvcache uv venv -q /opt/launch-payload-env --python /usr/bin/python3.11
+  UV_CACHE_DIR=/mnt/uvcache uv pip sync -q --python /opt/launch-payload-env/bin/python $TORCH_FLAGS /mnt/req/dev.lock
+  /opt/launch-payload-env/bin/python -c "import torch, transformers, peft, trl, datasets"
+'
+umount -R "$m"
+rm -f "$img/usr/sbin/policy-rc.d"
+site=$img/root/skypilot-runtime/lib/python3.10/site-packages
+cp "$HOOK/launch_emulator_hook.py" "$site/"
+echo "import launch_emulator_hook" >"$site/launch_emulator_hook.pth"
+mkdir -p "$img/root/.sky/catalogs"
+cp -r "$CATALOG" "$img/root/.sky/catalogs/v8"
+printf 'offline = true\n' >"$img/etc/uv/uv.toml"
+rm -rf "$img$PY310" "$img/mnt/req" "$img/mnt/uvcache"  # mount points only; pods bind PY310 again
+mkdir -p "$img$PY310"
+umount "$work/fs"
+mv "$out.part" "$out"
+echo "baked $out"
