@@ -58,7 +58,7 @@ chroot "$m" /usr/bin/env -i HOME=/root PATH=/root/.local/bin:/usr/local/bin:/usr
   DEBIAN_FRONTEND=noninteractive UV_LINK_MODE=copy PY310="$PY310" TORCH_FLAGS="${TORCH_FLAGS:-}" \
   SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt bash -euc '
   apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends openssh-server rsync >/dev/null
+  apt-get install -y -qq --no-install-recommends openssh-server rsync curl patch >/dev/null
   export UV_CACHE_DIR=/root/.cache/uv
   uv venv -q --seed /root/skypilot-runtime --python "$PY310/bin/python3.10"
   export VIRTUAL_ENV=/root/skypilot-runtime
@@ -81,6 +81,11 @@ echo "import launch_emulator_hook" >"$site/launch_emulator_hook.pth"
 mkdir -p "$img/root/.sky/catalogs"
 cp -r "$CATALOG" "$img/root/.sky/catalogs/v8"
 printf 'offline = true\n' >"$img/etc/uv/uv.toml"
+# payload/gpu_env.sh reuses a complete environment at $LAUNCH_ENV_ROOT/py3.11-<key>: the scenarios set
+# LAUNCH_ENV_ROOT=/opt/launch-envs and FLASH_ATTN_WHEEL empty, whose key image.py computes (ENV_KEY).
+mkdir -p "$img/opt/launch-envs"
+ln -s /opt/launch-payload-env "$img/opt/launch-envs/py3.11-${ENV_KEY:?}"
+date -u +%FT%TZ >"$img/opt/launch-payload-env/.complete"
 rm -rf "$img$PY310" "$img/mnt/req" "$img/mnt/uvcache"  # mount points only; pods bind PY310 again
 mkdir -p "$img$PY310"
 umount "$work/fs"

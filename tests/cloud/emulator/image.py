@@ -67,7 +67,7 @@ def python310() -> Path:
     """A Python 3.10 install dir: SkyPilot's runtime venv on pods is 3.10 (constants.py)."""
     found = [os.environ.get("LAUNCH_CLOUD_PY310", ""), shutil.which("python3.10") or "", "/usr/bin/python3.10",
              *sorted(str(p) for p in Path("/root/.pyenv/versions").glob("3.10*/bin/python3.10"))]
-    ok = [p for p in found if p and subprocess.run([p, "-c", ""], capture_output=True).returncode == 0]
+    ok = [p for p in found if p and os.path.exists(p) and subprocess.run([p, "-c", ""], capture_output=True).returncode == 0]
     exe = ok[0] if ok else None
     if exe is None:
         raise RuntimeError("the emulated cloud needs a Python 3.10 (SkyPilot's pod runtime): none on PATH")
@@ -83,8 +83,17 @@ def torch_flags() -> list[str]:
     return ["--extra-index-url", "https://download.pytorch.org/whl/cpu", "--index-strategy", "unsafe-best-match"]
 
 
+def env_key() -> str:
+    """The key payload/gpu_env.sh gives the GPU environment of this lock with no flash-attn wheel:
+    sha256 of the lock, the wheel's URL (empty) and `python 3.11 uv 0.13.9`, first 16 hex digits."""
+    text = (REPO / "payload" / "gpu_env.sh").read_text()
+    assert 'uv_version=0.13.9 python="${LAUNCH_ENV_PYTHON:-3.11}"' in text, "gpu_env.sh changed its key: update env_key"
+    lock = (REPO / "payload" / "requirements-gpu.lock").read_bytes()
+    return hashlib.sha256(lock + b"\n" + b"python 3.11 uv 0.13.9\n").hexdigest()[:16]
+
+
 def _key(wheel: Path, catalog: Path) -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(env_key().encode())
     for p in [HERE / "bake.sh", HERE / "hook" / "launch_emulator_hook.py", REPO / "requirements" / "dev.lock", wheel]:
         h.update(p.read_bytes())
     for p in sorted(catalog.rglob("*.csv")):
@@ -107,7 +116,7 @@ def ensure_image(log=print) -> tuple[Path, Path]:
         uv = shutil.which("uv", path=str(REPO / ".tools" / "bin")) or shutil.which("uv")
         env = {**os.environ, "REPO": str(REPO), "PY310": str(python310()), "SKY_WHEEL": str(wheel),
                "UV": uv, "HOOK": str(HERE / "hook"), "CATALOG": str(catalog),
-               "TORCH_FLAGS": " ".join(torch_flags()), "HOST_UV_CACHE": _uv_cache(uv)}
+               "TORCH_FLAGS": " ".join(torch_flags()), "HOST_UV_CACHE": _uv_cache(uv), "ENV_KEY": env_key()}
         log(f"baking the emulated RunPod image {image.name} (once per lock; needs the package index)")
         subprocess.run(["unshare", "-m", "--propagation", "private", "bash", str(HERE / "bake.sh"), str(image)],
                        env=env, check=True)

@@ -1,0 +1,63 @@
+"""The emulated-cloud scenarios (`make cloud-test`): each test gets its own EmulatedCloud and reports one
+line: scenario, wall time, end state, $ billed (as `launch cost` says, and as the emulator's ledger of
+pod lifetimes at catalog prices says), steps trained. The lines are printed at the end of the run."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.cloud.harness import EmulatedCloud
+
+_LINES: list[str] = []
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="the emulated cloud needs root (network and mount namespaces)")
+        for item in items:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cloud(tmp_path):
+    with EmulatedCloud(tmp_path) as c:
+        yield c
+        c.close()
+        left = c.leftovers()
+    assert not left, f"the emulated cloud left: {left}"
+
+
+@pytest.fixture
+def report(request):
+    """report(state=..., usd=..., ledger_usd=..., steps=...): this scenario's line."""
+    start = time.monotonic()
+    seen: dict = {}
+
+    def _report(**kw):
+        seen.update(kw)
+
+    yield _report
+    took = time.monotonic() - start
+    outcome = "passed" if not getattr(request.node, "_failed", False) else "FAILED"
+    usd = seen.get("usd")
+    ledger = seen.get("ledger_usd")
+    _LINES.append(f"{request.node.name:<44} {took / 60:5.1f} min  {seen.get('state', '-'):<12} "
+                  f"{'$%.4f' % usd if usd is not None else '-':>9} billed (emulator ${ledger or 0:.4f})  "
+                  f"{seen.get('steps', '-')} steps  [{outcome}]")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = (yield).get_result()
+    if rep.failed:
+        item._failed = True
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _LINES:
+        terminalreporter.section("emulated RunPod scenarios")
+        for line in _LINES:
+            terminalreporter.write_line(line)
