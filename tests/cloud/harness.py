@@ -145,7 +145,11 @@ class EmulatedCloud:
 
         env = fresh_env(self.scratch, extra)
         env.update({"HOME": str(self.home), "LAUNCH_HOME": str(self.launch_home),
-                    "PYTHONPATH": str(HOOK), "LAUNCH_EMULATOR_API": self.url})
+                    "PYTHONPATH": str(HOOK), "LAUNCH_EMULATOR_API": self.url,
+                    # SkyPilot builds a wheel of itself with `pip wheel` (sky/backends/wheel_utils.py:163),
+                    # under build isolation, which downloads setuptools: this user has no index, and the
+                    # venv has setuptools (pip's PIP_NO_BUILD_ISOLATION=0 means "no isolation").
+                    "PIP_NO_BUILD_ISOLATION": "0", "PIP_NO_INDEX": "1"})
         env.update(extra or {})
         return env
 

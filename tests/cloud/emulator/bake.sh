@@ -81,8 +81,11 @@ echo "import launch_emulator_hook" >"$site/launch_emulator_hook.pth"
 mkdir -p "$img/root/.sky/catalogs"
 cp -r "$CATALOG" "$img/root/.sky/catalogs/v8"
 printf 'offline = true\n' >"$img/etc/uv/uv.toml"
-# payload/gpu_env.sh reuses a complete environment at $LAUNCH_ENV_ROOT/py3.11-<key>: the scenarios set
-# LAUNCH_ENV_ROOT=/opt/launch-envs and FLASH_ATTN_WHEEL empty, whose key image.py computes (ENV_KEY).
+# payload/gpu_env.sh reuses a complete environment at $LAUNCH_ENV_ROOT/py3.11-<key>: the image's shell
+# environment sets LAUNCH_ENV_ROOT=/opt/launch-envs (as a RunPod template's env would; SkyPilot runs
+# setup and run with `bash -i`, which reads ~/.bashrc), and the scenarios set FLASH_ATTN_WHEEL empty,
+# the key image.py computes (ENV_KEY).
+echo 'export LAUNCH_ENV_ROOT=/opt/launch-envs  # the emulated image: the payload CPU environment' >>"$img/root/.bashrc"
 mkdir -p "$img/opt/launch-envs"
 ln -s /opt/launch-payload-env "$img/opt/launch-envs/py3.11-${ENV_KEY:?}"
 date -u +%FT%TZ >"$img/opt/launch-payload-env/.complete"

