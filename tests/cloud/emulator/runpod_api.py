@@ -214,6 +214,7 @@ class FakeRunPod:
         self.ledger: list[dict] = []
         self._lock = threading.RLock()
         self._log_lock = threading.Lock()
+        self._save_lock = threading.Lock()
         self._pods: dict[str, dict] = {}
         self._volumes: dict[str, dict] = {}
         self._templates: dict[str, dict] = {}
@@ -241,8 +242,8 @@ class FakeRunPod:
         self._server.daemon_threads = True
         host, port = self._server.server_address[:2]
         self.url = f"http://{host}:{port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-runpod",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
+                                        name="fake-runpod", daemon=True)
         self._thread.start()
         self._log(f"listening on {self.url}")
         self._save()
@@ -328,11 +329,12 @@ class FakeRunPod:
 
     # ---------------------------------------------------------------------- state helpers
     def _save(self) -> None:
-        with self._lock:
-            text = json.dumps(self.state(), indent=1, default=str)
-        tmp = self.state_dir / "state.json.tmp"
-        tmp.write_text(text)
-        tmp.replace(self.state_dir / "state.json")
+        with self._save_lock:  # one writer at a time: requests are served on many threads
+            with self._lock:
+                text = json.dumps(self.state(), indent=1, default=str)
+            tmp = self.state_dir / "state.json.tmp"
+            tmp.write_text(text)
+            tmp.replace(self.state_dir / "state.json")
 
     def _log(self, line: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}"
