@@ -337,7 +337,8 @@ class FakeRunPod:
             tmp.replace(self.state_dir / "state.json")
 
     def _log(self, line: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}"
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}"
         with self._log_lock, (self.state_dir / "api.log").open("a") as f:
             f.write(f"{stamp} {line}\n")
 
@@ -626,7 +627,11 @@ class FakeRunPod:
                 self._log(f"resolver {f.name} raised\n{traceback.format_exc()}")
                 errors.append({"message": f"Internal server error: {e!r}", "path": [f.key]})
                 data[f.key] = None
-        summary = op.kind + " " + " ".join(f.name + _args_summary(f.args) for f in op.selections)
+        summary = op.kind + " " + " ".join(
+            f.name + _args_summary(f.args)
+            + ("{" + ",".join(sub.name for sub in f.selections if sub.selections) + "}"
+               if f.selections and any(sub.selections for sub in f.selections) else "")
+            for f in op.selections)
         if errors:
             summary += " ERRORS " + "; ".join(e["message"] for e in errors)
         return 200, ({"data": data, "errors": errors} if errors else {"data": data}), summary
