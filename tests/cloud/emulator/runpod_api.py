@@ -32,8 +32,6 @@ after every change, for debugging).
 
 from __future__ import annotations
 
-import ast
-import csv
 import json
 import random
 import shutil
@@ -41,12 +39,12 @@ import string
 import threading
 import time
 import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Protocol
-from urllib.parse import parse_qs, urlsplit
 
 from . import gql
+from .runpod_wire import SCHEMA, Catalog, args_summary, gpu_type_view, handler, pod_view, volume_view
 
 REPO = Path(__file__).resolve().parents[3]
 CATALOG_CSV = REPO / "launcher" / "catalog" / "v8" / "runpod" / "vms.csv"
@@ -84,113 +82,6 @@ def runpod_id(n: int = 14) -> str:
     """RunPod's ids are lowercase alphanumerics: pods 14 chars (e.g. "4uy8bkg7l9w2ri"), network
     volumes 10."""
     return "".join(random.choices(string.ascii_lowercase + string.digits, k=n))
-
-
-# ------------------------------------------------------------------------------------- schema
-# The part of RunPod's GraphQL schema (graphql-spec.runpod.io) that the runpod SDK, SkyPilot 0.14.1
-# and the launcher select; a field outside it is a "Cannot query field" error naming it.
-S, I, F, B = "String", "Int", "Float", "Boolean"
-SCHEMA: dict[str, dict[str, str]] = {
-    "Query": {
-        # runpod/api/queries/user.py QUERY_USER; runpod/api/queries/pods.py QUERY_POD (myself.pods);
-        # sky/provision/runpod/utils.py _QUERY_POD (+containerRegistryAuthId) and
-        # _QUERY_POD_TEMPLATE_WITH_REGISTRY_AUTH (myself.podTemplates); sky/provision/runpod/volume.py
-        # get_volume_usedby (myself.pods { id name networkVolumeId }).
-        "myself": "User",
-        # runpod/api/queries/gpus.py QUERY_GPU_TYPES and generate_gpu_query (gpuTypes(input: {id}) with
-        # lowestPrice(input: {gpuCount})); launcher/backends/skypilot/runpod_volumes.py gpu_stock
-        # (aliased lowestPrice(input: {gpuCount, dataCenterId, secureCloud}) { stockStatus }).
-        "gpuTypes": "[GpuType]",
-        # runpod/api/queries/pods.py generate_pod_query: pod(input: {podId}).
-        "pod": "Pod",
-    },
-    "Mutation": {
-        # runpod/api/mutations/pods.py generate_pod_deployment_mutation: GPU pods (ctl_commands
-        # create_pod with gpu_type_id) and CPU pods (without: deployCpuPod, instanceId, templateId).
-        "podFindAndDeployOnDemand": "Pod",
-        "deployCpuPod": "Pod",
-        # sky/provision/runpod/api/pods.py generate_spot_pod_deployment_mutation (spot, bidPerGpu);
-        # graphql-spec.runpod.io/#definition-PodRentInterruptableInput.
-        "podRentInterruptable": "Pod",
-        # runpod/api/mutations/pods.py generate_pod_terminate_mutation: podTerminate(input: {podId}).
-        "podTerminate": "Void",
-        # runpod/api/mutations/user.py generate_user_mutation: updateUserSettings(input: {pubKey}),
-        # called by runpod/cli/groups/ssh/functions.py add_ssh_key (sky/authentication.py:370).
-        "updateUserSettings": "User",
-        # runpod/api/mutations/templates.py generate_pod_template, container_register_auth.py;
-        # sky/provision/runpod/utils.py delete_pod_template: deleteTemplate(templateName) (SkyPilot's
-        # docker-login path only).
-        "saveTemplate": "PodTemplate",
-        "deleteTemplate": "Void",
-        "saveRegistryAuth": "ContainerRegistryAuth",
-        "deleteRegistryAuth": "Void",
-    },
-    "User": {"id": S, "pubKey": S, "networkVolumes": "[NetworkVolume]", "pods": "[Pod]",
-             "podTemplates": "[PodTemplate]"},
-    "NetworkVolume": {"id": S, "name": S, "size": I, "dataCenterId": S},
-    "Pod": {
-        "id": S, "containerDiskInGb": I, "containerRegistryAuthId": S, "costPerHr": F,
-        "desiredStatus": S, "dockerArgs": S, "dockerId": S, "env": "[String]", "gpuCount": I,
-        "imageName": S, "lastStatusChange": S, "machineId": S, "memoryInGb": F, "name": S,
-        "podType": S, "port": I, "ports": S, "uptimeSeconds": I, "vcpuCount": F, "volumeInGb": F,
-        "volumeMountPath": S, "networkVolumeId": S, "templateId": S, "runtime": "PodRuntime",
-        "machine": "PodMachineInfo",
-    },
-    "PodRuntime": {"uptimeInSeconds": I, "ports": "[PodRuntimePorts]", "gpus": "[PodRuntimeGpus]",
-                   "container": "PodRuntimeContainer"},
-    "PodRuntimePorts": {"ip": S, "isIpPublic": B, "privatePort": I, "publicPort": I, "type": S},
-    "PodRuntimeGpus": {"id": S, "gpuUtilPercent": I, "memoryUtilPercent": I},
-    "PodRuntimeContainer": {"cpuPercent": I, "memoryPercent": I},
-    "PodMachineInfo": {"gpuDisplayName": S, "podHostId": S},
-    "GpuType": {
-        "id": S, "displayName": S, "manufacturer": S, "memoryInGb": I, "cudaCores": I,
-        "secureCloud": B, "communityCloud": B, "securePrice": F, "communityPrice": F,
-        "oneMonthPrice": F, "threeMonthPrice": F, "oneWeekPrice": F, "communitySpotPrice": F,
-        "secureSpotPrice": F, "maxGpuCount": I, "lowestPrice": "LowestPrice",
-    },
-    "LowestPrice": {"minimumBidPrice": F, "uninterruptablePrice": F, "stockStatus": S,
-                    "minVcpu": F, "minMemory": F},
-    "PodTemplate": {"id": S, "name": S, "imageName": S, "dockerArgs": S, "containerDiskInGb": I,
-                    "volumeInGb": I, "volumeMountPath": S, "ports": S, "env": "[EnvironmentVariable]",
-                    "isServerless": B, "containerRegistryAuthId": S},
-    "EnvironmentVariable": {"key": S, "value": S},
-    "ContainerRegistryAuth": {"id": S, "name": S},
-}
-
-
-# ------------------------------------------------------------------------------------ catalog
-class Catalog:
-    """The catalog snapshot's RunPod rows, seen by RunPod's gpuTypeId. A row's Price and SpotPrice
-    are for AcceleratorCount GPUs (2x_H100-SXM_SECURE: 6.58 = 2 x 3.29)."""
-
-    def __init__(self, csv_path: Path):
-        from sky.provision.runpod.utils import GPU_NAME_MAP  # SkyPilot's instance type -> gpuTypeId
-
-        self.gpu_type_id = dict(GPU_NAME_MAP)
-        with Path(csv_path).open() as f:
-            self.rows = [r for r in csv.DictReader(f) if r["AcceleratorName"] in GPU_NAME_MAP]
-        self.ids = sorted({GPU_NAME_MAP[r["AcceleratorName"]] for r in self.rows})
-        self.zones = sorted({r["AvailabilityZone"] for r in self.rows})
-
-    def find(self, gpu_type_id: str, count: int | None = None, zone: str | None = None,
-             cloud: str = "ALL") -> list[dict]:
-        return [r for r in self.rows
-                if self.gpu_type_id[r["AcceleratorName"]] == gpu_type_id
-                and (count is None or int(float(r["AcceleratorCount"])) == count)
-                and (zone is None or r["AvailabilityZone"] == zone)
-                and (cloud == "ALL" or r["InstanceType"].endswith("_" + cloud))]
-
-    @staticmethod
-    def per_gpu(row: dict, column: str) -> float:
-        return round(float(row[column]) / float(row["AcceleratorCount"]), 4)
-
-    @staticmethod
-    def gpu_info(row: dict) -> dict:
-        info = ast.literal_eval(row["GpuInfo"]) if row.get("GpuInfo") else {}
-        gpu = (info.get("Gpus") or [{}])[0]
-        return {"displayName": gpu.get("Name"), "manufacturer": gpu.get("Manufacturer"),
-                # SkyPilot's catalog writes RunPod's memoryInGb into a field named SizeInMiB.
-                "memoryInGb": (gpu.get("MemoryInfo") or {}).get("SizeInMiB")}
 
 
 # ---------------------------------------------------------------------------------- the fake
@@ -238,7 +129,7 @@ class FakeRunPod:
 
     # ------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        self._server = ThreadingHTTPServer((self.bind, self.port), _handler(self))
+        self._server = ThreadingHTTPServer((self.bind, self.port), handler(self))
         self._server.daemon_threads = True
         host, port = self._server.server_address[:2]
         self.url = f"http://{host}:{port}"
@@ -350,43 +241,7 @@ class FakeRunPod:
     def _status_change(self, what: str) -> str:
         # RunPod's lastStatusChange reads like "Rented by User: Fri Nov 28 2026 10:00:00 GMT+0000".
         return f"{what}: " + time.strftime("%a %b %d %Y %H:%M:%S GMT+0000", time.gmtime(self.clock()))
-
     # ------------------------------------------------------------------------- GraphQL views
-    def _pod_view(self, p: dict) -> dict:
-        """A pod as RunPod's `Pod` type shows it (runpod/api/queries/pods.py QUERY_POD fields)."""
-        running = p["desiredStatus"] == "RUNNING"
-        view = {k: p.get(k) for k in SCHEMA["Pod"] if k not in ("runtime", "machine", "env")}
-        view.update(
-            env=[f"{k}={v}" for k, v in (p.get("env") or {}).items()],
-            uptimeSeconds=int(self.clock() - p["started"]) if running else 0,
-            machine={"gpuDisplayName": p["gpuDisplayName"], "podHostId": f"{p['id']}-{p['machineId']}"},
-            # RunPod answers runtime: null until the container is up; here until sshd answers.
-            runtime=self._runtime(p) if running and p.get("ssh_ready") else None,
-        )
-        return view
-
-    def _runtime(self, p: dict) -> dict:
-        """runtime.ports as RunPod lists them: each tcp port of `ports` on the public address
-        (isIpPublic true; SkyPilot takes external_ip and ssh_port from 22's), and entries with
-        isIpPublic false on the pod's private address (SkyPilot's internal_ip; sky/provision/runpod/
-        utils.py list_instances), where RunPod also lists the http ports it proxies. On RunPod a public
-        port is NAT'd to a high publicPort on another address; an emulated pod has one address, its
-        namespace's, and its ports are not mapped (publicPort == privatePort)."""
-        ports = []
-        for spec in filter(None, (p.get("ports") or "").split(",")):
-            num, _, proto = spec.partition("/")
-            n = int(num)
-            if proto == "tcp":
-                ports.append({"ip": p["ip"], "isIpPublic": True, "privatePort": n, "publicPort": n,
-                              "type": "tcp"})
-            if proto != "tcp" or n == 22:
-                ports.append({"ip": p["ip"], "isIpPublic": False, "privatePort": n, "publicPort": n,
-                              "type": proto or "tcp"})
-        return {"uptimeInSeconds": int(self.clock() - p["started"]), "ports": ports,
-                "gpus": [{"id": f"GPU-{i}", "gpuUtilPercent": 0, "memoryUtilPercent": 0}
-                         for i in range(p.get("gpuCount") or 0)],
-                "container": {"cpuPercent": 0, "memoryPercent": 0}}
-
     def _pods_view(self) -> list[dict]:
         with self._lock:
             booting = [i for i, p in self._pods.items() if p["desiredStatus"] == "RUNNING"
@@ -402,17 +257,11 @@ class FakeRunPod:
                         self._pods[pod_id]["ssh_ready"] = True
                 self._log(f"pod {pod_id} ssh ready")
         with self._lock:
-            return [self._pod_view(p) for p in self._pods.values()]
-
-    def _volume_view(self, v: dict) -> dict:
-        # RunPod's NetworkVolume (runpod/api/queries/user.py; REST: docs.runpod.io/api-reference/
-        # network-volumes): id, name, size (GB), dataCenterId.
-        return {k: v[k] for k in ("id", "name", "size", "dataCenterId")}
-
+            return [pod_view(p, self.clock()) for p in self._pods.values()]
     def _myself(self, args: dict) -> dict:
         # Fields that cost something are computed only when selected (gql.shape calls them).
         return {"id": USER_ID, "pubKey": self._pub_key,
-                "networkVolumes": lambda _: [self._volume_view(v) for v in self.volumes()],
+                "networkVolumes": lambda _: [volume_view(v) for v in self.volumes()],
                 "pods": lambda _: self._pods_view(),
                 "podTemplates": lambda _: list(self._templates.values())}
 
@@ -426,43 +275,12 @@ class FakeRunPod:
                 if key in self._stock:
                     return self._stock[key]
         return "High"
-
-    def _gpu_type(self, gpu_type_id: str) -> dict:
-        rows = self.catalog.find(gpu_type_id)
-        secure = [r for r in rows if r["InstanceType"].endswith("_SECURE")]
-        community = [r for r in rows if r["InstanceType"].endswith("_COMMUNITY")]
-
-        def lowest(column: str, among: list[dict]) -> float | None:
-            return min((Catalog.per_gpu(r, column) for r in among), default=None)
-
-        def lowest_price(args: dict) -> dict:
-            # LowestPrice for `gpuCount` GPUs, optionally in one data center / cloud; prices per GPU.
-            inp = args.get("input") or {}
-            cloud = {True: "SECURE", False: "COMMUNITY"}.get(inp.get("secureCloud"), "ALL")
-            zone = inp.get("dataCenterId")
-            found = self.catalog.find(gpu_type_id, int(inp.get("gpuCount") or 1), zone, cloud)
-            stock = self._stock_status(gpu_type_id, zone) if found else None
-            return {"minimumBidPrice": lowest("SpotPrice", found) if stock else None,
-                    "uninterruptablePrice": lowest("Price", found) if stock else None,
-                    "stockStatus": stock,
-                    "minVcpu": min((float(r["vCPUs"]) for r in found), default=None),
-                    "minMemory": min((float(r["MemoryGiB"]) for r in found), default=None)}
-
-        return {"id": gpu_type_id, **Catalog.gpu_info(rows[0]), "cudaCores": None,
-                "secureCloud": bool(secure), "communityCloud": bool(community),
-                "securePrice": lowest("Price", secure), "communityPrice": lowest("Price", community),
-                "secureSpotPrice": lowest("SpotPrice", secure),
-                "communitySpotPrice": lowest("SpotPrice", community),
-                "oneWeekPrice": None, "oneMonthPrice": None, "threeMonthPrice": None,
-                "maxGpuCount": max(int(float(r["AcceleratorCount"])) for r in rows),
-                "lowestPrice": lowest_price}
-
     def _gpu_types(self, args: dict) -> list[dict]:
         # GpuTypeFilter: {id} (runpod/api/queries/gpus.py) or {ids}; a type outside the catalog is not
         # offered here, so the SDK's get_gpu raises its own "No GPU found" ValueError.
         inp = args.get("input") or {}
         wanted = [inp["id"]] if inp.get("id") else inp.get("ids") or self.catalog.ids
-        return [self._gpu_type(g) for g in wanted if g in self.catalog.ids]
+        return [gpu_type_view(self.catalog, g, self._stock_status) for g in wanted if g in self.catalog.ids]
 
     # ------------------------------------------------------------------------- mutations
     def _deploy(self, kind: str, args: dict) -> dict:
@@ -546,7 +364,7 @@ class FakeRunPod:
                   f"in {zone} ip {ip} ${cost}/hr volume {volume_id}")
         self._save()
         with self._lock:
-            return self._pod_view(pod)
+            return pod_view(pod, self.clock())
 
     def _terminate(self, args: dict) -> None:
         pod_id = (args.get("input") or {}).get("podId")
@@ -628,7 +446,7 @@ class FakeRunPod:
                 errors.append({"message": f"Internal server error: {e!r}", "path": [f.key]})
                 data[f.key] = None
         summary = op.kind + " " + " ".join(
-            f.name + _args_summary(f.args)
+            f.name + args_summary(f.args)
             + ("{" + ",".join(sub.name for sub in f.selections if sub.selections) + "}"
                if f.selections and any(sub.selections for sub in f.selections) else "")
             for f in op.selections)
@@ -644,7 +462,7 @@ class FakeRunPod:
             return 404, {"error": "not found", "status": 404}
         if len(parts) == 2:
             if method == "GET":
-                return 200, [self._volume_view(v) for v in self.volumes()]
+                return 200, [volume_view(v) for v in self.volumes()]
             if method == "POST":
                 return self._create_volume(body if isinstance(body, dict) else {})
             return 405, {"error": f"{method} not allowed", "status": 405}
@@ -654,13 +472,13 @@ class FakeRunPod:
             if vol is None:
                 return 404, {"error": f"network volume {vid} not found", "status": 404}
             if method == "GET":
-                return 200, self._volume_view(vol)
+                return 200, volume_view(vol)
             if method == "PATCH":
                 size = (body or {}).get("size")
                 if size is not None and int(size) < vol["size"]:
                     return 400, {"error": "size can only grow", "status": 400}
                 vol.update({k: v for k, v in (body or {}).items() if k in ("name", "size") and v is not None})
-                view = self._volume_view(vol)
+                view = volume_view(vol)
             elif method == "DELETE":
                 users = [p["id"] for p in self._pods.values() if p.get("networkVolumeId") == vid]
                 if users:
@@ -689,7 +507,7 @@ class FakeRunPod:
         with self._lock:
             self._volumes[vid] = vol
         self._save()
-        return 200, self._volume_view(vol)
+        return 200, volume_view(vol)
 
     # ----------------------------------------------------------------------------- admin
     def admin(self, method: str, parts: list[str], query: dict) -> tuple[int, Any]:
@@ -713,98 +531,3 @@ class FakeRunPod:
             return 200, {"gpuTypeId": parts[2], "stockStatus": status}
         return 404, {"error": "not found"}
 
-
-_LOGGED_ARGS = ("podId", "name", "gpuTypeId", "gpuCount", "cloudType", "bidPerGpu", "dataCenterId",
-                "networkVolumeId", "instanceId", "id", "templateName")
-
-
-def _args_summary(args: dict) -> str:
-    """The arguments that identify a call, for api.log (never a password, key or docker args)."""
-    flat = dict(args)
-    if isinstance(args.get("input"), dict):
-        flat.update(args["input"])
-    shown = [f"{k}={flat[k]!r}" for k in dict.fromkeys(_LOGGED_ARGS) if flat.get(k) is not None]
-    return f"({', '.join(shown)})" if shown else ""
-
-
-def _handler(fake: FakeRunPod) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "emulated-runpod"
-
-        def log_message(self, fmt: str, *args: Any) -> None:  # api.log instead of stderr
-            pass
-
-        def _send(self, code: int, obj: Any) -> None:
-            body = b"" if obj is None and code == 204 else json.dumps(obj).encode()
-            self.send_response(code)
-            if body:
-                self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if body and self.command != "HEAD":
-                self.wfile.write(body)
-
-        def _authorized(self) -> bool:
-            # The runpod SDK (runpod/api/graphql.py) and SkyPilot's REST adaptor
-            # (sky/adaptors/runpod.py rest_request) both send `Authorization: Bearer <key>`.
-            return self.headers.get("Authorization") == f"Bearer {fake.api_key}"
-
-        def _handle(self) -> None:
-            t0 = time.monotonic()
-            url = urlsplit(self.path)
-            parts = [p for p in url.path.split("/") if p]
-            query = parse_qs(url.query)
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            note, out = "", None
-            try:
-                if self.command == "HEAD":  # SkyPilot's network check, when pointed here
-                    code, out = 200, None
-                    self.send_response(200)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                elif parts[:1] == ["admin"]:
-                    code, out = fake.admin(self.command, parts, query)
-                    self._send(code, out)
-                elif parts[:1] in (["graphql"], ["v1"]) and not self._authorized():
-                    code, out = 401, {"errors": [{"message": "Unauthorized"}]} if parts[0] == "graphql" \
-                        else {"error": "Unauthorized", "status": 401}
-                    self._send(code, out)
-                elif parts == ["graphql"] and self.command == "POST":
-                    try:
-                        body = json.loads(raw or b"{}")
-                    except ValueError:
-                        code, out, note = 400, {"errors": [{"message": "POST body sent invalid JSON."}]}, "bad JSON"
-                    else:
-                        code, out, note = fake.graphql(body if isinstance(body, dict) else {})
-                    self._send(code, out)
-                elif parts[:1] == ["v1"]:
-                    try:
-                        body = json.loads(raw) if raw else None
-                    except ValueError:
-                        code, out = 400, {"error": "invalid JSON body", "status": 400}
-                    else:
-                        code, out = fake.rest(self.command, parts, body)
-                        if code < 400 and self.command != "GET":
-                            note = json.dumps(out) if out is not None else ""
-                    self._send(code, out)
-                else:
-                    code, out = 404, {"error": "not found"}
-                    self._send(code, out)
-            except Exception as e:  # noqa: BLE001 -- answer 500, log it, keep serving
-                code, note = 500, f"{e!r}\n{traceback.format_exc()}"
-                try:
-                    self._send(500, {"errors": [{"message": f"Internal server error: {e!r}"}]})
-                except OSError:
-                    pass
-            if code >= 400 and not note and isinstance(out, dict):
-                note = json.dumps(out)
-            shown_path = url.path + ("?" + "&".join(f"{k}={v[0]}" for k, v in query.items()
-                                                     if "key" not in k.lower()) if query else "")
-            fake._log(f"{self.client_address[0]} {self.command} {shown_path} {code} "
-                      f"{(time.monotonic() - t0) * 1000:.0f}ms {note}".rstrip())
-
-        do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = do_HEAD = _handle
-
-    return Handler
