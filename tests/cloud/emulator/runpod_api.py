@@ -25,6 +25,12 @@ Preemption, as RunPod shows it (`preempt()` or POST /admin/preempt/<id>?mode=...
   SkyPilot 0.14.1 has no EXITED in its status map (sky/provision/runpod/instance.py:259 raises
   KeyError 'EXITED'); tests/cloud/test_runpod_api.py shows it.
 
+Where RunPod's answer is not documented, this is a guess, kept plain: the wording of "not found"
+errors (pod, template, registry auth, network volume), the REST error body ({"error", "status"}),
+DELETE /v1/networkvolumes/<id> answering 204, and refusing (400) to delete a volume a pod still uses.
+Not answered (a "Cannot query field" error names them): podStop/podResume (SkyPilot 0.14.1 never
+stops a RunPod pod: instance.py stop_instances raises NotImplementedError), endpoints, fragments.
+
 Files in state_dir: api.log (one line a request: method, path, status, time, the GraphQL operation
 and its identifying arguments; never a header, key or password) and state.json (the state, rewritten
 after every change, for debugging).
@@ -52,8 +58,8 @@ CATALOG_CSV = REPO / "launcher" / "catalog" / "v8" / "runpod" / "vms.csv"
 # A CPU pod (deployCpuPod) costs this per hour, whatever its size: RunPod's smallest CPU pods
 # (cpu3c-2-4, 2 vCPU / 4 GB) list at about $0.06/hr, and the shipped catalog has no CPU rows.
 CPU_POD_COST_PER_HR = 0.06
-# What RunPod answers when no machine fits a deploy (the message SkyPilot users report from
-# podFindAndDeployOnDemand / podRentInterruptable when a GPU is out of stock).
+# What RunPod answers when no machine fits a deploy, word for word as users quote it from the SDK's
+# QueryError (runpod/runpodctl issue 189, mlabonne/llm-autoeval issue 3).
 NO_CAPACITY = ("There are no longer any instances available with the requested specifications. "
                "Please refresh and try again.")
 USER_ID = "emulated-user"
