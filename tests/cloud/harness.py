@@ -90,7 +90,7 @@ class EmulatedCloud:
         cmd = ["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation", "private",
                sys.executable, "-m", "tests.cloud.emulator.serve", "--state", str(self.state), "--image", str(image),
                "--subnet", self.subnet, "--port", str(self.port), "--prefix", self.ns,
-               "--py310", str(image_mod.python310()), "--catalog", str(catalog)]
+               "--py310", str(image_mod.python310()), "--catalog", str(catalog), "--api-key", API_KEY]
         for h in hide:
             cmd += ["--hide", h]
         log = open(self.state / "emulator.log", "ab")

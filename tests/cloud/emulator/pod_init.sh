@@ -36,8 +36,9 @@ hostname "$id"
 echo "$ip $id" >>"$m/etc/hosts"
 echo "$api" >"$m/etc/launch-emulator-api"
 cmd=$(cat "$args")
+mapfile -t container_env <"$upper/../container_env"  # RunPod's container env: RUNPOD_POD_ID, PUBLIC_KEY...
 cd "$m"
 exec chroot "$m" /usr/bin/env -i HOME=/root TERM=xterm LANG=C.UTF-8 \
   PATH=/root/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  RUNPOD_POD_ID="$id" RUNPOD_API_BASE_URL="$api" PIP_NO_BUILD_ISOLATION=0 \
+  RUNPOD_API_BASE_URL="$api" PIP_NO_BUILD_ISOLATION=0 "${container_env[@]}" \
   bash -c "cd / && $cmd"

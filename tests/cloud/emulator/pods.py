@@ -80,6 +80,8 @@ class Pods:
         (disk / "upper").mkdir(parents=True, exist_ok=True)
         args = disk / "docker_args"
         args.write_text(pod.get("dockerArgs") or "sleep infinity")
+        env = {**(pod.get("env") or {}), **(pod.get("containerEnv") or {})}  # what RunPod puts in the container
+        (disk / "container_env").write_text("".join(f"{k}={v}\n" for k, v in env.items() if "\n" not in f"{k}{v}"))
         cmd = ["ip", "netns", "exec", ns, "unshare", "--mount", "--pid", "--uts", "--fork", "--propagation",
                "private", "--kill-child=SIGKILL", "bash", str(HERE / "pod_init.sh"), pod_id, ip, str(self.layer),
                str(disk / "upper"), str(self.py310), self.api_url, str(args)]

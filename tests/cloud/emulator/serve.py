@@ -33,6 +33,7 @@ def main() -> int:
     ap.add_argument("--py310", type=Path, required=True)
     ap.add_argument("--catalog", type=Path, required=True)
     ap.add_argument("--hide", action="append", default=[])
+    ap.add_argument("--api-key", required=True)
     a = ap.parse_args()
 
     state = a.state
@@ -54,7 +55,7 @@ def main() -> int:
     pods = Pods(prefix=a.prefix, subnet=a.subnet, bridge=BRIDGE, layer=image_mnt / "image", disks=disks,
                 py310=a.py310, api_url=url, logs=state / "logs", hide=a.hide)
     api = FakeRunPod(pods, state / "api", bind=f"{a.subnet}.1", port=a.port,
-                     catalog_csv=a.catalog / "runpod" / "vms.csv")
+                     catalog_csv=a.catalog / "runpod" / "vms.csv", api_key=a.api_key)
     api.start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

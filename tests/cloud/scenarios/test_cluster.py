@@ -44,9 +44,9 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report):
     assert r.returncode == 0, r.stdout + r.stderr
     run = _run_id(r.stdout)
 
-    # The pod exists in the emulator, priced from the catalog.
-    state = cloud.api("GET", "/admin/state")
-    assert any(p["name"].startswith(run[:20]) or True for p in state["pods"]), state
+    # One pod on the emulated RunPod, on demand, priced from the catalog.
+    pods = cloud.api("GET", "/admin/state")["pods"]
+    assert [(p["podType"], p["costPerHr"]) for p in pods] == [("RESERVED", PRICE)], pods
 
     st = wait_for(lambda: (s := status(cloud, run)).get("step") and s["step"] >= 12 and s, 600, what="step 12")
     assert st["state"] == "running", st
@@ -64,7 +64,7 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report):
     after = status(cloud, run)
     assert after["state"] == "stopped", after
     state = cloud.api("GET", "/admin/state")
-    assert not [p for p in state["pods"] if p.get("desiredStatus", p.get("status")) == "RUNNING"], state
+    assert not state["pods"], state  # terminated
     vols = cloud.launch("volumes", "--json", timeout=180)
     assert vols.returncode == 0 and "sonia-workspace" in vols.stdout, vols.stdout + vols.stderr
 
