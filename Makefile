@@ -8,11 +8,15 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SKY_CLI := .tools/sky-cli
+SKY_STAMP := $(SKY_CLI)/.installed
+SKY_LINK := ../../$(SKY_CLI)/bin/sky
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
 .PHONY: install test demo render render-check bench clean lock lock-check gpu-check gpu-check-smoke gpu-wheels
 
-install: $(STAMP)
+install: $(STAMP) $(SKY_STAMP)
+	@[ "$$(readlink $(BIN)/sky)" = $(SKY_LINK) ] || { ln -sfn $(SKY_LINK) $(BIN)/sky && echo "$(BIN)/sky -> $(SKY_CLI)/bin/sky"; }
 
 # The launcher/test environment is requirements/dev.lock, installed exactly (uv pip sync: what is not in
 # the lock is removed, every wheel is checked against its hash). uv itself is bootstrapped at its
@@ -34,21 +38,17 @@ $(UV):
 # The `sky` command is SkyPilot's CLI from its own environment, .tools/sky-cli = requirements/sky-cli.lock
 # (the same SkyPilot, with the click<8.2 its CLI needs; .venv has click 8.5 for huggingface-hub, and
 # there `sky launch` fails: "False backend is not supported."). .venv/bin/sky, which skypilot's wheel
-# writes on every sync that installs it, is replaced by a link to that `sky`, so `.venv/bin/sky` and
-# `sky` in an activated .venv are the working CLI.
-SKY_CLI := .tools/sky-cli
-SKY_STAMP := $(SKY_CLI)/.installed
-
+# writes whenever a sync (re)installs it, is made a link to that `sky` by every `make install` (a check
+# when it already is), so `.venv/bin/sky` and `sky` in an activated .venv are the working CLI.
 $(SKY_STAMP): requirements/sky-cli.lock Makefile | $(UV)
 	test -x $(SKY_CLI)/bin/python || $(UV) venv -q --python $(PY) $(SKY_CLI)
 	$(UV) pip sync -q --compile-bytecode --python $(SKY_CLI)/bin/python requirements/sky-cli.lock
 	touch $(SKY_STAMP)
 
-$(STAMP): pyproject.toml requirements/dev.lock Makefile $(SKY_STAMP) | $(UV)
+$(STAMP): pyproject.toml requirements/dev.lock Makefile | $(UV)
 	test -x $(BIN)/python || $(UV) venv -q --python $(PY) $(VENV)
 	$(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(TORCH_CPU) requirements/dev.lock
 	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --no-build-isolation -e .
-	ln -sfn ../../$(SKY_CLI)/bin/sky $(BIN)/sky
 	touch $(STAMP)
 
 # Two processes (pytest-xdist; a file and its module fixtures stay in one): ~5.5 min instead of ~13 on
