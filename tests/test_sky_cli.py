@@ -5,7 +5,7 @@ with "ValueError: False backend is not supported." (SkyPilot issues #7592, #9094
 `launch` uses, does not care.
 
 The fast tests here run in `make test`. `sky launch --dryrun` of the rendered tasks needs a local API
-server (its start, its on-boot `sky check`, two dryruns: ~45 s on 2 busy cores), so it belongs to the
+server (its start, its on-boot `sky check`, two dryruns: 45-80 s on 2 shared cores), so it belongs to the
 cloud suite: it runs with LAUNCH_CLOUD_TESTS=1 and is skipped otherwise, saying so.
 
 Run: .venv/bin/python -m pytest -q -n 0 tests/test_sky_cli.py   (LAUNCH_CLOUD_TESTS=1 for the dryruns)
@@ -169,7 +169,7 @@ def api_server(tmp_path_factory):
 
 
 @pytest.mark.skipif(os.environ.get("LAUNCH_CLOUD_TESTS") != "1",
-                    reason="cloud suite (LAUNCH_CLOUD_TESTS=1): a local API server and two dryruns, ~45 s")
+                    reason="cloud suite (LAUNCH_CLOUD_TESTS=1): a local API server and two dryruns, 45-80 s")
 @pytest.mark.parametrize("name, flags, chosen", [
     # runs here with `launch up`; a plain `sky launch` of it rents the cheapest fit (the task says so)
     ("local-demo", [], r"RunPod \(\w+\)\s+1x_L4_SECURE"),
