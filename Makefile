@@ -1,17 +1,22 @@
 # make demo   - install what is needed, run local-demo end to end (up, follow, down --fetch-artifacts)
 # make test   - install what is needed, run the test suite
-# make lock   - re-resolve both locks (requirements/dev.lock, payload/requirements-gpu.lock) from their inputs
+# make lock   - re-resolve the locks (requirements/dev.lock, requirements/sky-cli.lock,
+#               payload/requirements-gpu.lock) from their inputs
 # make gpu-check [ARGS=...] - on a GPU machine: the payload vs a plain Trainer, per mode (bench/README.md)
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SKY_CLI := .tools/sky-cli
+SKY_STAMP := $(SKY_CLI)/.installed
+SKY_LINK := ../../$(SKY_CLI)/bin/sky
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
 .PHONY: cloud-test install test demo render render-check bench clean lock lock-check gpu-check gpu-check-smoke gpu-wheels
 
-install: $(STAMP)
+install: $(STAMP) $(SKY_STAMP)
+	@[ "$$(readlink $(BIN)/sky)" = $(SKY_LINK) ] || { ln -sfn $(SKY_LINK) $(BIN)/sky && echo "$(BIN)/sky -> $(SKY_CLI)/bin/sky"; }
 
 # The launcher/test environment is requirements/dev.lock, installed exactly (uv pip sync: what is not in
 # the lock is removed, every wheel is checked against its hash). uv itself is bootstrapped at its
@@ -29,6 +34,16 @@ export UV_LINK_MODE ?= copy
 $(UV):
 	test -x .tools/bin/python || $(PY) -m venv .tools
 	.tools/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+
+# The `sky` command is SkyPilot's CLI from its own environment, .tools/sky-cli = requirements/sky-cli.lock
+# (the same SkyPilot, with the click<8.2 its CLI needs; .venv has click 8.5 for huggingface-hub, and
+# there `sky launch` fails: "False backend is not supported."). .venv/bin/sky, which skypilot's wheel
+# writes whenever a sync (re)installs it, is made a link to that `sky` by every `make install` (a check
+# when it already is), so `.venv/bin/sky` and `sky` in an activated .venv are the working CLI.
+$(SKY_STAMP): requirements/sky-cli.lock Makefile | $(UV)
+	test -x $(SKY_CLI)/bin/python || $(UV) venv -q --python $(PY) $(SKY_CLI)
+	$(UV) pip sync -q --compile-bytecode --python $(SKY_CLI)/bin/python requirements/sky-cli.lock
+	touch $(SKY_STAMP)
 
 $(STAMP): pyproject.toml requirements/dev.lock Makefile | $(UV)
 	test -x $(BIN)/python || $(UV) venv -q --python $(PY) $(VENV)
@@ -51,10 +66,12 @@ cloud-test: install
 demo: install
 	bash scripts/demo.sh
 
-# `make lock` re-resolves both locks from their inputs, keeping existing pins where they still fit
+# `make lock` re-resolves every lock from its inputs, keeping existing pins where they still fit
 # (LOCK_FLAGS=--upgrade upgrades on purpose), and records the inputs' hash in each lock's header;
 # `make lock-check` (CI) fails while a lock is older than its inputs and names the file to refresh.
 # - requirements/dev.lock: this machine's (launcher + tests), linux x86_64 / Python 3.11, with hashes.
+# - requirements/sky-cli.lock: SkyPilot's CLI (`sky`), same platform, with hashes; the same skypilot as
+#   dev.lock (lock-check fails otherwise), with SkyPilot's own pins (no overrides).
 # - payload/requirements-gpu.lock: the GPU machine's, linux x86_64 / Python 3.11 / CUDA 12 (the torch
 #   wheel on PyPI), wheels only except deepspeed (pure Python with DS_BUILD_OPS=0).
 PLATFORM := --python-platform x86_64-manylinux_2_28 --python-version 3.11
@@ -63,6 +80,8 @@ lock: | $(UV)
 	$(UV) pip compile -q $(PLATFORM) --generate-hashes $(TORCH_CPU) $(LOCK_FLAGS) \
 	  --overrides requirements/overrides.txt --custom-compile-command "make lock" \
 	  pyproject.toml requirements/dev.in -o requirements/dev.lock
+	$(UV) pip compile -q $(PLATFORM) --generate-hashes $(LOCK_FLAGS) --custom-compile-command "make lock" \
+	  requirements/sky-cli.in -o requirements/sky-cli.lock
 	$(UV) pip compile -q $(GPU_PLATFORM) $(LOCK_FLAGS) --custom-compile-command "make lock" \
 	  payload/requirements-gpu.txt -o payload/requirements-gpu.lock
 	$(PY) scripts/lock_inputs.py --write

@@ -5,6 +5,9 @@ than what it was resolved from, naming the input that changed and the command th
 Only what changes a resolution is digested: requirement lines without comments or blank lines, and
 from pyproject.toml the `[project]` dependencies and requires-python. Editing a comment needs no
 re-lock; adding, removing or re-pinning a package does. Standard library only (runs before install).
+
+Also: the launcher's lock and the `sky` CLI's lock (requirements/sky-cli.lock, its own environment
+because of click) pin the same SkyPilot, since `launch` and `sky` share one API server and one ~/.sky.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCKS = {
     "requirements/dev.lock": ("pyproject.toml", "requirements/dev.in", "requirements/overrides.txt"),
     "payload/requirements-gpu.lock": ("payload/requirements-gpu.txt",),
+    "requirements/sky-cli.lock": ("requirements/sky-cli.in",),
 }
+# locks that must pin the same version of a package (one API server, one ~/.sky for `launch` and `sky`)
+SAME_PIN = {"skypilot": ("requirements/dev.lock", "requirements/sky-cli.lock")}
 MARK = "# inputs:"
 
 
@@ -35,6 +41,16 @@ def input_digest(root: Path, name: str) -> str:
         lines = [re.sub(r"\s+#.*$", "", ln).strip() for ln in path.read_text().splitlines()]
         lines = [ln for ln in lines if ln and not ln.startswith("#")]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def pinned(lock_text: str, package: str) -> str | None:
+    """The version a lock pins `package` at (`name==version`, name compared as pip does), else None."""
+    want = re.sub(r"[-_.]+", "-", package).lower()
+    for line in lock_text.splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;\\]+)", line)
+        if m and re.sub(r"[-_.]+", "-", m.group(1)).lower() == want:
+            return m.group(2)
+    return None
 
 
 def recorded(lock_text: str) -> dict[str, str]:
@@ -69,6 +85,15 @@ def check(root: Path) -> list[str]:
         if changed:
             problems.append(f"{lock}: older than {', '.join(changed)} (changed since the lock was made); "
                             f"run `make lock` and commit {lock}")
+    for package, locks in SAME_PIN.items():
+        paths = [root / lock for lock in locks]
+        if not all(p.is_file() for p in paths):
+            continue  # named as missing above
+        versions = {lock: pinned(p.read_text(), package) for lock, p in zip(locks, paths)}
+        if len(set(versions.values())) > 1:
+            problems.append(f"{package} differs between the locks ("
+                            + ", ".join(f"{lock}: {v or 'not pinned'}" for lock, v in versions.items())
+                            + f"); pin one version of {package} in their inputs and run `make lock`")
     return problems
 
 

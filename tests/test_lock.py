@@ -38,6 +38,17 @@ def lock_pins(path: Path) -> dict[str, str]:
     return pins
 
 
+LOCK_FILES = ("pyproject.toml", "requirements/dev.in", "requirements/overrides.txt", "requirements/dev.lock",
+              "requirements/sky-cli.in", "requirements/sky-cli.lock",
+              "payload/requirements-gpu.txt", "payload/requirements-gpu.lock")
+
+
+def copy_lock_inputs(root: Path) -> None:
+    for rel in LOCK_FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, root / rel)
+
+
 def test_every_installed_package_is_the_locked_version():
     """What `pip freeze` would list for this environment, read through importlib.metadata."""
     pins = lock_pins(DEV_LOCK)
@@ -64,32 +75,49 @@ def test_locks_match_their_inputs():
     ("requirements/dev.in", "requirements/dev.in"),
     ("requirements/overrides.txt", "requirements/overrides.txt"),
     ("payload/requirements-gpu.txt", "payload/requirements-gpu.txt"),
+    ("requirements/sky-cli.in", "requirements/sky-cli.in"),
 ])
 def test_a_stale_lock_fails_and_names_the_input_and_the_fix(tmp_path, edit, named):
-    for rel in ("pyproject.toml", "requirements/dev.in", "requirements/overrides.txt", "requirements/dev.lock",
-                "payload/requirements-gpu.txt", "payload/requirements-gpu.lock"):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / rel, tmp_path / rel)
+    copy_lock_inputs(tmp_path)
     target = tmp_path / edit
     target.write_text(target.read_text() + "\n# a comment changes no resolution\n")
     assert subprocess.run([*CHECK, "--root", str(tmp_path)], capture_output=True).returncode == 0
     target.write_text(target.read_text() + "six==1.17.0\n")
     r = subprocess.run([*CHECK, "--root", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 1
-    lock = "payload/requirements-gpu.lock" if "payload" in edit else "requirements/dev.lock"
+    lock = {"payload/requirements-gpu.txt": "payload/requirements-gpu.lock",
+            "requirements/sky-cli.in": "requirements/sky-cli.lock"}.get(edit, "requirements/dev.lock")
     assert r.stderr.strip() == (f"✗ {lock}: older than {named} (changed since the lock was made); "
                                 f"run `make lock` and commit {lock}")
 
 
 def test_a_new_pyproject_dependency_makes_the_dev_lock_stale(tmp_path):
-    for rel in ("pyproject.toml", "requirements/dev.in", "requirements/overrides.txt", "requirements/dev.lock",
-                "payload/requirements-gpu.txt", "payload/requirements-gpu.lock"):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / rel, tmp_path / rel)
+    copy_lock_inputs(tmp_path)
     py = tmp_path / "pyproject.toml"
     py.write_text(py.read_text().replace('    "click>=8.1",\n', '    "click>=8.1",\n    "six",\n', 1))
     r = subprocess.run([*CHECK, "--root", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 1 and "requirements/dev.lock: older than pyproject.toml" in r.stderr
+
+
+def test_the_sky_cli_lock_pins_the_launchers_skypilot():
+    """`launch` (SkyPilot's SDK in .venv) and `sky` (.tools/sky-cli) share one API server and one ~/.sky:
+    one SkyPilot version, with SkyPilot's own click<8.2 in the CLI's lock (its CLI breaks on 8.2+)."""
+    dev, cli = lock_pins(DEV_LOCK), lock_pins(REPO / "requirements" / "sky-cli.lock")
+    assert cli["skypilot"] == dev["skypilot"]
+    version = lambda v: tuple(int(x) for x in v.split(".")[:3])  # noqa: E731
+    assert version(cli["click"]) < (8, 2) and version(dev["click"]) >= (8, 4, 2)
+
+
+def test_a_different_skypilot_in_the_two_locks_fails_lock_check(tmp_path):
+    copy_lock_inputs(tmp_path)
+    lock = tmp_path / "requirements" / "sky-cli.lock"
+    lock.write_text(re.sub(r"(?m)^skypilot==\S+", "skypilot==0.0.1", lock.read_text()))
+    r = subprocess.run([*CHECK, "--root", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 1
+    dev = lock_pins(DEV_LOCK)["skypilot"]
+    assert r.stderr.strip() == (f"✗ skypilot differs between the locks (requirements/dev.lock: {dev}, "
+                                "requirements/sky-cli.lock: 0.0.1); pin one version of skypilot in their "
+                                "inputs and run `make lock`")
 
 
 # ------------------------------------------------------------------------- the depth guard is ours
