@@ -232,3 +232,14 @@ def test_a_gpu_node_whose_torch_cannot_use_the_gpus_fails_preflight():
     assert check.status == "fail" and check.detail.startswith(f"this node has 2 GPU(s) but torch {torch.__version__} "
                                                               "(CUDA none (a CPU build)) cannot use them")
     assert "nvidia-smi" in check.detail
+
+
+def test_a_gpu_node_whose_gpus_are_hidden_on_purpose_trains_on_cpu_with_a_warning():
+    """`--env CUDA_VISIBLE_DEVICES=` (CUDA's own "no GPU"; the emulated cloud's CPU pods) is not a broken
+    driver: preflight warns that the node's GPUs go unused instead of failing the run."""
+    for hidden in ("", "-1"):
+        check = preflight.check_cuda({"SKYPILOT_SETUP_NUM_GPUS_PER_NODE": "2", "CUDA_VISIBLE_DEVICES": hidden})
+        assert check.status == "warn", check
+        assert check.detail == (f"CUDA_VISIBLE_DEVICES={hidden!r} hides this node's 2 GPU(s): the run trains on CPU "
+                                "(unset it to use them)")
+    assert preflight.check_cuda({"SKYPILOT_SETUP_NUM_GPUS_PER_NODE": "2", "CUDA_VISIBLE_DEVICES": "0"}).status == "fail"

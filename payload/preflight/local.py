@@ -175,6 +175,12 @@ def check_cuda(env) -> Optional[Check]:
     per_node = env.get("SKYPILOT_NUM_GPUS_PER_NODE") or env.get("SKYPILOT_SETUP_NUM_GPUS_PER_NODE")
     if not per_node or int(per_node) == 0:
         return None  # a CPU task, the local backend, a test
+    hidden = env.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        # CUDA's own switch for "no GPU": the run was started with `--env CUDA_VISIBLE_DEVICES=` (the
+        # emulated cloud's CPU pods, tests/cloud), so it trains on CPU, on purpose and said.
+        return Check("cuda", "warn", f"CUDA_VISIBLE_DEVICES={hidden!r} hides this node's {per_node} GPU(s): the run "
+                     "trains on CPU (unset it to use them)")
     try:
         import torch
     except ImportError:

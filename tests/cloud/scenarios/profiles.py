@@ -8,6 +8,7 @@ RunPod imposes:
 - the data: a few local records of the profile's shape (the Hugging Face datasets are out of reach);
 - steps, batch and save interval: minutes of CPU, not hours of GPU;
 - DeepSpeed and 4-bit quantization off, the optimizer a plain one: they need CUDA;
+- the GPUs: `--env CUDA_VISIBLE_DEVICES=` (the pod has none; preflight warns, training runs on CPU);
 - the payload's environment: `--env FLASH_ATTN_WHEEL=` (no flash-attn on CPU). The baked image sets
   LAUNCH_ENV_ROOT=/opt/launch-envs in its shell environment and holds there the CPU build of the
   environment under the key payload/gpu_env.sh computes for this lock (the real one installs the CUDA
@@ -22,7 +23,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 
-ENV = ["--env", "FLASH_ATTN_WHEEL="]
+# CUDA_VISIBLE_DEVICES empty: CUDA's own "no GPU" (the node SkyPilot asked for has GPUs; the emulated pod
+# has none), which the payload's preflight reports as a warning and training takes as the CPU path.
+ENV = ["--env", "FLASH_ATTN_WHEEL=", "--env", "CUDA_VISIBLE_DEVICES="]
 
 
 def vl_data(dest: Path, n: int = 24) -> list[str]:

@@ -40,7 +40,7 @@ def status(cloud, run: str) -> dict:
 
 @pytest.mark.timeout(1500)
 def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report):
-    r = cloud.launch("up", "sonia-h100", *profiles.sonia(in_repo, max_steps=400, save_steps=10), timeout=900)
+    r = cloud.launch("up", "sonia-h100", *profiles.sonia(in_repo, max_steps=5000, save_steps=10), timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     run = _run_id(r.stdout)
 
