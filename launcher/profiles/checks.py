@@ -187,7 +187,19 @@ def resolve(source, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
         record_problems, present = record_report(file, profile, overrides)
         if record_problems:
             raise ProfileError(record_problems)
+        count_refusal(profile)
     return ResolvedProfile(file, tuple(overrides), profile, present, data_problems)
+
+
+def count_refusal(p: Profile) -> None:
+    """The local data counted in full, as `launch plan` counts it (launcher/profiles/data_count.py): what
+    it refuses (no record keeps a token to train at train.max_seq_length, a record the data step refuses
+    past the sample read above) is refused here, so no backend starts what `plan` refuses. Hub datasets
+    are counted on the machine."""
+    if p.data.sources and all(s.path and (REPO_ROOT / s.path).is_file() for s in p.data.sources):
+        from launcher.profiles.data_count import estimate_from_files
+
+        estimate_from_files(p, REPO_ROOT)
 
 
 def check_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str], list[str]]:

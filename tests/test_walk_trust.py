@@ -1,0 +1,52 @@
+"""Issue 37's items 1, 3, 5, 7, 8, 10 and 11, each where the user met it: the installed `launch` in a
+subprocess with a fresh HOME and LAUNCH_HOME, no credentials, stdin not a terminal (tests/walk.py).
+Runs the user would have made are written into that LAUNCH_HOME's registry first, as `launch up`
+leaves them; nothing here trains or rents."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from walk import LAUNCH, REPO, assert_one_line_error, fresh_env, launch
+
+# ------------------------------------------------------------- 3: `up` refuses what `plan` refuses
+
+NO_TOKEN_LEFT = "train.max_seq_length 16 leaves none of the 380 train records a token to train"
+
+
+def test_up_refuses_what_plan_refuses_on_every_backend_dry_run_included(tmp_path):
+    """`plan` refuses a run whose prompts fill max_seq_length; `up` on the local backend, on the ssh
+    backend (a billed pod: the host is never dialled) and `up --dry-run` refuse it with the same line,
+    before a run id is reserved. Today's `up` started it (`✓ started`, failed after setup)."""
+    short = ("--set", "train.max_seq_length=16")
+    commands = {
+        "plan": ("plan", "local-demo", *short),
+        "local": ("up", "local-demo", *short),
+        "ssh": ("up", "local-demo", "--backend", "ssh", "--host", "nobody@127.0.0.1:1", *short),
+        "dry-run": ("up", "local-demo", "--dry-run", *short),
+    }
+    env = fresh_env(tmp_path)
+    started = {k: subprocess.Popen([str(LAUNCH), *args], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for k, args in commands.items()}  # together: each tokenizes the prompts (~6 s of CPU)
+    lines = {}
+    for k, proc in started.items():
+        out, err = proc.communicate(timeout=300)
+        r = subprocess.CompletedProcess(commands[k], proc.returncode, out, err)
+        lines[k] = assert_one_line_error(r, NO_TOKEN_LEFT)
+        assert "started" not in out and "cannot reach" not in out + err, (k, out, err)
+    assert len(set(lines.values())) == 1, lines  # one refusal, word for word
+    r = launch(tmp_path, "status", "--all", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout  # no run id reserved
+
+
+def test_up_on_ssh_says_a_plan_over_its_budget_before_dialling_the_host(tmp_path):
+    """The over-budget line `up` printed for SkyPilot runs only is said for an ssh run too (a billed
+    machine), before anything is uploaded: here the host does not answer, after the line."""
+    r = launch(tmp_path, "up", "local-demo", "--backend", "ssh", "--host", "nobody@127.0.0.1:1",
+               "--set", "budget.price_per_hour=100", "--set", "budget.max_usd=0.5")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    over = out.find("is over the budget cap $0.50")
+    assert 0 <= over < out.find("cannot reach nobody@127.0.0.1:1"), out
