@@ -69,3 +69,24 @@ def test_a_home_path_is_said_to_be_outside_the_repo_not_a_link(tmp_path):
     r = launch(tmp_path, "validate", "local-demo", "--set", f"data.sources=[{{name: s, path: {inner}, format: messages}}]",
                env={"HOME": str(REPO.parent)})
     assert_one_line_error(r, f"{inner} is a path from your home directory", "write it as payload/samples/demo_chat.jsonl")
+
+
+# ------------------------------------------------------------- 7: a read-only LAUNCH_HOME stays so
+
+
+def test_launch_home_loses_group_and_other_access_but_never_gains_write(tmp_path):
+    """A LAUNCH_HOME the user made read-only (0555) became 0700, writable: only group's and other's
+    access is taken (0500); a loose one (0755) still becomes 0700, its registry 0600."""
+    for given, kept in ((0o555, 0o500), (0o755, 0o700)):
+        home = tmp_path / f"lh-{given:o}"
+        home.mkdir(mode=0o700)
+        home.chmod(given)
+        r = launch(tmp_path, "status", "--all", env={"LAUNCH_HOME": str(home)})
+        assert "Traceback" not in r.stdout + r.stderr, r.stderr
+        assert home.stat().st_mode & 0o7777 == kept, (oct(given), oct(home.stat().st_mode), r.stdout + r.stderr)
+        home.chmod(0o700)
+    db = tmp_path / "lh-755" / "runs.db"
+    assert db.stat().st_mode & 0o777 == 0o600
+    db.chmod(0o444)  # a registry the user froze: read, never made writable again
+    launch(tmp_path, "status", "--all", env={"LAUNCH_HOME": str(db.parent)})
+    assert db.stat().st_mode & 0o777 == 0o400
