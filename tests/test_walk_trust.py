@@ -90,3 +90,29 @@ def test_launch_home_loses_group_and_other_access_but_never_gains_write(tmp_path
     db.chmod(0o444)  # a registry the user froze: read, never made writable again
     launch(tmp_path, "status", "--all", env={"LAUNCH_HOME": str(db.parent)})
     assert db.stat().st_mode & 0o777 == 0o400
+
+
+# --------------------------------------------------------- 8: a reader that has gone, status 0
+
+
+def test_output_to_a_closed_pipe_ends_quietly_with_status_0(tmp_path):
+    """`launch plan local-demo | head -1` exited 1 (rich's broken-pipe handler; click's exits 1 too), which
+    breaks a `set -o pipefail` script. Every command's output goes to a pipe whose reader has already
+    gone: status 0, nothing on stderr."""
+    import os
+
+    commands = [("--help",), ("plan", "--help"), ("plan", "local-demo"), ("plan", "local-demo", "--json"),
+                ("status", "--all"), ("profiles",), ("volumes",)]
+    env, started = fresh_env(tmp_path), []
+    for args in commands:
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before the first byte: every write meets EPIPE
+        started.append((args, subprocess.Popen([str(LAUNCH), *args], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                               stdout=write, stderr=subprocess.PIPE, text=True)))
+        os.close(write)
+    for args, proc in started:
+        _, err = proc.communicate(timeout=120)
+        assert (proc.returncode, err) == (0, ""), (args, proc.returncode, err)
+    shell = subprocess.run(["bash", "-c", f"set -o pipefail; '{LAUNCH}' plan local-demo | head -1"], cwd=REPO,
+                           env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert shell.returncode == 0 and shell.stdout.lstrip().startswith("Profile"), shell

@@ -9,16 +9,29 @@ from launcher.term.units import duration, hours, money  # noqa: F401  (also used
 
 @functools.lru_cache(maxsize=1)
 def console():
-    from rich.console import Console
-
-    return Console(highlight=False)
+    return _console_class()(highlight=False)
 
 
 @functools.lru_cache(maxsize=1)
 def err_console():
+    return _console_class()(stderr=True, highlight=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _console_class():
+    """rich's Console, except for a reader that has gone: rich exits 1 there (`on_broken_pipe`); the
+    BrokenPipeError goes on to launcher/cli.py `closed_pipe_ends_quietly`, the one rule for every
+    command's output (status 0, as a Unix tool stops when its reader stops)."""
+    import errno
+
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader of launch's output has gone")
+
+    return _Console
 
 
 def printable(value) -> str:
