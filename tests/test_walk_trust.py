@@ -116,3 +116,21 @@ def test_output_to_a_closed_pipe_ends_quietly_with_status_0(tmp_path):
     shell = subprocess.run(["bash", "-c", f"set -o pipefail; '{LAUNCH}' plan local-demo | head -1"], cwd=REPO,
                            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert shell.returncode == 0 and shell.stdout.lstrip().startswith("Profile"), shell
+
+
+# -------------------------------------------------- 10: a W&B-shaped key in either case, anywhere
+
+
+def test_a_w_and_b_shaped_key_is_refused_in_upper_case_and_inside_a_value(tmp_path):
+    """The 40-hex pattern was anchored to the whole value and lower case: `key=<40 hex>` and an
+    upper-case key passed. Refused by --env and by a profile's envs:, naming the variable only; a
+    sha256 (64 hex) is no W&B key."""
+    upper, lower = "A1B2C3D4E5" * 4, "a1b2c3d4e5" * 4
+    for value in (upper, f"key={lower}", f"wandb:{upper};x"):
+        r = launch(tmp_path, "up", "local-demo", "--dry-run", "--env", f"MY_SETTING={value}")
+        line = assert_one_line_error(r, "--env: `MY_SETTING`'s value looks like a W&B API key", "export WANDB_API_KEY")
+        assert lower not in line and upper not in line, line
+    r = launch(tmp_path, "validate", "local-demo", "--set", f"envs={{MY_SETTING: 'key={upper}'}}")
+    assert_one_line_error(r, "`MY_SETTING`'s value looks like a W&B API key")
+    r = launch(tmp_path, "validate", "local-demo", "--set", f"envs={{DIGEST: '{'ab' * 32}'}}")
+    assert r.returncode == 0, r.stdout + r.stderr
