@@ -134,3 +134,51 @@ def test_a_w_and_b_shaped_key_is_refused_in_upper_case_and_inside_a_value(tmp_pa
     assert_one_line_error(r, "`MY_SETTING`'s value looks like a W&B API key")
     r = launch(tmp_path, "validate", "local-demo", "--set", f"envs={{DIGEST: '{'ab' * 32}'}}")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ------------------------------------------------- 1: volumes beside a local run, no traceback
+
+SITE_FAKE_SKY = '''"""SkyPilot's API server faked at its request edge in the `launch` subprocess (tests/sky_edge.py)."""
+import json, os, sys
+sys.path.insert(0, os.environ["FAKE_SKY_TESTS"])
+import pytest, sky, sky.volumes
+from sky_edge import FakeSky
+mp = pytest.MonkeyPatch()
+fake = FakeSky(mp)
+for name, owner, full in [("delete", sky.volumes, "volumes.delete"), ("storage_ls", sky, "storage_ls"),
+                          ("storage_delete", sky, "storage_delete")]:
+    mp.setattr(owner, name, fake._recorder(full))
+fake.results.update({"volumes.delete": None, "storage_delete": None, "storage_ls": [],
+                     "volumes.ls": json.loads(os.environ["FAKE_SKY_VOLUMES"])})
+'''
+
+
+def test_volumes_and_rm_beside_a_local_run_whose_volume_is_a_path(tmp_path, monkeypatch):
+    """A user of a cloud profile and of local-demo: SkyPilot lists a volume, and the registry holds a
+    local run whose handle["volume"] is its directory (a path string). `launch volumes` and `launch
+    volumes rm NAME` ended in `AttributeError: 'str' object has no attribute 'get'`."""
+    import json
+
+    from launcher.store import registry
+    from launcher.store.registry import Run
+
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "user-launch-home"))
+    registry.save(Run(id="local-demo-20261101-000000", profile="local-demo", backend="local", cluster="local",
+                      state="completed", price_per_hour=0.1,
+                      handle={"kind": "local", "volume": str(tmp_path / "volume"), "run_dir": str(tmp_path)}))
+    registry.save(Run(id="sonia-h100-20261101-000000", profile="sonia-h100", backend="skypilot",
+                      cluster="sonia-h100-20261101-000000", state="completed", price_per_hour=6.58,
+                      handle={"kind": "cluster", "volume": {"name": "sonia-workspace"}}))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE_FAKE_SKY)
+    env = {"PYTHONPATH": str(site), "FAKE_SKY_TESTS": str(REPO / "tests"), "COLUMNS": "120",
+           "SKY_RUNTIME_DIR": str(tmp_path / "sky-runtime"), "SKYPILOT_DISABLE_LOCAL_API_SERVER": "1",
+           "FAKE_SKY_VOLUMES": json.dumps([{"name": "sonia-workspace", "size": "420", "zone": "US-CA-2"}])}
+    r = launch(tmp_path, "volumes", env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("sonia-workspace"))
+    assert "sonia-h100-20261101-000000" in row and "local-demo" not in r.stdout, r.stdout
+    r = launch(tmp_path, "volumes", "rm", "sonia-workspace", "--yes", env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert r.stdout.startswith("✓ deleted volume sonia-workspace"), r.stdout
