@@ -18,17 +18,17 @@ def confirm_over_budget(p, backend: str, interactive: bool) -> None:
 
     from launcher.catalog import PlanError
     from launcher.profiles.profile import ProfileError
-    from launcher.term.ui import err_console, esc
+    from launcher.term.ui import err_console, note
 
     try:
-        note = budget_note(p)
+        line = budget_note(p)
     except ProfileError:  # the data counted for the plan leaves nothing to train: refused before renting
         raise
     except Exception:  # noqa: BLE001 - planning is advice here; `up` reports its own errors
         return
-    if not note:
+    if not line:
         return
-    err_console().print(f"[red]✗ {esc(note)}[/]")
+    note("[red]✗[/] ", line, out=err_console())
     if interactive and not click.confirm("Start it anyway?", default=False, err=True):
         raise PlanError("not started: the plan is over the budget cap (raise budget.max_usd with "
                         "--set budget.max_usd=N, or shorten the run)")

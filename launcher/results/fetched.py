@@ -164,9 +164,31 @@ def _require_adapter(run, adapter: Path, fetched: bool) -> None:
     if run.active:
         raise BackendError(f"{run.id} has no adapter yet: it is {run.state}, and training writes the adapter "
                            f"when it ends; follow it with `launch logs {run.id} --follow`")
-    raise BackendError(f"{run.id} has no adapter: it ended {run.state} before training saved one (see `launch "
-                       f"logs {run.id}`); continue it with `launch up {run.profile} --resume {run.id}` or start a "
-                       f"new run with `launch up {run.profile}`")
+    kept = _kept_checkpoint(adapter.parent.parent)
+    why = (f"it ended {run.state} before training finished, and the adapter is written when training ends "
+           f"({kept} is kept)" if kept else f"it ended {run.state} before training saved a checkpoint "
+           f"(see `launch logs {run.id}`)")
+    raise BackendError(f"{run.id} has no adapter: {why}; continue it with `launch up {run.profile} --resume "
+                       f"{run.id}` or start a new run with `launch up {run.profile}`")
+
+
+def _kept_checkpoint(base: Path) -> Optional[str]:
+    """The newest complete checkpoint a run left (`base`: its run directory, or its fetched artifacts
+    with the checkpoint listing), as `checkpoint-N`; None when it saved none."""
+    from payload.volume import checkpoints as ck
+
+    newest = ck.latest_complete(ck.checkpoints_dir(base))
+    if newest is not None:
+        return newest.name
+    for listing in (base / layout.CHECKPOINT_LISTING, base / "checkpoints.json"):
+        try:
+            rows = json.loads(listing.read_text())
+        except (OSError, ValueError):
+            continue
+        steps = [r["step"] for r in rows if isinstance(r, dict) and r.get("complete") and isinstance(r.get("step"), int)]
+        if steps:
+            return f"checkpoint-{max(steps)}"
+    return None
 
 
 def _config_for(run) -> Path:

@@ -220,7 +220,7 @@ def _columns():
 
 def print_rows(rows: list[Stored], note: Optional[str], as_json: bool = False) -> None:
     from launcher.term.tables import print_table
-    from launcher.term.ui import console, literal, money
+    from launcher.term.ui import console, literal, money, note as note_line
 
     total = round(sum(r.usd_per_month or 0.0 for r in rows), 2)
     dicts = [r.to_dict() for r in rows]
@@ -229,7 +229,7 @@ def print_rows(rows: list[Stored], note: Optional[str], as_json: bool = False) -
                            json_value={"volumes": dicts, "note": note, "total_usd_per_month": total})
     c = console()
     if note:
-        c.print(literal("[yellow]![/] ", note), soft_wrap=True)
+        note_line("[yellow]![/] ", note, out=c)
     if not rows:
         c.print("[green]✓[/] no volumes or buckets: nothing bills between runs")
         return
