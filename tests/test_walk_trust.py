@@ -182,3 +182,99 @@ def test_volumes_and_rm_beside_a_local_run_whose_volume_is_a_path(tmp_path, monk
     r = launch(tmp_path, "volumes", "rm", "sonia-workspace", "--yes", env=env)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert r.stdout.startswith("✓ deleted volume sonia-workspace"), r.stdout
+
+
+# ------------------------------------------------------------------------------- 11: layout
+
+
+def test_piped_plan_has_no_trailing_spaces_and_its_notes_are_whole_lines(tmp_path):
+    """Piped `plan` padded every line with spaces to the width, and its `✗`/`!` notes wrapped at column 0
+    (a continuation line with no mark); at $0/h the cap read "= inf h"."""
+    r = launch(tmp_path, "plan", "local-demo", "--set", "budget.max_usd=0.0001")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [line for line in lines if line != line.rstrip()] == [], r.stdout
+    over = [line for line in lines if "over the budget cap" in line]
+    assert len(over) == 1 and over[0].startswith("✗ ") and over[0].endswith("shorten the run"), r.stdout
+    assert all(line.startswith((" ", "✗", "!", "✓")) for line in lines), r.stdout  # no note's tail at column 0
+    free = launch(tmp_path, "plan", "local-demo", "--set", "budget.price_per_hour=0")
+    assert "inf h" not in free.stdout and "never reached at $0/h" in " ".join(free.stdout.split()), free.stdout
+
+
+def test_a_note_on_a_terminal_wraps_under_its_text(tmp_path):
+    """On a terminal (80 columns) a long `✗` note is wrapped by launch with a hanging indent."""
+    import os
+    import pty
+
+    main, child = pty.openpty()
+    proc = subprocess.Popen([str(LAUNCH), "plan", "local-demo", "--set", "budget.max_usd=0.0001"], cwd=REPO,
+                            env=fresh_env(tmp_path), stdin=subprocess.DEVNULL, stdout=child, stderr=child)
+    os.close(child)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=120)
+    lines = out.decode().replace("\r\n", "\n").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("✗ planned"))
+    assert max(len(line) for line in lines) <= 80 and lines[at + 1].startswith("  at the cap"), lines[at:at + 3]
+
+
+def test_status_all_keeps_a_state_whole_and_says_when_there_are_no_runs(tmp_path, monkeypatch):
+    """`status --all` folded "budget_exha/usted" even at 100 columns, and with no runs printed a header alone."""
+    from test_walk_small import local_run
+
+    r = launch(tmp_path, "status", "--all")
+    assert r.returncode == 0 and r.stdout.startswith("no runs yet: start one with `launch up PROFILE`"), r.stdout
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "user-launch-home"))
+    rid = "local-demo-20261126-000000"
+    local_run(tmp_path, rid, "budget_exhausted", {"state": "budget_exhausted", "step": 30, "max_steps": 40,
+                                                  "cost_usd": 1.0, "exit_code": 3},
+              price_per_hour=0.1, budget_usd=1.0, started_at=1.0, ended_at=2.0)
+    for columns in ("80", "100"):
+        r = launch(tmp_path, "status", "--all", env={"COLUMNS": columns})
+        row = next(line for line in r.stdout.splitlines() if line.startswith(rid))
+        assert " budget_exhausted " in f"{row} ", (columns, r.stdout)
+
+
+def test_a_broken_profile_is_listed_and_its_error_said_whole(tmp_path):
+    """`launch profiles` folded a broken profile's error, a path, mid-word over 7 rows of a 16-wide column."""
+    from test_walk_edges import repo_copy
+
+    copy = repo_copy(tmp_path)
+    (copy / "clusters" / "broken.yaml").write_text("name: broken\ncluster:\n  accelerators: H100:1\n")
+    r = launch(tmp_path, "profiles", cwd=copy, env={"PYTHONPATH": str(copy)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert any(line.startswith("broken ") and "invalid (below)" in line for line in lines), r.stdout
+    error = [line for line in lines if line.startswith("✗ broken: ")]
+    assert len(error) == 1 and "clusters/broken.yaml" in error[0] and "launch validate broken" in error[0], r.stdout
+
+
+def test_a_missing_alpaca_file_is_shown_three_different_example_lines(tmp_path):
+    r = launch(tmp_path, "validate", "local-demo", "--set",
+               "data.sources=[{name: s, path: data/not-there.jsonl, format: alpaca}]")
+    examples = [line.strip() for line in (r.stdout + r.stderr).splitlines() if line.strip().startswith('{"instruction"')]
+    assert len(examples) == 3 and len(set(examples)) == 3, r.stdout + r.stderr
+
+
+def test_eval_of_a_run_stopped_with_a_checkpoint_names_it(tmp_path, monkeypatch):
+    """A run stopped with checkpoint-950 kept: eval said it "ended stopped before training saved one"."""
+    from test_walk_small import local_run
+
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "user-launch-home"))
+    rid = "local-demo-20261126-000000"
+    rd = local_run(tmp_path, rid, "stopped", {"state": "stopped", "step": 950, "exit_code": 5})
+    for step, complete in ((900, True), (950, True), (975, False)):
+        (rd / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+        if complete:
+            (rd / "checkpoints" / f"checkpoint-{step}" / "COMPLETE").write_text("{}")
+    r = launch(tmp_path, "eval", rid)
+    line = assert_one_line_error(r, f"{rid} has no adapter: it ended stopped before training finished",
+                                 "(checkpoint-950 is kept)", f"launch up local-demo --resume {rid}")
+    assert "saved one" not in line, line
