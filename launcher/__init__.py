@@ -30,7 +30,7 @@ FACES: dict[str, tuple[str, ...]] = {
     "errors": ("",),
     "term": ("ui", "tables", "units", "logtext"),
     "store": ("state", "registry", "artifacts"),
-    "profiles": ("profile", "checks", "render", "uploads", "preview", "scaffold"),
+    "profiles": ("profile", "checks", "data_count", "render", "uploads", "preview", "scaffold"),
     "catalog": ("",),
     "plan": ("estimate", "show", "compare", "storage", "budget_gate"),
     "backends": ("", "local", "final_save", "skypilot", "skypilot.control", "skypilot.sdk"),

@@ -5,6 +5,7 @@ This module stays light (click only) so `launch --help` is fast; each command im
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -18,9 +19,14 @@ from . import __version__
 class LaunchGroup(click.Group):
     """Every known user-facing error becomes one `✗` line and exit 1 (LAUNCH_DEBUG=1: traceback)."""
 
+    def make_context(self, *args, **kwargs):
+        with closed_pipe_ends_quietly():  # `launch --help | head -1`
+            return super().make_context(*args, **kwargs)
+
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with closed_pipe_ends_quietly():
+                return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except KeyboardInterrupt:  # Ctrl-C: what it stopped, and what goes on billing (not click's `Aborted!`)
@@ -73,6 +79,26 @@ class LaunchGroup(click.Group):
                     rows.append(("", "\b\n" + "\n".join(lines)))  # \b: click keeps these lines as they are
             with formatter.section(title):
                 formatter.write_dl(rows)
+
+
+@contextlib.contextmanager
+def closed_pipe_ends_quietly():
+    """Output to a reader that has gone (`launch plan | head -1`) ends the command quietly with status 0,
+    as a Unix tool stops when its reader stops (click's own handler exits 1: a `set -o pipefail`
+    script broke). stdout and stderr are pointed at /dev/null first, so nothing written or flushed
+    afterwards (rich, the interpreter's exit) meets the closed pipe again."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.EPIPE:
+            raise
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+                pass
+        raise SystemExit(0) from None
 
 
 def command_example(cmd) -> str:

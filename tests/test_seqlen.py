@@ -106,11 +106,10 @@ def test_data_preview_says_it_in_one_line(tmp_path):
 
 
 def test_without_the_tokenizer_the_count_is_an_estimate_that_warns_and_never_refuses():
-    from launcher.plan.data_count import count_local
-    from launcher.profiles.checks import load_checked
-    from launcher.profiles.profile import REPO_ROOT
+    from launcher.profiles.data_count import count_local
+    from launcher.profiles.profile import REPO_ROOT, read_profile, validate
 
-    p = load_checked("local-demo", overrides=("train.max_seq_length=8",))[0]
+    p = validate(read_profile("local-demo"), ("train.max_seq_length=8",))
     p = p.model_copy(update={"model": p.model.model_copy(update={"name_or_path": "nobody/not-cached", "tiny": None})})
     counted = count_local(p, REPO_ROOT)
     assert counted.refusal is None and counted.untrained == counted.records == 380
@@ -119,7 +118,8 @@ def test_without_the_tokenizer_the_count_is_an_estimate_that_warns_and_never_ref
 
 
 def test_up_refuses_before_renting_when_the_cached_tokenizer_says_no_prompt_fits(in_repo, tmp_path, monkeypatch):
-    # `launch up`'s budget gate plans the run before the machine is rented: its refusal goes through.
+    # `launch up`'s checks (every backend) and its budget gate plan the run before the machine is rented:
+    # the refusal goes through both (tests/test_walk_trust.py: the installed `launch`, every backend).
     import pytest
     from huggingface_hub import constants
     from test_preview import RECORDS, cache_tokenizer, qwen25_tokenizer
@@ -127,7 +127,7 @@ def test_up_refuses_before_renting_when_the_cached_tokenizer_says_no_prompt_fits
     from launcher.plan.budget_gate import confirm_over_budget
     from launcher.profiles.checks import load_checked
     from launcher import catalog
-    from launcher.profiles.profile import REPO_ROOT, ProfileError
+    from launcher.profiles.profile import REPO_ROOT, ProfileError, read_profile, validate
 
     def no_instance(p):  # SkyPilot's optimizer (a child process, seconds) is the edge: its price is the profile's
         raise catalog.PlanError("not in the snapshot")
@@ -138,8 +138,10 @@ def test_up_refuses_before_renting_when_the_cached_tokenizer_says_no_prompt_fits
     cache_tokenizer(cache, "Qwen/Qwen2.5-32B", qwen25_tokenizer())
     data = in_repo / "three.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
-    p = load_checked("lovecraft-a100-spot", overrides=(f"data.sources.0.path={data.relative_to(REPO_ROOT)}",
-                                                       "train.max_seq_length=8", "budget.price_per_hour=4"))[0]
+    sets = (f"data.sources.0.path={data.relative_to(REPO_ROOT)}", "train.max_seq_length=8", "budget.price_per_hour=4")
+    with pytest.raises(ProfileError, match="train.max_seq_length 8 leaves none of the 3 train records a token"):
+        load_checked("lovecraft-a100-spot", overrides=sets)
+    p = validate(read_profile("lovecraft-a100-spot"), sets)
     with pytest.raises(ProfileError, match="train.max_seq_length 8 leaves none of the 3 train records a token"):
         confirm_over_budget(p, "skypilot", interactive=False)
 

@@ -93,10 +93,11 @@ def test_a_large_file_is_read_as_a_sample_and_says_so(tmp_path, in_repo):
     assert r.returncode == 0, r.stdout + r.stderr
     assert (f"data: {d}/big.jsonl (" in r.stdout and "the first 2,000 records read like the run's data "
             f"step, 1 dropped (first: {d}/big.jsonl:10: invalid JSON") in " ".join(r.stdout.split()), r.stdout
-    # past the sample the whole file is read by `plan` (it counts tokens): 60 more bad lines are refused there
+    # past the sample the whole file is read as `plan` counts its tokens: 60 more bad lines are refused
+    # there, and so by `validate` and `up` (issue 37: `up` refuses what `plan` refuses)
     lines[2100:2160] = ["not json"] * 60
     (in_repo / "big.jsonl").write_text("\n".join(lines) + "\n")
-    assert launch(tmp_path, "validate", str(path)).returncode == 0
-    r = launch(tmp_path, "plan", str(path))
-    assert_one_line_error(r, "s0: 61 of 2600 records invalid", f"{d}/big.jsonl:10: invalid JSON",
-                          "the run's data step would refuse it")
+    for command, *more in (("plan",), ("validate",), ("up", "--dry-run")):
+        r = launch(tmp_path, command, str(path), *more)
+        assert_one_line_error(r, "s0: 61 of 2600 records invalid", f"{d}/big.jsonl:10: invalid JSON",
+                              "the run's data step would refuse it")

@@ -57,7 +57,7 @@ def test_eval_and_chat_of_a_run_without_an_adapter_say_the_fix_in_one_line(user_
     for args in (("eval", "local-demo-20261126-000000"), ("chat", "local-demo-20261126-000000", "--prompt", "hi")):
         r = launch(user_home, *args)
         line = assert_one_line_error(r, "local-demo-20261126-000000 has no adapter: it ended failed before training "
-                                        "saved one", "launch up local-demo --resume local-demo-20261126-000000")
+                                        "saved a checkpoint", "launch up local-demo --resume local-demo-20261126-000000")
         assert "--adapter" not in r.stdout + r.stderr and len((r.stdout + r.stderr).splitlines()) == 1, line
 
 

@@ -1,4 +1,7 @@
-"""`launch up`'s question before a cloud run whose plan is over its own budget cap (issue 24).
+"""`launch up`'s question before a run whose plan is over its own budget cap (issue 24), on every
+backend: an ssh machine bills by the hour as a cloud one does, and a local run's budget stop ends it at
+the cap at its notional price. (What `plan` refuses outright, `up` has refused before this, on every
+backend and with --dry-run: launcher/profiles/checks.py `resolve`.)
 
 The plan here is `launch plan`'s, made from the optimizer's answer that `launch up` already has for
 the price (`catalog.choice_apart`, a child process): SkyPilot is never imported for offline planning
@@ -8,25 +11,24 @@ from __future__ import annotations
 
 
 def confirm_over_budget(p, backend: str, interactive: bool) -> None:
-    """Before `launch up` starts a cloud run planned over its budget cap: say so in red and ask (a
-    script, with no terminal to ask on, gets the red line: the budget stop still ends the run at the cap)."""
-    if backend != "skypilot" or p.cluster.is_local:
-        return
+    """Before `launch up` starts a run planned over its budget cap (`backend`: any): say so in red and
+    ask (a script, with no terminal to ask on, gets the red line: the budget stop still ends the run at
+    the cap)."""
     import click
 
     from launcher.catalog import PlanError
     from launcher.profiles.profile import ProfileError
-    from launcher.term.ui import err_console, esc
+    from launcher.term.ui import err_console, note
 
     try:
-        note = budget_note(p)
+        line = budget_note(p)
     except ProfileError:  # the data counted for the plan leaves nothing to train: refused before renting
         raise
     except Exception:  # noqa: BLE001 - planning is advice here; `up` reports its own errors
         return
-    if not note:
+    if not line:
         return
-    err_console().print(f"[red]✗ {esc(note)}[/]")
+    note("[red]✗[/] ", line, out=err_console())
     if interactive and not click.confirm("Start it anyway?", default=False, err=True):
         raise PlanError("not started: the plan is over the budget cap (raise budget.max_usd with "
                         "--set budget.max_usd=N, or shorten the run)")
@@ -35,8 +37,10 @@ def confirm_over_budget(p, backend: str, interactive: bool) -> None:
 def budget_note(p):
     """The plan's over-budget line (None within the cap), as `launch plan PROFILE` prints it."""
     from launcher.catalog import PlanError, choice_apart, fallback_choice
-    from launcher.plan.estimate import make_plan, with_accelerator
+    from launcher.plan.estimate import _LocalChoice, make_plan, with_accelerator
 
+    if p.cluster.is_local:  # planned as `launch plan` plans it: this machine at the notional price
+        return make_plan(p, _LocalChoice(p)).budget_note
     try:
         choice = choice_apart(p)
     except PlanError:

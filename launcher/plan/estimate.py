@@ -112,7 +112,7 @@ def estimate_data(p: Profile) -> DataEstimate:
     records, nbytes = 0, 0.0
     paths = [_local_path(s.path) if s.path else None for s in p.data.sources]
     if all(paths):
-        from launcher.plan.data_count import estimate_from_files
+        from launcher.profiles.data_count import estimate_from_files
 
         counted = estimate_from_files(p, REPO_ROOT)
         if counted is not None and counted.records:

@@ -8,7 +8,7 @@ Phase figures and where they come from (assumptions are called so; measured ones
   machine: FIELD-NOTES)
 - model download: model size at 108 MB/s (runbook 000: 65 GB in ~10 min over RunPod's network)
 - data: 1 min for hub downloads + records at 62,400/s (README, measured: data stage); local records and
-  tokens counted by the payload's own pipeline (plan/data_count.py)
+  tokens counted by the payload's own pipeline (profiles/data_count.py)
 - training: tokens / (effective tokens/s/GPU x GPUs): a low-mid-high range from plan/speed.py (the user's
   own runs first, calibration.py), network between nodes included (throughput.py); plan/cost.py
   adds the range, eval by generation, spot notes, the budget check and what packing would save

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from launcher.term.tables import Column
-from launcher.term.ui import cell, console, esc, hints
+from launcher.term.ui import cell, console, esc, hints, note
 from launcher.term.units import hours, money
 
 def print_plan(p, plan) -> None:
@@ -51,7 +51,9 @@ def print_plan(p, plan) -> None:
     ru = (plan.ranges or {}).get("usd")
     span = f" (range {money(ru['low'])}-{money(ru['high'])})" if ru else ""
     cap = f"[red]budget cap {money(plan.budget_usd)}[/]" if plan.budget_note else f"budget cap {money(plan.budget_usd)}"
-    t.add_row("Cost", f"~{money(plan.total_usd)}{span}  ({cap} = {plan.budget_hours:.1f} h at this price)")
+    # at $0/h no number of hours reaches the cap: said in words, never "= inf h"
+    reach = f"= {plan.budget_hours:.1f} h at this price" if plan.price_per_hour else "never reached at $0/h"
+    t.add_row("Cost", f"~{money(plan.total_usd)}{span}  ({cap} {reach})")
     if plan.packing:
         t.add_row("Packing", cell(plan.packing))
     if plan.alternative:
@@ -77,13 +79,13 @@ def print_plan(p, plan) -> None:
         t.add_row("Secrets", "none needed")
     console().print(t)
     if plan.budget_note:
-        console().print(f"[red]✗ {esc(plan.budget_note)}[/]")
+        note("[red]✗[/] ", plan.budget_note)
     if plan.spot_note:
-        console().print(f"[yellow]![/] {esc(plan.spot_note)}")
+        note("[yellow]![/] ", plan.spot_note)
     if plan.save_note:
-        console().print(f"[yellow]![/] {esc(plan.save_note)}")
+        note("[yellow]![/] ", plan.save_note)
     for line in plan_warnings(plan):
-        console().print(f"[yellow]![/] {line}", soft_wrap=True)
+        note("[yellow]![/] ", line)
     hints(f"launch up {p.name}")
 
 
@@ -151,13 +153,17 @@ def print_profiles(as_json: bool) -> None:
     from launcher.term.tables import print_table
 
     print_table(rows, PROFILE_COLUMNS, as_json, console=console())
+    for r in rows if not as_json else ():  # the error is a sentence with a path: whole, on a line of its own
+        if r["error"]:
+            note("[red]✗[/] ", f"{r['profile']}: {r['error']} (`launch validate {r['profile']}` "
+                 "says every problem)")
 
 
 def _gpus(r: dict):
     if r["error"]:
         from rich.text import Text
 
-        return Text(f"invalid: {r['error']}", style="red")
+        return Text("invalid (below)", style="red")
     return (f"{r['nodes']}x " if r["nodes"] > 1 else "") + r["accelerators"] + (" spot" if r["spot"] else "")
 
 

@@ -68,7 +68,9 @@ SECRET_SHAPES: tuple[tuple[str, re.Pattern, Optional[str]], ...] = tuple(
         ("a Hugging Face organization token (api_org_...)", r"(?<![A-Za-z0-9])api_org_[A-Za-z0-9]{20,}", "HF_TOKEN"),
         ("a GitHub token (ghp_/gho_/ghu_/ghs_/ghr_...)", r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{30,}", None),
         ("a GitHub token (github_pat_...)", r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{30,}", None),
-        ("a W&B API key (40 hex digits)", r"^(?:local-)?[0-9a-f]{40}$", "WANDB_API_KEY"),
+        # either case, anywhere in the value (`key=<40 hex>`), but not a run of 40 inside a longer one (sha256)
+        ("a W&B API key (40 hex digits)", r"(?<![A-Za-z0-9])(?:local-)?[0-9a-fA-F]{40}(?![A-Za-z0-9])",
+         "WANDB_API_KEY"),
         ("a RunPod API key (rpa_...)", r"(?<![A-Za-z0-9])rpa_[A-Za-z0-9]{20,}", None),
         ("an AWS access key id (AKIA/ASIA...)", r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])", None),
         ("an OpenAI/Anthropic API key (sk-...)", r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{20,}", None),

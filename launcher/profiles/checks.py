@@ -33,12 +33,14 @@ def outside_problem(rel: str, what: str = "file") -> Optional[str]:
     """Why a local path a profile names (a data file, an image root, a reward file) cannot be used,
     by the boundary rule (launcher/profiles/boundary.py `inside`: inside the repo by every route, links
     included), else None. The same rule on every backend, local included (launcher/profiles/boundary.py
-    says why): a run reads its files from the repo's copy, by their path from the repo root."""
-    p = PurePosixPath(rel)
+    says why): a run reads its files from the repo's copy, by their path from the repo root. `~` is
+    expanded first, as the boundary rule expands it: `~/x.jsonl` is a path in the user's home."""
+    p = PurePosixPath(os.path.expanduser(rel))
     if p.is_absolute():
         inner = repo_relative(rel)
         if inner is not None:
-            return (f"{rel} is an absolute path: a run reads its {what} by its path from the repo root, on "
+            kind = "an absolute path" if PurePosixPath(rel).is_absolute() else "a path from your home directory"
+            return (f"{rel} is {kind}: a run reads its {what} by its path from the repo root, on "
                     f"every backend; write it as {inner}")
         hub = ", or use a Hub dataset (`hf_dataset:` instead of `path:`)" if what == "file" else ""
         return (f"{rel} is outside the repo, and a run (on every backend, local included) gets only the "
@@ -187,7 +189,19 @@ def resolve(source, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
         record_problems, present = record_report(file, profile, overrides)
         if record_problems:
             raise ProfileError(record_problems)
+        count_refusal(profile)
     return ResolvedProfile(file, tuple(overrides), profile, present, data_problems)
+
+
+def count_refusal(p: Profile) -> None:
+    """The local data counted in full, as `launch plan` counts it (launcher/profiles/data_count.py): what
+    it refuses (no record keeps a token to train at train.max_seq_length, a record the data step refuses
+    past the sample read above) is refused here, so no backend starts what `plan` refuses. Hub datasets
+    are counted on the machine."""
+    if p.data.sources and all(s.path and (REPO_ROOT / s.path).is_file() for s in p.data.sources):
+        from launcher.profiles.data_count import estimate_from_files
+
+        estimate_from_files(p, REPO_ROOT)
 
 
 def check_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str], list[str]]:

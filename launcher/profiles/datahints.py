@@ -26,7 +26,10 @@ def examples(fmt: str, images: bool) -> list[str]:
         return [_VL_CHAT % qa if images else _CHAT % qa[:2] for qa in _QA]
     if fmt == "alpaca":
         return ['{"instruction": "Write in the style of H.P. Lovecraft.", "input": "A harbour at night.", '
-                '"output": "The fog crept in from the sea."}'] * 3
+                '"output": "The fog crept in from the sea."}',
+                '{"instruction": "Summarize the text.", "input": "The meeting moved to Friday.", '
+                '"output": "Meeting on Friday."}',
+                '{"instruction": "Name a prime number.", "output": "7"}']
     if fmt == "prompt_response":
         return ["prompt,question,response", 'You are concise.,What is 2+2?,4', ',Name a prime.,7']
     if fmt == "image_text":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from launcher.term.ui import console, err_console, literal
+from launcher.term.ui import console, err_console, literal, note
 
 
 @click.group()
@@ -62,17 +62,16 @@ def preview(ctx, profile, sets, n):
             ctx.exit(1)
     skipped = pv.hub_sources(cfg)
     if skipped and len(skipped) < len(cfg.data.sources):
-        console().print(literal("[yellow]![/] ", f"not shown: {', '.join(skipped)}, Hugging Face dataset(s) the "
-                                "preview does not download; the run reads them on the machine"), soft_wrap=True)
+        note("[yellow]![/] ", f"not shown: {', '.join(skipped)}, Hugging Face dataset(s) the preview does not "
+             "download; the run reads them on the machine")
     if tokenizer is None and cfg.data.max_tokens:
-        console().print(literal("[yellow]![/] ", f"data.max_tokens {cfg.data.max_tokens} not applied here: the "
-                                "length filter needs the tokenizer"), soft_wrap=True)
+        note("[yellow]![/] ", f"data.max_tokens {cfg.data.max_tokens} not applied here: the length filter "
+             "needs the tokenizer")
     if tokenizer is None:
-        console().print(literal("[yellow]![/] ", f"shown by role: the token view (chat template text, token counts) "
-                                f"needs the tokenizer of {cfg.model.name_or_path} in the Hugging Face cache, read "
-                                f"offline ({why}); it is downloaded with the model on the first run, or now with "
-                                f"`hf download {cfg.model.name_or_path} --include 'tokenizer*' '*.json'`"),
-                        soft_wrap=True)
+        note("[yellow]![/] ", f"shown by role: the token view (chat template text, token counts) needs the "
+             f"tokenizer of {cfg.model.name_or_path} in the Hugging Face cache, read offline ({why}); it is "
+             f"downloaded with the model on the first run, or now with "
+             f"`hf download {cfg.model.name_or_path} --include 'tokenizer*' '*.json'`")
 
 
 def _untrained(cfg, records: list[dict], tokenizer, template):
@@ -87,9 +86,9 @@ def _untrained(cfg, records: list[dict], tokenizer, template):
     if prompts is None:  # records with images: their visual tokens are the processor's
         return None
     how = f"tokenized with the model's chat template; the first {SAMPLE_RECORDS:,} records of each source read"
-    _n, note, refusal = pv.untrained_lines(prompts, len(records), cfg, how, exact=True)
-    if note and not refusal:
-        console().print(literal("[yellow]![/] ", note), soft_wrap=True)
+    _n, line, refusal = pv.untrained_lines(prompts, len(records), cfg, how, exact=True)
+    if line and not refusal:
+        note("[yellow]![/] ", line)
     return refusal
 
 
@@ -104,8 +103,8 @@ def _show(cfg, records: list[dict], tokenizer, template) -> None:
 
         datasets.disable_progress_bars()  # token_view builds the trainer's rows with `datasets`
     if not records:
-        out.print(literal("[yellow]![/] ", "no training examples: every record went to val/test or was dropped "
-                          "(see data.sources[].split)"))
+        note("[yellow]![/] ", "no training examples: every record went to val/test or was dropped "
+             "(see data.sources[].split)", out=out)
     for i, rec in enumerate(records, 1):
         head = f"── example {i} of {len(records)} (source {rec.get('source', '?')})"
         if tokenizer is not None:

@@ -260,7 +260,7 @@ def compare(run_ids, dest, plot_to, as_json):
 
     from launcher.store import registry
     from launcher.term.tables import Column, print_table
-    from launcher.term.ui import cell, console, literal
+    from launcher.term.ui import cell, console, literal, note
 
     if len(set(run_ids)) < 2:
         raise click.BadParameter("name at least two different runs", param_hint="RUN")
@@ -279,5 +279,5 @@ def compare(run_ids, dest, plot_to, as_json):
             console().print(literal("  ", f"{r['id']}: from {r['source']}"), soft_wrap=True)
         for r in rows:
             if r["fetch_note"]:
-                console().print(literal("[yellow]![/] ", r["fetch_note"]), soft_wrap=True)
+                note("[yellow]![/] ", r["fetch_note"])
         console().print(literal("  ", f"plot: {png}" if png else "plot: no losses logged yet"), soft_wrap=True)

@@ -153,7 +153,7 @@ def local_config(run, dest: Path):
 
 def _require_adapter(run, adapter: Path, fetched: bool) -> None:
     """One line naming the real fix when `adapter` is not there: fetch it, or (a run that ended
-    before training saved one) resume or restart the run."""
+    before training finished: the adapter is written at its end) resume it or start a new one."""
     from launcher.errors import BackendError
 
     if adapter.is_dir() and any(adapter.iterdir()):
@@ -164,9 +164,30 @@ def _require_adapter(run, adapter: Path, fetched: bool) -> None:
     if run.active:
         raise BackendError(f"{run.id} has no adapter yet: it is {run.state}, and training writes the adapter "
                            f"when it ends; follow it with `launch logs {run.id} --follow`")
-    raise BackendError(f"{run.id} has no adapter: it ended {run.state} before training saved one (see `launch "
-                       f"logs {run.id}`); continue it with `launch up {run.profile} --resume {run.id}` or start a "
-                       f"new run with `launch up {run.profile}`")
+    kept = _kept_checkpoint(adapter)
+    why = (f"it ended {run.state} before training finished, and the adapter is written when training ends "
+           f"({kept} is kept)" if kept else f"it ended {run.state} before training saved a checkpoint "
+           f"(see `launch logs {run.id}`)")
+    raise BackendError(f"{run.id} has no adapter: {why}; continue it with `launch up {run.profile} --resume "
+                       f"{run.id}` or start a new run with `launch up {run.profile}`")
+
+
+def _kept_checkpoint(adapter: Path) -> Optional[str]:
+    """The newest complete checkpoint a run left, as `checkpoint-N` (None when it saved none): in its run
+    directory (`adapter` is <run dir>/outputs/adapter), else in the checkpoint listing beside the adapter
+    (<run dir>/outputs/checkpoints.json, or the fetched artifacts' checkpoints.json)."""
+    from payload.volume import checkpoints as ck
+
+    newest = ck.latest_complete(ck.checkpoints_dir(adapter.parent.parent))
+    if newest is not None:
+        return newest.name
+    try:
+        rows = json.loads((adapter.parent / "checkpoints.json").read_text())
+    except (OSError, ValueError):
+        return None
+    steps = [r["step"] for r in rows if isinstance(r, dict) and r.get("complete") and isinstance(r.get("step"), int)] \
+        if isinstance(rows, list) else []
+    return f"checkpoint-{max(steps)}" if steps else None
 
 
 def _config_for(run) -> Path:

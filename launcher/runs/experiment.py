@@ -190,14 +190,14 @@ def print_differences(row: dict) -> None:
     """Under `launch status RUN`'s table: the payload's budget warning, the attention kernel it loaded
     and why, the records its trainer dropped, then one line per way the run differs from its profile
     (`--set` overrides, `--env` additions), what produced it, its history."""
-    from launcher.term.ui import console, literal
+    from launcher.term.ui import console, literal, note
 
     if row.get("budget_warning"):
-        console().print(literal("[yellow]![/] ", row["budget_warning"]), soft_wrap=True)
+        note("[yellow]![/] ", row["budget_warning"])
     if row.get("attention"):
         console().print(literal("  ", "attention: " + row["attention"]), soft_wrap=True)
     if row.get("dropped_reason"):
-        console().print(literal("[yellow]![/] ", dropped_line(row)), soft_wrap=True)
+        note("[yellow]![/] ", dropped_line(row))
     if row.get("overrides"):
         console().print(literal("  ", "differs from profile: " + ", ".join(row["overrides"])), soft_wrap=True)
     if row.get("envs"):

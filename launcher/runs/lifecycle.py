@@ -109,13 +109,18 @@ def status(run_id, all_, as_json):
         if run.active and run.budget_usd and spent >= run.budget_usd and _stop_for_budget(run, spent):
             row = status_row(registry.get(run.id))
         rows.append(row)
+    if not runs and not as_json:  # `--all` of an empty registry: a header alone says nothing
+        from launcher.term.ui import console
+
+        console().print("no runs yet: start one with `launch up PROFILE` (`launch profiles` lists them)")
+        return
     print_status(rows, as_json, json_value=rows if all_ else rows[0])
     if not as_json and all_:  # one line per run whose trainer dropped records (`status RUN` says the rest)
         from launcher.runs.experiment import dropped_line
-        from launcher.term.ui import console, literal
+        from launcher.term.ui import note
 
         for row in (r for r in rows if r.get("dropped_reason")):
-            console().print(literal("[yellow]![/] ", f"{row['id']}: {dropped_line(row)}"), soft_wrap=True)
+            note("[yellow]![/] ", f"{row['id']}: {dropped_line(row)}")
     if not as_json and not all_:
         from launcher.runs.experiment import print_differences
 
@@ -142,7 +147,7 @@ def _stop_for_budget(run, spent: float) -> bool:
     from launcher.backends import final_save
     from launcher.runs.teardown import ask_final_checkpoint
     from launcher.store import registry
-    from launcher.term.ui import duration, err_console, literal, money
+    from launcher.term.ui import duration, err_console, money, note
 
     be, st = backend_for(run), getattr(run, "_remote", None)
     extra = st.extra if st else {}
@@ -152,13 +157,13 @@ def _stop_for_budget(run, spent: float) -> bool:
     saved = None
     if trainer == "training":
         wait = BUDGET_SAVE_TIMEOUT_S
-        err_console().print(literal("[yellow]![/] ", f"{said}: asking for a final checkpoint before tearing down "
-                                    f"(waiting at most {duration(wait)}, {money(wait * run.price_per_hour / 3600)} "
-                                    f"at {money(run.price_per_hour)}/h)"), soft_wrap=True)
+        note("[yellow]![/] ", f"{said}: asking for a final checkpoint before tearing down "
+             f"(waiting at most {duration(wait)}, {money(wait * run.price_per_hour / 3600)} "
+             f"at {money(run.price_per_hour)}/h)", out=err_console())
         saved = ask_final_checkpoint(be, run, wait, out=err_console(), by=BUDGET_STOPPER)
     elif trainer is None:
-        err_console().print(literal("[yellow]![/] ", f"{said}: no final checkpoint was asked for (no status.json "
-                                    "from the run: still setting up, or not readable from here)"), soft_wrap=True)
+        note("[yellow]![/] ", f"{said}: no final checkpoint was asked for (no status.json "
+             "from the run: still setting up, or not readable from here)", out=err_console())
     if saved is not None and saved.saved:
         checkpoint = saved.checkpoint
     elif saved is not None:
@@ -178,8 +183,8 @@ def _stop_for_budget(run, spent: float) -> bool:
     registry.accrue(run.id, False)
     kept = f"; it keeps {left}" if left else f" (checkpoint {checkpoint} kept)" if checkpoint else " (no checkpoint)"
     registry.update(run.id, state="budget_exhausted", ended_at=time.time(), reason=f"{said}; torn down{kept}")
-    err_console().print(literal("[red]✗[/] ", f"{said}; torn down{kept}: continue with `launch up {run.profile} "
-                                f"--resume {run.id} --set budget.max_usd=...`"), soft_wrap=True)
+    note("[red]✗[/] ", f"{said}; torn down{kept}: continue with `launch up {run.profile} "
+         f"--resume {run.id} --set budget.max_usd=...`", out=err_console())
     return True
 
 

@@ -87,13 +87,20 @@ def _from_skypilot(sky, declared: dict) -> list[Stored]:
     return rows
 
 
+def _stored(run, kind: str) -> Optional[dict]:
+    """The SkyPilot volume or bucket a run used (`handle[kind]`, a dict with its name), else None: a
+    local or ssh run's `handle["volume"]` is the path of its directory there, no storage of SkyPilot's."""
+    h = (run.handle or {}).get(kind)
+    return h if isinstance(h, dict) and h.get("name") else None
+
+
 def _from_registry(runs) -> list[Stored]:
     """What launch's runs used, when SkyPilot cannot be asked (unverified: may already be deleted)."""
     seen: dict[str, Stored] = {}
     for run in runs:
         for kind in ("volume", "bucket"):
-            h = (run.handle or {}).get(kind)
-            if isinstance(h, dict) and h.get("name") and h["name"] not in seen:
+            h = _stored(run, kind)
+            if h is not None and h["name"] not in seen:
                 typ = h.get("type") or h.get("store") or "?"
                 seen[h["name"]] = Stored(h["name"], kind, typ, h.get("zone") or typ, None, True, None, None)
     return list(seen.values())
@@ -101,7 +108,7 @@ def _from_registry(runs) -> list[Stored]:
 
 def _join_runs(rows: list[Stored], runs) -> None:
     for row in rows:
-        used = [r for r in runs if ((r.handle or {}).get(row.kind) or {}).get("name") == row.name]
+        used = [r for r in runs if (_stored(r, row.kind) or {}).get("name") == row.name]
         if used:  # registry order: newest first
             row.last_run, row.last_run_state = used[0].id, used[0].state
             row.active_runs = [r.id for r in used if r.active]
@@ -213,7 +220,7 @@ def _columns():
 
 def print_rows(rows: list[Stored], note: Optional[str], as_json: bool = False) -> None:
     from launcher.term.tables import print_table
-    from launcher.term.ui import console, literal, money
+    from launcher.term.ui import console, literal, money, note as note_line
 
     total = round(sum(r.usd_per_month or 0.0 for r in rows), 2)
     dicts = [r.to_dict() for r in rows]
@@ -222,7 +229,7 @@ def print_rows(rows: list[Stored], note: Optional[str], as_json: bool = False) -
                            json_value={"volumes": dicts, "note": note, "total_usd_per_month": total})
     c = console()
     if note:
-        c.print(literal("[yellow]![/] ", note), soft_wrap=True)
+        note_line("[yellow]![/] ", note, out=c)
     if not rows:
         c.print("[green]✓[/] no volumes or buckets: nothing bills between runs")
         return
@@ -299,8 +306,8 @@ def still_billing_lines(run, checkpoint: Optional[str] = None) -> list[str]:
     except Exception:  # noqa: BLE001 - the profile may be gone: report without sizes
         pass
     for kind in ("volume", "bucket"):
-        item = h.get(kind)
-        if not isinstance(item, dict) or not item.get("name"):
+        item = _stored(run, kind)
+        if item is None:
             continue
         name, s = item["name"], sizes.get(item["name"])
         typ = item.get("type") or item.get("store") or (s.type if s else "?")

@@ -145,7 +145,7 @@ def _open(path) -> sqlite3.Connection:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     os.close(fd)
     for p in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
-        tighten(p, 0o600)
+        tighten(p)
     con = sqlite3.connect(path, timeout=30, isolation_level=None)
     try:
         con.execute("PRAGMA busy_timeout=30000")

@@ -1,10 +1,12 @@
 """Where `launch` keeps its own state: `$LAUNCH_HOME`, default `~/.launch` (runs.db, rendered/,
 sky-offline/). The run history names hosts, clusters and paths, so the directory is private (0700)
-and the files `launch` writes there are 0600; an older, looser directory is tightened on first use."""
+and the files `launch` writes there are 0600; an older, looser directory is tightened on first use (group
+and other lose their access; the owner's bits are left as the owner set them)."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from launcher.errors import StateError
@@ -22,7 +24,7 @@ def private_dir(path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as e:
         raise unusable(path, e) from None
-    tighten(path, 0o700)
+    tighten(path)
     return path
 
 
@@ -33,12 +35,14 @@ def unusable(path: Path, e: OSError) -> StateError:
                       "(launch keeps its state there, default ~/.launch)")
 
 
-def tighten(path: Path, mode: int) -> None:
-    """chmod `path` to `mode` when it is ours and grants group/other anything."""
+def tighten(path: Path) -> None:
+    """Take group's and other's access away from `path` when it is ours and grants them anything; the
+    owner's bits stay as they are (a LAUNCH_HOME made read-only, 0555, becomes 0500, never writable:
+    privacy is the only reason launch changes a mode it did not create)."""
     try:
         st = os.stat(path)
         if st.st_mode & 0o077 and st.st_uid == os.getuid():
-            os.chmod(path, mode)
+            os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
     except OSError:
         pass
 

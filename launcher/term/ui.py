@@ -3,22 +3,44 @@
 from __future__ import annotations
 
 import functools
+import re
 
 from launcher.term.units import duration, hours, money  # noqa: F401  (also used by callers through ui)
 
 
 @functools.lru_cache(maxsize=1)
 def console():
-    from rich.console import Console
-
-    return Console(highlight=False)
+    return _console_class()(highlight=False)
 
 
 @functools.lru_cache(maxsize=1)
 def err_console():
+    return _console_class()(stderr=True, highlight=False)
+
+
+_TRAILING_SPACES = re.compile(r" +(?=\n)")
+
+
+@functools.lru_cache(maxsize=1)
+def _console_class():
+    """rich's Console, except for a reader that has gone: rich exits 1 there (`on_broken_pipe`); the
+    BrokenPipeError goes on to launcher/cli.py `closed_pipe_ends_quietly`, the one rule for every
+    command's output (status 0, as a Unix tool stops when its reader stops); and no trailing spaces."""
+    import errno
+
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    class _Console(Console):
+        def _render_buffer(self, buffer) -> str:
+            """No line ends in the spaces rich pads a table's last column with to its width (invisible on
+            a terminal, not in a file or a pipe; removing them changes nothing seen)."""
+            return _TRAILING_SPACES.sub("", super()._render_buffer(buffer))
+
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader of launch's output has gone")
+
+    return _Console
 
 
 def printable(value) -> str:
@@ -53,6 +75,26 @@ def literal(markup: str, *texts):
     return out
 
 
+def note(mark: str, *texts, out=None) -> None:
+    """A `!`, `✓` or `✗` line that is no error (`mark`: our markup, e.g. "[yellow]![/] "; `texts`: printed
+    literally, as by `literal`) on `out` (default: the console). On a terminal it is wrapped at the
+    terminal's width under its text (a hanging indent); piped it is one line, whatever its length (a
+    script greps it whole), as the one-line `✗` errors are."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out = out or console()
+    if not out.is_terminal:
+        out.print(literal(mark, *texts), soft_wrap=True)
+        return
+    head = Text.from_markup(mark)
+    grid = Table.grid()
+    grid.add_column(no_wrap=True, width=head.cell_len)
+    grid.add_column()
+    grid.add_row(head, literal("", *texts))
+    out.print(grid)
+
+
 def cell(value):
     """A table cell holding user or remote text (rich would read a plain `str` cell as markup)."""
     from rich.text import Text
@@ -77,7 +119,7 @@ def _columns():
         Column("run", "id", must_copy=True),
         Column("profile", "profile", must_copy=True, priority=6),  # the run id starts with it
         Column("backend", "backend", priority=7),
-        Column("state", _state),
+        Column("state", _state, must_copy=True),  # one word of the state vocabulary: never folded
         Column("step", _step, priority=1, justify="right"),
         Column("loss", lambda r: f"{r['loss']:.4g}" if isinstance(r.get("loss"), (int, float)) else "-",
                priority=2, justify="right"),  # as `launch compare` and `launch down` round it

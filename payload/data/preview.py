@@ -10,7 +10,7 @@
   `data_utils._tokenize` with `return_assistant_tokens_mask`, then truncation at max_seq_length.
 
 `prompt_lengths` / `untrained_lines` count the records whose prompt fills train.max_seq_length (TRL
-drops them: no trained token left) for the preview and `launch plan` (launcher/plan/data_count.py).
+drops them: no trained token left) for the preview and `launch plan` (launcher/profiles/data_count.py).
 
 For vision-language rows the token view runs the tokenizer's template, where each image is one
 `<|image_pad|>` placeholder; the processor widens it to the image's patch count when training.

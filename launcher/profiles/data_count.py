@@ -174,9 +174,29 @@ def _tokenizer(model: str):
     return None, f"~{CHARS_PER_TOKEN:g} characters/token (estimate; the model's tokenizer is not cached here)"
 
 
+_COUNTED: dict = {}  # (profile, base dir, its files' sizes and mtimes) -> Counted: counted once per command
+
+
 def estimate_from_files(p, base_dir: Path) -> Optional[Counted]:
     """count_local, or None when a file cannot be read here (the plan falls back to file sizes).
-    Data the run's data stage refuses (past the sample `validate` reads) is refused: one line."""
+    Data the run's data stage refuses (past the sample `validate` reads) is refused: one line. The
+    same refusal for `plan` and for every check before `up` (launcher/profiles/checks.py `resolve`),
+    counted once in a process that asks twice (`up`'s checks, then its plan)."""
+    key = (p.model_dump_json(), str(base_dir), tuple(_stamp(base_dir, s.path) for s in p.data.sources))
+    if key not in _COUNTED:
+        _COUNTED[key] = _estimate_from_files(p, base_dir)
+    return _COUNTED[key]
+
+
+def _stamp(base_dir: Path, rel: Optional[str]) -> tuple:
+    try:
+        st = (base_dir / rel).stat() if rel else None
+    except OSError:
+        return (rel,)
+    return (rel, st.st_size, st.st_mtime_ns) if st else (rel,)
+
+
+def _estimate_from_files(p, base_dir: Path) -> Optional[Counted]:
     from payload.errors import PayloadError
 
     from launcher.profiles.profile import ProfileError
