@@ -389,6 +389,10 @@ def test_merge_keeps_the_runs_own_reason_for_ending():
     st = sp.merge_status("running", None, {"state": "training", "step": 5}, "starting")
     assert st.state == "running" and st.extra["payload_state"] == "training"
     assert sp.merge_status(None, "gone", {"state": "completed"}, "running").state == "completed"
+    # `launch down`'s final save ends the trainer with exit 5, which SkyPilot calls FAILED.
+    st = sp.merge_status("failed", "job FAILED: see `launch logs`",
+                         {"state": "stopped", "reason": "stopped by launch down", "step": 752}, "running")
+    assert (st.state, st.reason, st.step) == ("stopped", "stopped by launch down", 752)
 
 
 def answers(*values):

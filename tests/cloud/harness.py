@@ -66,6 +66,7 @@ class EmulatedCloud:
         self.launch_home = self.scratch / "launch-home"
         self.url = ""
         self._proc: subprocess.Popen | None = None
+        self.timings: list[tuple[str, float, int]] = []  # (command, seconds, exit code), for the report
 
     # --- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> "EmulatedCloud":
@@ -156,8 +157,12 @@ class EmulatedCloud:
     def run(self, *cmd: str, env: dict | None = None, timeout: float = 600,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
         """A command of the user's, inside the cloud's network namespace."""
-        return subprocess.run(["ip", "netns", "exec", self.ns, *cmd], cwd=cwd or REPO, env=self.env(env),
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        start = time.monotonic()
+        r = subprocess.run(["ip", "netns", "exec", self.ns, *cmd], cwd=cwd or REPO, env=self.env(env),
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        name = " ".join([Path(cmd[0]).name, *[a for a in cmd[1:3] if not a.startswith("-")]])
+        self.timings.append((name, time.monotonic() - start, r.returncode))
+        return r
 
     def launch(self, *args: str, **kw) -> subprocess.CompletedProcess:
         return self.run(str(LAUNCH), *args, **kw)

@@ -485,7 +485,10 @@ def merge_status(state: Optional[str], reason: Optional[str], reported: Optional
             state = said
         else:
             state = previous if previous not in ACTIVE_STATES else "stopped"
-    elif state in ("completed", "failed", "stopped") and said in ("completed", "failed", "budget_exhausted"):
-        state = said  # the run knows why it ended (budget, its own failure reason)
+    elif state in ("completed", "failed", "stopped") and said in ("completed", "failed", "budget_exhausted", "stopped"):
+        # The run knows why it ended (budget, its own failure reason, a stop it was asked for). A stop
+        # `launch down` asked for ends the job with the payload's exit 5, which SkyPilot records as
+        # FAILED (any non-zero exit): the run's own `stopped` is the truth (seen on the emulated RunPod).
+        state = said
     reason = rs.get("reason") if state == said and rs.get("reason") else reason
     return RemoteStatus.from_report(state, rs, reason)

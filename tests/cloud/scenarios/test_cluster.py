@@ -21,6 +21,12 @@ def _run_id(out: str) -> str:
     return m.group(1)
 
 
+def cluster_of(run: str) -> str:
+    from launcher.backends.skypilot import cluster_name
+
+    return cluster_name(run)
+
+
 def wait_for(pred, timeout: float, every: float = 5.0, what: str = ""):
     deadline = time.monotonic() + timeout
     last = None
@@ -48,6 +54,13 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report):
     pods = cloud.api("GET", "/admin/state")["pods"]
     assert [(p["podType"], p["costPerHr"]) for p in pods] == [("RESERVED", PRICE)], pods
 
+    # The `sky` CLI of the project's install, on the same API server and cloud.
+    sky_status = cloud.sky("status", timeout=300)
+    assert sky_status.returncode == 0 and cluster_of(run) in sky_status.stdout, sky_status.stdout + sky_status.stderr
+    dry = cloud.sky("launch", "-y", "--dryrun", "--secret", "HF_TOKEN", "sky/sonia-h100.yaml",
+                    env={"HF_TOKEN": "hf_emulated"}, timeout=300)
+    assert dry.returncode == 0 and "2x_H100-SXM_SECURE" in dry.stdout, dry.stdout + dry.stderr
+
     st = wait_for(lambda: (s := status(cloud, run)).get("step") and s["step"] >= 12 and s, 600, what="step 12")
     assert st["state"] == "running", st
     assert st.get("loss") is not None, st
@@ -73,4 +86,5 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report):
     rm = cloud.launch("volumes", "rm", "sonia-workspace", "--yes", timeout=300)
     assert rm.returncode == 0, rm.stdout + rm.stderr
     assert not cloud.api("GET", "/admin/state").get("volumes"), "the volume is still on the cloud"
+    print("\n".join(f"  {c:<40} {t:6.1f} s  exit {rc}" for c, t, rc in cloud.timings))
     report(state=after["state"], usd=usd, ledger_usd=state.get("billed_usd"), steps=after.get("step"))
