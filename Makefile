@@ -61,7 +61,7 @@ test: install
 # pods that are namespaces of this machine. Needs root; bakes its pod image once per lock (package index).
 cloud-test: install
 	@test "$$(id -u)" = 0 || { echo "make cloud-test needs root (network and mount namespaces)"; exit 1; }
-	$(BIN)/python -m pytest -p no:cacheprovider -n 0 -rA tests/cloud/scenarios
+	$(BIN)/python -m pytest -p no:cacheprovider -n 0 -rA --basetemp=/var/tmp/launch-cloud-test tests/cloud/scenarios
 
 demo: install
 	bash scripts/demo.sh

@@ -27,7 +27,7 @@ def cluster_of(run: str) -> str:
     return cluster_name(run)
 
 
-def wait_for(pred, timeout: float, every: float = 5.0, what: str = ""):
+def wait_for(pred, timeout: float, every: float = 5.0, what: str = "", cloud=None, run: str = ""):
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -35,7 +35,12 @@ def wait_for(pred, timeout: float, every: float = 5.0, what: str = ""):
         if last:
             return last
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}: {last!r}")
+    said = ""
+    if cloud is not None and run:  # what the user would look at
+        for cmd in (("status", run), ("logs", run, "--tail", "40")):
+            r = cloud.launch(*cmd, timeout=300)
+            said += f"\n$ launch {' '.join(cmd)}\n{r.stdout[-4000:]}{r.stderr[-2000:]}"
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}: {last!r}{said}")
 
 
 def status(cloud, run: str) -> dict:
@@ -61,7 +66,8 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report):
                     env={"HF_TOKEN": "hf_emulated"}, timeout=300)
     assert dry.returncode == 0 and "2x_H100-SXM_SECURE" in dry.stdout, dry.stdout + dry.stderr
 
-    st = wait_for(lambda: (s := status(cloud, run)).get("step") and s["step"] >= 12 and s, 600, what="step 12")
+    st = wait_for(lambda: (s := status(cloud, run)).get("step") and s["step"] >= 12 and s, 600, what="step 12",
+                  cloud=cloud, run=run)
     assert st["state"] == "running", st
     assert st.get("loss") is not None, st
 

@@ -1,0 +1,84 @@
+"""lovecraft-a100-spot as a managed job on the emulated RunPod: SkyPilot's real jobs controller (itself a
+RunPod CPU pod) runs the job on a spot pod; the emulator takes that pod away after a checkpoint; the
+controller recovers onto a new pod and training resumes from the network volume at the saved step.
+The adapter equals the one an uninterrupted run of the same profile trains (here, on the local
+backend), and `launch cost` bills both attempts, not the gap between them."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cloud.harness import REPO
+from tests.cloud.scenarios import profiles
+from tests.cloud.scenarios.test_cluster import status, wait_for
+
+PRICE = 1.39  # RunPod 1x_A100-80GB-SXM_SECURE spot, the shipped catalog snapshot
+STEPS, SAVE = 60, 10
+
+
+def _job_pods(cloud) -> list[dict]:
+    return [p for p in cloud.api("GET", "/admin/state")["pods"] if p["podType"] == "INTERRUPTABLE"]
+
+
+def _adapter(dest: Path) -> bytes:
+    files = sorted(dest.rglob("adapter_model.safetensors"))
+    assert files, sorted(str(p.relative_to(dest)) for p in dest.rglob("*"))[:50]
+    return files[0].read_bytes()
+
+
+@pytest.mark.timeout(1800)
+def test_spot_job_recovers_from_a_preemption_and_resumes_at_the_saved_step(cloud, in_repo, report, tmp_path):
+    args = profiles.lovecraft(in_repo, max_steps=STEPS, save_steps=SAVE)
+    r = cloud.launch("up", "lovecraft-a100-spot", *args, timeout=1200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = re.search(r"✓ started (\S+)", r.stdout).group(1)
+
+    # The job's spot pod trains past a checkpoint; then the host takes it away.
+    st = wait_for(lambda: (s := status(cloud, run)).get("step") and s["step"] >= 2 * SAVE and s, 900, what="step 20", cloud=cloud, run=run)
+    pods = _job_pods(cloud)
+    assert len(pods) == 1 and pods[0]["costPerHr"] == PRICE, pods
+    queue = cloud.sky("jobs", "queue", timeout=300)
+    assert queue.returncode == 0 and run in queue.stdout, queue.stdout + queue.stderr
+    cloud.api("POST", f"/admin/preempt/{pods[0]['id']}?mode=vanish")
+    preempted_at = time.time()
+
+    # SkyPilot's controller notices, launches a new spot pod, and the job runs there again.
+    wait_for(lambda: [p for p in _job_pods(cloud) if p["id"] != pods[0]["id"]], 600, what="a new spot pod", cloud=cloud, run=run)
+    done = wait_for(lambda: (s := status(cloud, run))["state"] not in ("running", "starting", "recovering") and s,
+                    900, every=10, what="the run to end", cloud=cloud, run=run)
+    assert done["state"] == "completed", done
+    assert done["step"] == STEPS, done
+
+    logs = cloud.launch("logs", run, timeout=300).stdout
+    resumed = re.findall(r"resum\w* .*?checkpoint-(\d+)", logs)
+    assert resumed and int(resumed[-1]) >= SAVE, logs[-4000:]
+
+    down = cloud.launch("down", run, "--fetch-artifacts", timeout=900)
+    assert down.returncode == 0 and "verified" in down.stdout + down.stderr, down.stdout + down.stderr
+    cloud_adapter = _adapter(REPO / "artifacts" / run)
+
+    # The bill: both attempts, not the gap. The emulator's ledger is what RunPod bills for the pods.
+    ledger = [e for e in cloud.api("GET", "/admin/state")["ledger"] if e["podType"] == "INTERRUPTABLE"]
+    assert len(ledger) == 2, ledger
+    gap_s = ledger[1]["created"] - ledger[0]["ended"]
+    pods_usd = sum(e["costPerHr"] * (e["ended"] - e["created"]) / 3600 for e in ledger)
+    cost = json.loads(cloud.launch("cost", "--json", timeout=300).stdout)
+    usd = next(r_["billed_usd"] for r_ in cost["runs"] if r_["id"] == run)
+    assert usd <= pods_usd + PRICE * 120 / 3600, (usd, pods_usd, gap_s)  # within 2 min of what RunPod bills
+
+    # The same run, uninterrupted, on the local backend: the same adapter.
+    local = cloud.launch("up", "lovecraft-a100-spot", "--backend", "local", "--follow", *args, timeout=900)
+    assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
+    local_run = re.search(r"✓ started (\S+)", local.stdout).group(1)
+    fetched = cloud.launch("down", local_run, "--fetch-artifacts", timeout=300)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    same = _adapter(REPO / "artifacts" / local_run) == cloud_adapter
+    print("\n".join(f"  {c:<40} {t:6.1f} s  exit {rc}" for c, t, rc in cloud.timings))
+    print(f"  preempted at step {st['step']}, gap {gap_s:.0f} s, adapter identical to the local run: {same}")
+    report(state=done["state"], usd=usd, ledger_usd=pods_usd, steps=done["step"])
+    assert same, "the recovered run's adapter differs from the uninterrupted run's"
