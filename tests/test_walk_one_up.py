@@ -177,3 +177,29 @@ def test_a_run_held_by_another_command_is_neither_resumed_nor_downed(tmp_path):
             holder.wait(timeout=10)
     r = launch(tmp_path, "down", run.id, env=_shared())
     assert r.returncode == 0 and f"{run.id} is down (preempted)" in r.stdout, r.stdout + r.stderr
+
+
+# ------------------------------------------- item 6: a resume continues from the run's own profile file
+
+
+def test_a_run_started_from_a_profile_path_is_not_resumed_from_clusters(tmp_path):
+    """`launch up local-demo --resume RUN` of a run started from another file named local-demo is refused in
+    one line naming that file and the command (it trained to clusters/' max_steps 40, not its own 10);
+    its own file resumes it, with no config change."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text((REPO / "clusters" / "local-demo.yaml").read_text().replace("max_steps: 40", "max_steps: 10"))
+    first = launch(tmp_path, "up", str(mine), env=_shared())
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_id = first.stdout.split("started ")[1].split()[0]
+    _preempt(run_id)
+    before = registry.get(run_id)
+
+    r = launch(tmp_path, "up", "local-demo", "--resume", run_id, env=_shared())
+    assert_one_line_error(r, f"run {run_id} was started from {mine}, not clusters/local-demo.yaml",
+                          f"resume it with `launch up {mine} --resume {run_id}`")
+    assert registry.get(run_id) == before and not _drivers(run_id)  # nothing started, nothing recorded
+
+    r = launch(tmp_path, "up", str(mine), "--resume", run_id, env=_shared())
+    assert r.returncode == 0 and f"✓ resumed {run_id}" in r.stdout, r.stdout + r.stderr
+    after = registry.get(run_id)
+    assert after.handle["config"]["train.max_steps"] == 10 and after.handle["history"][-1]["changes"] == {}

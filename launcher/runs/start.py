@@ -99,6 +99,7 @@ def _up(held, profile, backend, host, identity_file, accept_new_host_key, resume
         if not dry_run:
             held.enter_context(claims.of_run(prior.id))  # a `down` of it may hold it without the profile's
             prior = registry.get(prior.id)  # as recorded now, under its claim
+        experiment.own_profile(prior, written)  # never another file of the same name
     new_sets = sets
     if prior is not None:  # a resume keeps the run's config: its recorded --set and --env, this command's on top
         sets, extra_env = experiment.carried(prior, sets, extra_env)
