@@ -112,7 +112,7 @@ def test_a_second_down_after_forget_names_the_checkpoint_the_trainer_saved(tmp_p
         out = _flat(r)
         assert r.returncode == 0, out
     finally:
-        for pid in _tagged(run.id):
+        for pid in _tagged(run.id, tmp_path):
             os.kill(pid, signal.SIGKILL)
     final = json.loads((rd / "status.json").read_text())
     step = final["step"]
@@ -123,11 +123,14 @@ def test_a_second_down_after_forget_names_the_checkpoint_the_trainer_saved(tmp_p
     assert "checkpoint step 4 " not in out
 
 
-def _tagged(run_id: str) -> list[int]:
+def _tagged(run_id: str, tmp_path: Path) -> list[int]:
+    """The run's processes on the test sshd: its id, and its volume under this test's tmp_path."""
     out = []
     for env in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if f"LAUNCH_RUN_ID={run_id}".encode() in env.read_bytes().split(b"\0"):
+            entries = env.read_bytes().split(b"\0")
+            if f"LAUNCH_RUN_ID={run_id}".encode() in entries and \
+                    any(e.startswith(f"LAUNCH_VOLUME={tmp_path}".encode()) for e in entries):
                 out.append(int(env.parent.name))
         except (OSError, ValueError):
             continue

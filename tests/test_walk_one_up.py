@@ -58,12 +58,18 @@ def _together(tmp_path, *args: str, n: int = 2) -> list[tuple[subprocess.Popen, 
     return [(p, p.communicate(timeout=120)[0]) for p in procs]
 
 
-def _drivers(run_id: str) -> list[int]:
-    """This run's local drivers alive now (processes of the run whose command is its driver.sh)."""
+def _processes(run_id: str) -> list[int]:
+    """This run's processes: its id and its volume under this test's LAUNCH_HOME (run ids are unique
+    per LAUNCH_HOME only: another test session may run one of the same name at the same second)."""
     from launcher.backends.local import run_processes
 
+    return run_processes(run_id, Path(os.environ["LAUNCH_HOME"]) / "volumes" / "local-demo")
+
+
+def _drivers(run_id: str) -> list[int]:
+    """This run's local drivers alive now (processes of the run whose command is its driver.sh)."""
     out = []
-    for pid in run_processes(run_id):
+    for pid in _processes(run_id):
         try:
             if b"driver.sh" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)
@@ -74,16 +80,14 @@ def _drivers(run_id: str) -> list[int]:
 
 def _preempt(run_id: str) -> None:
     """Kill the run's whole process group (a lost machine) and wait until nothing of it runs."""
-    from launcher.backends.local import run_processes
-
     try:
         os.killpg(registry.get(run_id).handle["pgid"], signal.SIGKILL)
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + 30
-    while run_processes(run_id):
+    while _processes(run_id):
         assert time.monotonic() < deadline, "the run's processes outlived SIGKILL"
-        for pid in run_processes(run_id):
+        for pid in _processes(run_id):
             os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
 
