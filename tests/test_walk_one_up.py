@@ -202,6 +202,8 @@ def test_a_run_started_from_a_profile_path_is_not_resumed_from_clusters(tmp_path
     assert_one_line_error(r, f"run {run_id} was started from {mine}, not clusters/local-demo.yaml",
                           f"resume it with `launch up {mine} --resume {run_id}`")
     assert registry.get(run_id) == before and not _drivers(run_id)  # nothing started, nothing recorded
+    r = launch(tmp_path, "up", str(mine), "--resume", run_id, "--set", "train.learning_rate=1e-3", env=_shared())
+    assert_one_line_error(r, f"start a new run instead (launch up {mine} --new)")  # its commands name its file
 
     r = launch(tmp_path, "up", str(mine), "--resume", run_id, env=_shared())
     assert r.returncode == 0 and f"✓ resumed {run_id}" in r.stdout, r.stdout + r.stderr

@@ -41,7 +41,17 @@ def resume_target(profile_name: str, resume: str):
     return candidates[0]
 
 
-def own_profile(run, written, command: str = "launch up") -> None:
+def profile_arg(run) -> str:
+    """The PROFILE of `launch up PROFILE --resume RUN` for this run: its name, or for a run started from
+    a file outside clusters/ (recorded with its provenance), that file's path."""
+    from launcher.profiles.profile import in_clusters
+
+    prov = (run.handle or {}).get("provenance") or {}
+    recorded = prov.get("profile_path") if isinstance(prov, dict) else None
+    return _shown(Path(recorded)) if isinstance(recorded, str) and not in_clusters(Path(recorded)) else run.profile
+
+
+def own_profile(run, written) -> None:
     """A resume continues a run from the profile file it started from (its path, recorded at start), or
     from a file with the same bytes: another file of the same `name:` (clusters/NAME.yaml for a run
     started from a copy given by path) would change the run without a word. BackendError names the
@@ -55,7 +65,7 @@ def own_profile(run, written, command: str = "launch up") -> None:
     own = _shown(Path(recorded))
     gone = "" if Path(recorded).is_file() else " (no longer there: put it back to resume the run)"
     raise BackendError(f"run {run.id} was started from {own}{gone}, not {written.shown}: a resume "
-                       f"continues a run from its own profile; resume it with `{command} {own} --resume {run.id}`")
+                       f"continues a run from its own profile; resume it with `launch up {own} --resume {run.id}`")
 
 
 def _shown(path: Path) -> str:
@@ -99,7 +109,7 @@ def check_resume(run, resolved, sets: tuple, allow: tuple) -> dict:
     changes = runconfig.diff(baseline, flat_config(resolved.profile))
     bad = runconfig.refused(changes, allow)
     if bad:
-        raise BackendError(f"--resume {run.id}: {runconfig.refusal(bad, changes, f'launch up {run.profile}')}")
+        raise BackendError(f"--resume {run.id}: {runconfig.refusal(bad, changes, f'launch up {profile_arg(run)}')}")
     entry = runconfig.entry(changes, allow, "launch up --resume")
     return {**entry, "event": "resume", "set": list(sets)}
 

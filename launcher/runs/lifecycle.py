@@ -194,7 +194,9 @@ def _stop_for_budget(run, spent: float) -> bool:
     registry.accrue(run.id, False)
     kept = f"; it keeps {left}" if left else f" (checkpoint {checkpoint} kept)" if checkpoint else " (no checkpoint)"
     registry.update(run.id, state="budget_exhausted", ended_at=time.time(), reason=f"{said}; torn down{kept}")
-    err_console().print(literal("[red]✗[/] ", f"{said}; torn down{kept}: continue with `launch up {run.profile} "
+    from launcher.runs.experiment import profile_arg
+
+    err_console().print(literal("[red]✗[/] ", f"{said}; torn down{kept}: continue with `launch up {profile_arg(run)} "
                                 f"--resume {run.id} --set budget.max_usd=...`"), soft_wrap=True)
     return True
 

@@ -94,8 +94,8 @@ def _up(held, profile, backend, host, identity_file, accept_new_host_key, resume
             raise
         if prior.profile != written.name:  # a run id from the wrong line: never resumed with this profile
             raise BackendError(f"run {prior.id} is a run of {prior.profile}, not {written.name}: resume it with "
-                               f"`launch up {prior.profile} --resume {prior.id}`, or start {written.name} "
-                               f"with `launch up {written.name}`")
+                               f"`launch up {experiment.profile_arg(prior)} --resume {prior.id}`, or start "
+                               f"{written.name} with `launch up {written.name}`")
         if not dry_run:
             held.enter_context(claims.of_run(prior.id))  # a `down` of it may hold it without the profile's
             prior = registry.get(prior.id)  # as recorded now, under its claim
@@ -233,6 +233,8 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
             raise BackendError(f"{p.name} already has an active run {active.id} ({state.state}): follow it with "
                                f"`launch logs {active.id} --follow`, stop it with `launch down {active.id}`, "
                                f"or start another with --new")
+    from launcher.runs.experiment import profile_arg
+
     if resume and not force_new:
         from launcher.runs.experiment import resume_target
 
@@ -247,8 +249,8 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
                                f"with `launch down {old.id}` (its trainer saves a final checkpoint), then resume it")
         if old.state == "completed" and not _trains_further(old, p):
             raise BackendError(f"run {old.id} already completed; to train it further resume it with more steps "
-                               f"(`launch up {p.name} --resume {old.id} --set train.max_steps=N`, N above the "
-                               f"{_trained(old)} it trained), or start a fresh run with --new")
+                               f"(`launch up {profile_arg(old)} --resume {old.id} --set train.max_steps=N`, N above "
+                               f"the {_trained(old)} it trained), or start a fresh run with --new")
         old.state, old.reason = "starting", None
         return old, True
     if not force_new:
@@ -257,7 +259,8 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
             from launcher.term.ui import console, literal
 
             console().print(literal("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
-                                    f"one (continue it instead with `launch up {p.name} --resume {latest.id}`)"))
+                                    f"one (continue it instead with `launch up {profile_arg(latest)} --resume "
+                                    f"{latest.id}`)"))
     from launcher.runs.rehearse import run_id_prefix
 
     prefix = run_id_prefix(p.name) if rehearse else p.name

@@ -83,7 +83,9 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
         print_summary(run, report.dest)
     say_others_live(asked, run.id, None)
     if left and (stores or run.backend != "skypilot"):
-        hints(f"launch up {run.profile} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
+        from launcher.runs.experiment import profile_arg
+
+        hints(f"launch up {profile_arg(run)} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
     elif not fetch_artifacts:
         hints(f"launch status {run.id}")
 

@@ -82,7 +82,8 @@ def _read(fd: int) -> Optional[dict]:
         found = json.loads(os.pread(fd, 4096, 0) or b"null")
     except (OSError, ValueError):
         return None
-    if not isinstance(found, dict) or not isinstance(found.get("pid"), int) or not isinstance(found.get("command"), str):
+    if not isinstance(found, dict) or not isinstance(found.get("pid"), int) \
+            or not isinstance(found.get("command"), str):
         return None
     try:
         os.kill(found["pid"], 0)
