@@ -29,7 +29,7 @@ FACES: dict[str, tuple[str, ...]] = {
     "launcher": ("",),
     "errors": ("",),
     "term": ("ui", "tables", "units", "logtext"),
-    "store": ("state", "registry", "artifacts"),
+    "store": ("state", "registry", "artifacts", "claims"),
     "profiles": ("profile", "checks", "data_count", "render", "uploads", "preview", "scaffold"),
     "catalog": ("",),
     "plan": ("estimate", "show", "compare", "storage", "budget_gate"),

@@ -273,3 +273,13 @@ def end_state(code: Optional[int], reported: Optional[dict], asked_to_stop: bool
         return "preempted", (reason or "stopped by SIGTERM") + " (SIGTERM not sent by launch: host shutting " \
             "down?); `launch up --resume` continues it"
     return state_for_exit(code), reason or _DEFAULT_REASONS.get(code, f"exit code {code}: see `launch logs`")
+
+
+def lost_log(run: Run, target, why: str) -> str:
+    """`launch logs` without its host (ssh): a live run goes on there, an ended one's log waits on that host."""
+    if run.active:
+        return (f"lost {target} ({why}); {run.id} was {run.state} when last seen and goes on there: "
+                f"`launch logs {run.id} --follow` to watch it again")
+    fetched = f", or read the fetched copy in {run.artifacts}/logs/" if run.artifacts else ""
+    return (f"cannot reach {target} ({why}); {run.id} ended ({run.state}) and its log is on that host: "
+            f"`launch logs {run.id}` once it answers{fetched}")

@@ -54,6 +54,13 @@ def _complete(be, run) -> list[dict]:
             and not isinstance(r.get("step"), bool)] if isinstance(rows, list) else []
 
 
+def _runs_there(run) -> bool:
+    """A run ended here (`launch down --forget`: its machine was not reached) whose backend, asked now,
+    says its processes run: its trainer trains on, and answers a request like a live run's."""
+    remote = getattr(run, "_remote", None)
+    return remote is not None and remote.state == "running"
+
+
 def _state_here(be, run) -> Optional[str]:
     """The run's state as its backend sees it (`unreachable`: its machine does not answer; None: the
     backend cannot say now)."""
@@ -96,8 +103,8 @@ def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] 
     """Ask a training run for a final checkpoint and wait for it (None: no trainer is training); `by`
     is who asks, which the trainer's end line says."""
     timeout_s = FINAL_SAVE_TIMEOUT_S if timeout_s is None else timeout_s
-    if not run.active:  # ended (preempted, failed...): its status.json may still say "training", but no
-        return None     # trainer is left to answer; asking would wait FINAL_SAVE_TIMEOUT_S for nothing
+    if not run.active and not _runs_there(run):  # ended (preempted, failed...): its status.json may still say
+        return None  # "training", but no trainer is left to answer; asking would wait FINAL_SAVE_TIMEOUT_S for nothing
     said = status_json(be, run).get("state")
     if said is None and run.state == "running":
         return FinalSave(False, f"no status.json from the run yet ({be.name}: still setting up, or not readable), "

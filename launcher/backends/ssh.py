@@ -36,8 +36,8 @@ from payload import layout
 from launcher.store.artifacts import list_command, parse_listing
 from ..errors import BackendError
 from launcher.store.registry import Run
-from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, remote_command, restart_line,
-                   skipped_note)
+from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, lost_log, remote_command,
+                   restart_line, skipped_note)
 from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, SEED_AND_LIST, START, STATUS_CMD
 from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
@@ -265,9 +265,8 @@ class SSHBackend(Backend):
             except TRANSIENT as e:
                 failures += 1
                 conn.close()
-                if failures > self.retries:
-                    raise BackendError(f"lost {conn.target} ({_why(e)}); the run goes on: "
-                                       f"`launch logs --follow` to watch it again") from None
+                if failures > (self.retries if run.active else 1):  # an ended run: two tries, as `down` makes
+                    raise BackendError(lost_log(run, conn.target, _why(e))) from None
                 time.sleep(min(0.5 * 2 ** (failures - 1), 8.0))
                 continue
             if chunk:

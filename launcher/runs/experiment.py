@@ -41,6 +41,39 @@ def resume_target(profile_name: str, resume: str):
     return candidates[0]
 
 
+def profile_arg(run) -> str:
+    """The PROFILE of `launch up PROFILE --resume RUN` for this run: its name, or for a run started from
+    a file outside clusters/ (recorded with its provenance), that file's path."""
+    from launcher.profiles.profile import in_clusters
+
+    prov = (run.handle or {}).get("provenance") or {}
+    recorded = prov.get("profile_path") if isinstance(prov, dict) else None
+    return _shown(Path(recorded)) if isinstance(recorded, str) and not in_clusters(Path(recorded)) else run.profile
+
+
+def own_profile(run, written) -> None:
+    """A resume continues a run from the profile file it started from (its path, recorded at start), or
+    from a file with the same bytes: another file of the same `name:` (clusters/NAME.yaml for a run
+    started from a copy given by path) would change the run without a word. BackendError names the
+    run's own file and the command. A run recorded before its path was (no `profile_path`) is not held."""
+    prov = (run.handle or {}).get("provenance") or {}
+    recorded = prov.get("profile_path") if isinstance(prov, dict) else None
+    if not isinstance(recorded, str) or written.sha256 == prov.get("profile_sha256"):
+        return
+    if Path(written.path).resolve() == Path(recorded):
+        return  # its own file, edited since: the resume rule (check_resume) says what may change
+    own = _shown(Path(recorded))
+    gone = "" if Path(recorded).is_file() else " (no longer there: put it back to resume the run)"
+    raise BackendError(f"run {run.id} was started from {own}{gone}, not {written.shown}: a resume "
+                       f"continues a run from its own profile; resume it with `launch up {own} --resume {run.id}`")
+
+
+def _shown(path: Path) -> str:
+    """A profile's path as a user types it here: relative below the working directory, else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def key_of(item: str) -> str:
     return item.partition("=")[0].strip()
 
@@ -76,7 +109,7 @@ def check_resume(run, resolved, sets: tuple, allow: tuple) -> dict:
     changes = runconfig.diff(baseline, flat_config(resolved.profile))
     bad = runconfig.refused(changes, allow)
     if bad:
-        raise BackendError(f"--resume {run.id}: {runconfig.refusal(bad, changes, f'launch up {run.profile}')}")
+        raise BackendError(f"--resume {run.id}: {runconfig.refusal(bad, changes, f'launch up {profile_arg(run)}')}")
     entry = runconfig.entry(changes, allow, "launch up --resume")
     return {**entry, "event": "resume", "set": list(sets)}
 
@@ -142,7 +175,7 @@ def provenance(resolved, run_id: str) -> dict:
         data[s.name] = (_sha256(REPO_ROOT / rel) if rel else None) if s.path else \
             f"hf:{s.hf_dataset}" + (f"@{s.revision}" if getattr(s, "revision", None) else "")
     return {"commit": commit, "dirty": dirty, "diff": diff_path, "untracked": untracked[:50],
-            "profile_sha256": resolved.file.sha256,
+            "profile_sha256": resolved.file.sha256, "profile_path": str(Path(resolved.file.path).resolve()),
             "payload_lock_sha256": _sha256(REPO_ROOT / PAYLOAD_LOCK), "launch_version": __version__,
             "data_sha256": data}
 

@@ -106,7 +106,7 @@ def status(run_id, all_, as_json):
         run = refreshed(run)
         row = status_row(run)
         spent = max(row["cost_usd"], row["train_cost_usd"] or 0.0)
-        if run.active and run.budget_usd and spent >= run.budget_usd and _stop_for_budget(run, spent):
+        if run.active and run.budget_usd and spent >= run.budget_usd and _budget_teardown(run, spent):
             row = status_row(registry.get(run.id))
         rows.append(row)
     if not runs and not as_json:  # `--all` of an empty registry: a header alone says nothing
@@ -134,6 +134,22 @@ def interactive() -> bool:
 
 BUDGET_STOPPER = "the launcher's budget check (billed spend reached budget.max_usd)"  # the run's end line
 BUDGET_SAVE_TIMEOUT_S = 600.0  # the final save of a run past its budget: billed too, so bounded, its price said
+
+
+def _budget_teardown(run, spent: float) -> bool:
+    """_stop_for_budget under the run's claim; a run another command acts on (a `down` of it already,
+    launcher/store/claims.py) is left to it, said on stderr."""
+    from launcher.store import claims, registry
+    from launcher.term.ui import err_console, literal
+
+    try:
+        with claims.of_run(run.id):
+            now = refresh(registry.get(run.id))  # as recorded now, under its claim
+            return _stop_for_budget(now, spent) if now.active else True  # True: its row is read again
+    except claims.Busy as e:
+        err_console().print(literal("[yellow]![/] ", f"{run.id} reached its budget; not torn down by this status: {e}"),
+                            soft_wrap=True)
+        return False
 
 
 def _stop_for_budget(run, spent: float) -> bool:
@@ -183,7 +199,9 @@ def _stop_for_budget(run, spent: float) -> bool:
     registry.accrue(run.id, False)
     kept = f"; it keeps {left}" if left else f" (checkpoint {checkpoint} kept)" if checkpoint else " (no checkpoint)"
     registry.update(run.id, state="budget_exhausted", ended_at=time.time(), reason=f"{said}; torn down{kept}")
-    note("[red]✗[/] ", f"{said}; torn down{kept}: continue with `launch up {run.profile} "
+    from launcher.runs.experiment import profile_arg
+
+    note("[red]✗[/] ", f"{said}; torn down{kept}: continue with `launch up {profile_arg(run)} "
          f"--resume {run.id} --set budget.max_usd=...`", out=err_console())
     return True
 

@@ -47,12 +47,32 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
 
     Example: launch up local-demo --follow
     """
-    from launcher.store import registry
+    from contextlib import ExitStack
+
+    from launcher.term.ui import hints
+
+    # The claims taken (launcher/store/claims.py) are held from the first check to the run's record, and
+    # let go before following: one `up` starts or resumes a run, a second one says who holds it.
+    with ExitStack() as held:
+        started = _up(held, profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes,
+                      sets, env_items, dry_run, rehearse, allow)
+    if started is None:  # a dry run
+        return
+    if follow:
+        return follow_run(started, progress=False)
+    hints(f"launch logs {started.id} --follow", f"launch status {started.id}",
+          f"launch down {started.id} --fetch-artifacts")
+
+
+def _up(held, profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, env_items,
+        dry_run, rehearse, allow):
+    """`launch up` up to the run's record (None: a dry run), its claims entered into `held`."""
+    from launcher.store import claims, registry
     from launcher.backends import LaunchSpec, get_backend
     from launcher.errors import BackendError
     from launcher.profiles.checks import checked
     from launcher.profiles.profile import in_clusters, read_profile, validate
-    from launcher.term.ui import console, esc, hints, money
+    from launcher.term.ui import console, esc, money
 
     if allow and not resume:
         raise click.BadParameter("--allow-change goes with --resume (a new run takes any config)",
@@ -63,6 +83,8 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     from launcher.runs import experiment
 
     written = read_profile(profile)
+    if not dry_run and not force_new:  # --new asks for a run of its own: it checks no other, so claims none
+        held.enter_context(claims.of_profile(written.name))
     prior = None
     if resume and not force_new:
         try:
@@ -72,8 +94,12 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
             raise
         if prior.profile != written.name:  # a run id from the wrong line: never resumed with this profile
             raise BackendError(f"run {prior.id} is a run of {prior.profile}, not {written.name}: resume it with "
-                               f"`launch up {prior.profile} --resume {prior.id}`, or start {written.name} "
-                               f"with `launch up {written.name}`")
+                               f"`launch up {experiment.profile_arg(prior)} --resume {prior.id}`, or start "
+                               f"{written.name} with `launch up {written.name}`")
+        if not dry_run:
+            held.enter_context(claims.of_run(prior.id))  # a `down` of it may hold it without the profile's
+            prior = registry.get(prior.id)  # as recorded now, under its claim
+        experiment.own_profile(prior, written)  # never another file of the same name
     new_sets = sets
     if prior is not None:  # a resume keeps the run's config: its recorded --set and --env, this command's on top
         sets, extra_env = experiment.carried(prior, sets, extra_env)
@@ -114,7 +140,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     # the committed sky/ file is the profile as written (only budget.* overrides differ from it)
     rendered = resolved.as_written() if backend == "skypilot" and not per_run else p
     if dry_run:
-        return _dry_run(rendered, run, backend, source, per_run)
+        return _dry_run(rendered, run, backend, source, per_run)  # None
     if not resuming:  # issue 24: a run planned over its own budget cap is started only when confirmed
         from launcher.plan.budget_gate import confirm_over_budget
 
@@ -145,9 +171,7 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
     spent = f", {money(run.billed()[1])} spent so far" if spec.resume else ""
     console().print(f"[green]✓[/] {verb} [bold]{esc(run.id)}[/] ({esc(p.name)} on {backend}, "
                     f"{money(run.price_per_hour)}/h, budget {money(p.budget.max_usd)}{spent})")
-    if follow:
-        return follow_run(started, progress=False)
-    hints(f"launch logs {run.id} --follow", f"launch status {run.id}", f"launch down {run.id} --fetch-artifacts")
+    return started
 
 
 def _resume_place(prior, backend, host, identity_file):
@@ -209,6 +233,8 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
             raise BackendError(f"{p.name} already has an active run {active.id} ({state.state}): follow it with "
                                f"`launch logs {active.id} --follow`, stop it with `launch down {active.id}`, "
                                f"or start another with --new")
+    from launcher.runs.experiment import profile_arg
+
     if resume and not force_new:
         from launcher.runs.experiment import resume_target
 
@@ -217,10 +243,14 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
             seen = old._remote.state if old._remote.state == "unreachable" else old.state
             raise BackendError(f"run {old.id} is {seen}: it needs no --resume; follow it with `launch logs {old.id} "
                                f"--follow`, or stop it with `launch down {old.id}` and resume it after")
+        if old.reason == registry.FORGOTTEN and (old := refresh(old))._remote.state == "running":
+            raise BackendError(f"run {old.id} was ended here only (`launch down --forget`) and its machine answers "
+                               f"again with the run still on it: a second trainer would be refused there; stop it "
+                               f"with `launch down {old.id}` (its trainer saves a final checkpoint), then resume it")
         if old.state == "completed" and not _trains_further(old, p):
             raise BackendError(f"run {old.id} already completed; to train it further resume it with more steps "
-                               f"(`launch up {p.name} --resume {old.id} --set train.max_steps=N`, N above the "
-                               f"{_trained(old)} it trained), or start a fresh run with --new")
+                               f"(`launch up {profile_arg(old)} --resume {old.id} --set train.max_steps=N`, N above "
+                               f"the {_trained(old)} it trained), or start a fresh run with --new")
         old.state, old.reason = "starting", None
         return old, True
     if not force_new:
@@ -229,7 +259,8 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
             from launcher.term.ui import console, literal
 
             console().print(literal("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
-                                    f"one (continue it instead with `launch up {p.name} --resume {latest.id}`)"))
+                                    f"one (continue it instead with `launch up {profile_arg(latest)} --resume "
+                                    f"{latest.id}`)"))
     from launcher.runs.rehearse import run_id_prefix
 
     prefix = run_id_prefix(p.name) if rehearse else p.name

@@ -28,15 +28,23 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
 
     Example: launch down --fetch-artifacts
     """
-    from launcher.store import registry
-    from launcher.term.ui import console, hints, literal
+    from launcher.store import claims, registry
 
     if merged and not fetch_artifacts:
         raise click.BadParameter("--merged goes with --fetch-artifacts", param_hint="--merged")
     if forget and fetch_artifacts:
         raise click.BadParameter("--forget is for a machine that cannot be reached: nothing can be fetched "
                                  "from it", param_hint="--forget")
-    run = refresh(registry.get(run_id))
+    run = registry.get(run_id)
+    with claims.of_run(run.id):  # from the first look to the record: an `up --resume` of it waits its turn
+        _down(run_id, run.id, fetch_artifacts, merged, dest, forget)
+
+
+def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, forget: bool) -> None:
+    from launcher.store import registry
+    from launcher.term.ui import console, hints, literal
+
+    run = refresh(registry.get(run_id))  # as recorded now, under its claim
     be = backend_for(run)
     if run.active and run._remote.state == "unreachable":
         return _forget(run, forget, run._remote.reason.removeprefix("unreachable: "))
@@ -55,6 +63,8 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
     with console().status(f"stopping {run.id}..."):
         if _stop(be, run, forget):
             return
+    if run.backend != "skypilot":  # its disk outlives the stop: what a trainer saved on SIGTERM counts too
+        left = final_save.left(be, run, saved) or left
     run = registry.accrue(run.id, False)
     if run.active:
         run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
@@ -71,9 +81,11 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
         console().print(literal("[yellow]![/] ", f"still billing: {line}"), soft_wrap=True)
     if fetch_artifacts:
         print_summary(run, report.dest)
-    say_others_live(run_id, run.id, None)
+    say_others_live(asked, run.id, None)
     if left and (stores or run.backend != "skypilot"):
-        hints(f"launch up {run.profile} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
+        from launcher.runs.experiment import profile_arg
+
+        hints(f"launch up {profile_arg(run)} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
     elif not fetch_artifacts:
         hints(f"launch status {run.id}")
 
