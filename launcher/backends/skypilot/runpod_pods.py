@@ -64,10 +64,10 @@ def check(handle: dict, record, status: str) -> Optional[Verdict]:
     key = api_key()
     if not key:
         return None
-    match, cluster = pod_matcher(record, handle.get("job_name"), handle.get("job_id"))
-    if match is None:
-        return None
     try:
+        match, cluster = pod_matcher(record, handle.get("job_name"), handle.get("job_id"))
+        if match is None:
+            return None
         pods = [p for p in list_pods(key) if isinstance(p, dict) and match(str(p.get("name") or ""))]
     except Exception:  # noqa: BLE001 - no answer: the run reads as SkyPilot says, as before
         return None
@@ -131,7 +131,7 @@ def judge(pods: list[dict], cluster: str, status: str, seen_before: bool, now: O
     newest = max((changed_at(p) or float("inf") for p in alive), default=None)
     cut = [p for p in dead if newest is None or (changed_at(p) or now) > newest]
     if cut:
-        at = min(changed_at(p) or now for p in cut)
+        at = min(min(changed_at(p) or now, now) for p in cut)  # never later than now (clocks differ)
         names = ", ".join(sorted({str(p.get("name")) for p in cut}))
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
         notice = (f"RunPod reports spot pod {names} interrupted at {when} ({cut[0].get('desiredStatus')}); "
