@@ -53,7 +53,13 @@ class RemoteStatus:
     unknown; the launcher then counts the run's active time as billed."""
     ended_at: Optional[float] = None
     """When the run's machines stopped billing (epoch seconds), where the backend knows it better than
-    "now": a managed run settled from its own status.json after the jobs controller went away."""
+    "now": a managed run settled from its own status.json after the jobs controller went away, or a
+    live one whose spot pod RunPod reports interrupted (it bills again once a new pod runs)."""
+    notice: Optional[str] = None
+    """A line for the user that the run's state alone does not say (`launch status` and `launch cost`
+    print it with a `!`): e.g. RunPod reports the spot pod interrupted while SkyPilot says RUNNING."""
+    handle: dict = field(default_factory=dict)
+    """What the backend learnt of the run to keep in its record's handle (merged in by the refresh)."""
 
     METRICS = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
 

@@ -115,6 +115,8 @@ def status(run_id, all_, as_json):
         console().print("no runs yet: start one with `launch up PROFILE` (`launch profiles` lists them)")
         return
     print_status(rows, as_json, json_value=rows if all_ else rows[0])
+    if not as_json:
+        say_notices(rows)
     if not as_json and all_:  # one line per run whose trainer dropped records (`status RUN` says the rest)
         from launcher.runs.experiment import dropped_line
         from launcher.term.ui import note
@@ -231,3 +233,12 @@ def cost(as_json):
     print_table(rows, columns, as_json, console=console(), json_value={"runs": rows, "total_usd": total})
     if not as_json:
         console().print(f"[bold]total[/] {money(total)} over {len(rows)} run(s)")
+        say_notices(rows)
+
+
+def say_notices(rows: list[dict]) -> None:
+    """A `!` line per run whose backend has something its state does not say (RemoteStatus.notice)."""
+    from launcher.term.ui import note
+
+    for row in (r for r in rows if r.get("notice")):
+        note("[yellow]![/] ", f"{row['id']}: {row['notice']}")

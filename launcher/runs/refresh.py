@@ -19,6 +19,8 @@ def refresh(run):
 
     st = backend_for(run).status(run)
     run = registry.observe(run.id, st.state, st.reason, billing=st.billing, ended_at=st.ended_at)
+    if any(run.handle.get(k) != v for k, v in st.handle.items()):  # what the backend learnt of it
+        run = registry.update(run.id, handle=st.handle)
     run = remember(run, {**st.extra, **{k: getattr(st, k) for k in LAST_SEEN}})
     run._remote = st
     return run
@@ -98,6 +100,8 @@ def status_row(run) -> dict:
         if isinstance(st.extra.get("attention"), str):  # the kernel the payload loaded, and why
             row["attention"] = st.extra["attention"]
         row.update(dropped(st.extra))
+        if st.notice:  # what the state alone does not say (a `!` line in status and cost)
+            row["notice"] = st.notice
     if (st is None or st.step is None) and (not run.active or (st and st.state == "unreachable")):
         last = _seen((run.handle or {}).get("last_status"))  # ended, or not answering: where it got to
         row.update({**last, "eta_s": None, "projected_cost_usd": None} if last else {})

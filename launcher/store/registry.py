@@ -283,6 +283,8 @@ def observe(run_id: str, state: str, reason: Optional[str] = None, billing: Opti
       only `launch up --resume` starts it again, as a new session;
     - a state outside STATES (`unreachable`, `unknown`) changes nothing: a live run keeps billing as
       it did when last seen (a machine we cannot reach may still bill), an ended one does not;
+    - a live run whose machine no longer bills closes its bill at the backend's `ended_at` when it
+      knows one (a spot pod RunPod reports interrupted while SkyPilot still says RUNNING), else now;
     - a run that ends now bills on only while its backend says so itself (`billing` True: its
       cluster idles before autostop); a run that had ended never bills again (nothing accrues after
       `down`): a refresh only closes what is open, at the backend's `ended_at` when it knows one.

@@ -30,7 +30,7 @@ from launcher.store.registry import ACTIVE_STATES, STATES, Run
 from launcher.profiles.uploads import remove_staged, stage_workdir
 from ..base import Access, Backend, LaunchSpec, RemoteStatus, remote_command, remote_path
 from ..tasks import workdir_files
-from . import control
+from . import control, runpod_pods
 from .files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
 from .price import hourly_price
 from .sdk import (
@@ -274,10 +274,10 @@ class SkyPilotBackend(Backend):
                        remote_command(h["run_dir"], command)])
 
     def status(self, run: Run) -> RemoteStatus:
-        sky, h = sdk(), run.handle
+        sky, h, said = sdk(), run.handle, None
         try:
             if h.get("kind") == "managed_job":
-                state, reason, billing = self._managed_state(sky, run)
+                state, reason, billing, said = self._managed_state(sky, run)
             else:
                 state, reason, billing = self._cluster_state(sky, run)
         except Exception as e:  # noqa: BLE001 - never raises: the state says what is known
@@ -287,6 +287,8 @@ class SkyPilotBackend(Backend):
         reported = self._reported(run, up=state in ("running", "completed", "failed"))
         st = merge_status(state, reason, reported, run.state)
         st.billing = billing
+        if said:  # RunPod's word on the job's pod: the bill stops at its interruption (runpod_pods.py)
+            st.ended_at, st.notice, st.handle = said.interrupted_at, said.notice, said.keep
         if state is None:  # its machine is gone: it billed until the run ended (or was seen ended), + autostop idle
             end = control.epoch((reported or {}).get("ended_at")) or (None if run.active else run.ended_at)
             idle = 0 if h.get("kind") == "managed_job" else h.get("autostop_minutes", control.CLUSTER_IDLE_MIN)
@@ -316,19 +318,22 @@ class SkyPilotBackend(Backend):
         match = managed_records(sky, h.get("job_id"), h["job_name"])
         return match[-1] if match else None
 
-    def _managed_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str], bool]:
-        """(state, reason, billing) of a managed job; None: the controller forgot it."""
+    def _managed_state(self, sky, run: Run) -> tuple:
+        """(state, reason, billing, RunPod's runpod_pods.Verdict on its pod or None) of a managed job;
+        state None: the controller forgot it."""
         rec = self._managed_record(sky, run.handle)
         if rec is None:
-            return None, "the jobs controller does not know this managed job any more", False
+            return None, "the jobs controller does not know this managed job any more", False, None
         status, recoveries = enum_name(record_field(rec, "status")), record_field(rec, "recovery_count", 0)
         billing = control.managed_job_billing(status, rec)
         if status.startswith("FAILED"):
             why = record_field(rec, "failure_reason") or record_field(rec, "details") or "see `launch logs`"
-            return "failed", f"{status}: {why}", billing
-        reason = f"preempted; SkyPilot is recovering it (recovery {recoveries + 1})" \
-            if status == "RECOVERING" else (f"recovered {recoveries}x" if recoveries else None)
-        return _MANAGED_STATES.get(status, "starting"), reason, billing
+            return "failed", f"{status}: {why}", billing, None
+        said = runpod_pods.check(run.handle, rec, status)  # RunPod's word on the pod (SkyPilot may say RUNNING)
+        billing = said.billing if said else billing
+        if status == "RECOVERING" or (said and said.dead):
+            return "starting", f"preempted; SkyPilot is recovering it (recovery {recoveries + 1})", billing, said
+        return _MANAGED_STATES.get(status, "starting"), f"recovered {recoveries}x" if recoveries else None, billing, said
 
     def _settled(self, run: Run) -> RemoteStatus:
         """The jobs controller is gone: it autostops only once none of its jobs is active, so the run

@@ -31,9 +31,9 @@ _CREDENTIALS_HINT = {  # SkyPilot 0.14 reads RunPod's key from ~/.runpod/config.
     "kubernetes": "point ~/.kube/config at your cluster, then `sky check kubernetes`",
 }
 
-# `sky.jobs.queue_v2` fields the backend reads (DEFAULT_MANAGED_JOB_FIELDS lacks the last three).
+# `sky.jobs.queue_v2` fields the backend reads (DEFAULT_MANAGED_JOB_FIELDS lacks the last four).
 MANAGED_JOB_FIELDS = ("job_id", "task_id", "job_name", "task_name", "submitted_at", "end_at", "recovery_count",
-                      "status", "cluster_name_on_cloud", "failure_reason", "details")
+                      "status", "cluster_name_on_cloud", "cloud", "failure_reason", "details")
 
 
 def sdk():
