@@ -88,7 +88,10 @@ def _preempt(run_id: str) -> None:
     while _processes(run_id):
         assert time.monotonic() < deadline, "the run's processes outlived SIGKILL"
         for pid in _processes(run_id):
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it died between the listing and the kill
+                pass
         time.sleep(0.05)
 
 

@@ -83,7 +83,10 @@ def _up(held, profile, backend, host, identity_file, accept_new_host_key, resume
     from launcher.runs import experiment
 
     written = read_profile(profile)
-    if not dry_run and not force_new:  # --new asks for a run of its own: it checks no other, so claims none
+    # --new asks for a run of its own: it checks no other, so claims none. A resume claims before it reads
+    # the run; a new run after its config is checked (a refusal never waits on, nor blocks, another `up`).
+    claim_profile = not dry_run and not force_new
+    if claim_profile and resume:
         held.enter_context(claims.of_profile(written.name))
     prior = None
     if resume and not force_new:
@@ -113,6 +116,8 @@ def _up(held, profile, backend, host, identity_file, accept_new_host_key, resume
             raise BackendError("--rehearse starts a fresh short run; drop --resume")
         rehearsal = overrides(resolved.profile)
         resolved = checked(written, (*sets, *rehearsal))
+    if claim_profile and not resume:
+        held.enter_context(claims.of_profile(written.name))
     p = resolved.profile
     backend = backend or ("local" if p.cluster.is_local else "skypilot")
     if backend == "ssh" and not host:
