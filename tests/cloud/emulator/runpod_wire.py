@@ -224,7 +224,7 @@ def handler(fake: FakeRunPod) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _send(self, code: int, obj: Any) -> None:
-            body = b"" if obj is None and code == 204 else json.dumps(obj).encode()
+            body = b"" if obj is None and (code == 204 or self.command == "HEAD") else json.dumps(obj).encode()
             self.send_response(code)
             if body:
                 self.send_header("Content-Type", "application/json")
@@ -245,53 +245,48 @@ def handler(fake: FakeRunPod) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(url.query)
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            note, out = "", None
+            note = ""
             try:
-                if self.command == "HEAD":  # SkyPilot's network check, when pointed here
-                    code, out = 200, None
-                    self.send_response(200)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                elif parts[:1] == ["admin"]:
-                    code, out = fake.admin(self.command, parts, query)
-                    self._send(code, out)
-                elif parts[:1] in (["graphql"], ["v1"]) and not self._authorized():
-                    code, out = 401, {"errors": [{"message": "Unauthorized"}]} if parts[0] == "graphql" \
-                        else {"error": "Unauthorized", "status": 401}
-                    self._send(code, out)
-                elif parts == ["graphql"] and self.command == "POST":
-                    try:
-                        body = json.loads(raw or b"{}")
-                    except ValueError:
-                        code, out, note = 400, {"errors": [{"message": "POST body sent invalid JSON."}]}, "bad JSON"
-                    else:
-                        code, out, note = fake.graphql(body if isinstance(body, dict) else {})
-                    self._send(code, out)
-                elif parts[:1] == ["v1"]:
-                    try:
-                        body = json.loads(raw) if raw else None
-                    except ValueError:
-                        code, out = 400, {"error": "invalid JSON body", "status": 400}
-                    else:
-                        code, out = fake.rest(self.command, parts, body)
-                        if code < 400 and self.command != "GET":
-                            note = json.dumps(out) if out is not None else ""
-                    self._send(code, out)
-                else:
-                    code, out = 404, {"error": "not found"}
-                    self._send(code, out)
+                code, out, note = self._answer(parts, query, raw)
             except Exception as e:  # noqa: BLE001 -- answer 500, log it, keep serving
-                code, note = 500, f"{e!r}\n{traceback.format_exc()}"
-                try:
-                    self._send(500, {"errors": [{"message": f"Internal server error: {e!r}"}]})
-                except OSError:
-                    pass
+                code, out = 500, {"errors": [{"message": f"Internal server error: {e!r}"}]}
+                note = f"{e!r}\n{traceback.format_exc()}"
             if code >= 400 and not note and isinstance(out, dict):
                 note = json.dumps(out)
             shown_path = url.path + ("?" + "&".join(f"{k}={v[0]}" for k, v in query.items()
                                                      if "key" not in k.lower()) if query else "")
+            # logged before the reply: whoever holds the reply finds its line in api.log
             fake._log(f"{self.client_address[0]} {self.command} {shown_path} {code} "
                       f"{(time.monotonic() - t0) * 1000:.0f}ms {note}".rstrip())
+            try:
+                self._send(code, out)
+            except OSError:
+                pass  # the client went away
+
+        def _answer(self, parts: list, query: dict, raw: bytes) -> tuple[int, Any, str]:
+            """(status, JSON body or None, note for api.log) for this request."""
+            if self.command == "HEAD":  # SkyPilot's network check, when pointed here
+                return 200, None, ""
+            if parts[:1] == ["admin"]:
+                return (*fake.admin(self.command, parts, query), "")
+            if parts[:1] in (["graphql"], ["v1"]) and not self._authorized():
+                return 401, ({"errors": [{"message": "Unauthorized"}]} if parts[0] == "graphql"
+                             else {"error": "Unauthorized", "status": 401}), ""
+            if parts == ["graphql"] and self.command == "POST":
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    return 400, {"errors": [{"message": "POST body sent invalid JSON."}]}, "bad JSON"
+                return fake.graphql(body if isinstance(body, dict) else {})
+            if parts[:1] == ["v1"]:
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    return 400, {"error": "invalid JSON body", "status": 400}, ""
+                code, out = fake.rest(self.command, parts, body)
+                note = json.dumps(out) if code < 400 and self.command != "GET" and out is not None else ""
+                return code, out, note
+            return 404, {"error": "not found"}, ""
 
         do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = do_HEAD = _handle
 

@@ -50,7 +50,7 @@ def status(cloud, run: str) -> dict:
 
 
 @pytest.mark.timeout(1500)
-def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report):
+def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report, tmp_path):
     r = cloud.launch("up", "sonia-h100", *profiles.sonia(in_repo, max_steps=5000, save_steps=10), timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     run = _run_id(r.stdout)
@@ -75,7 +75,7 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report):
     assert logs.returncode == 0, logs.stdout + logs.stderr
     assert "step" in logs.stdout, logs.stdout[-3000:]
 
-    down = cloud.launch("down", run, "--fetch-artifacts", timeout=900)
+    down = cloud.launch("down", run, "--fetch-artifacts", "--dest", str(tmp_path / "artifacts"), timeout=900)
     assert down.returncode == 0, down.stdout + down.stderr
     out = down.stdout + down.stderr
     assert "verified" in out, out

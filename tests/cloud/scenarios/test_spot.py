@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.cloud.harness import REPO
 from tests.cloud.scenarios import profiles
 from tests.cloud.scenarios.test_cluster import status, wait_for
 
@@ -58,9 +57,9 @@ def test_spot_job_recovers_from_a_preemption_and_resumes_at_the_saved_step(cloud
     resumed = re.findall(r"resum\w* .*?checkpoint-(\d+)", logs)
     assert resumed and int(resumed[-1]) >= SAVE, logs[-4000:]
 
-    down = cloud.launch("down", run, "--fetch-artifacts", timeout=900)
+    down = cloud.launch("down", run, "--fetch-artifacts", "--dest", str(tmp_path / "artifacts"), timeout=900)
     assert down.returncode == 0 and "verified" in down.stdout + down.stderr, down.stdout + down.stderr
-    cloud_adapter = _adapter(REPO / "artifacts" / run)
+    cloud_adapter = _adapter(tmp_path / "artifacts" / run)
 
     # The bill: both attempts, not the gap. The emulator's ledger is what RunPod bills for the pods.
     ledger = [e for e in cloud.api("GET", "/admin/state")["ledger"] if e["podType"] == "INTERRUPTABLE"]
@@ -75,9 +74,9 @@ def test_spot_job_recovers_from_a_preemption_and_resumes_at_the_saved_step(cloud
     local = cloud.launch("up", "lovecraft-a100-spot", "--backend", "local", "--follow", *args, timeout=900)
     assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
     local_run = re.search(r"✓ started (\S+)", local.stdout).group(1)
-    fetched = cloud.launch("down", local_run, "--fetch-artifacts", timeout=300)
+    fetched = cloud.launch("down", local_run, "--fetch-artifacts", "--dest", str(tmp_path / "artifacts"), timeout=300)
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
-    same = _adapter(REPO / "artifacts" / local_run) == cloud_adapter
+    same = _adapter(tmp_path / "artifacts" / local_run) == cloud_adapter
     print("\n".join(f"  {c:<40} {t:6.1f} s  exit {rc}" for c, t, rc in cloud.timings))
     print(f"  preempted at step {st['step']}, gap {gap_s:.0f} s, adapter identical to the local run: {same}")
     report(state=done["state"], usd=usd, ledger_usd=pods_usd, steps=done["step"])
