@@ -134,6 +134,27 @@ def test_skypilot_ssh_goes_through_skypilots_ssh_config(started):
     assert started[1][0][-1].endswith('exec "${SHELL:-bash}" -l')
 
 
+def test_skypilot_ssh_names_the_clusters_key_from_home_not_the_passwd_home(started):
+    """SkyPilot writes `IdentityFile ~/.sky/generated/ssh-keys/<cluster>.key`; ssh expands that `~` from
+    the passwd home, not $HOME, so with HOME elsewhere (sudo, a container, CI) every ssh of launch failed
+    (status read no step, fetch nothing) while SkyPilot's own ssh worked: found on the emulated RunPod."""
+    cluster = "sonia-h100-20261123-000000"
+    sky = Path(os.path.expanduser("~/.sky/generated"))
+    (sky / "ssh").mkdir(parents=True)
+    (sky / "ssh-keys").mkdir()
+    key = sky / "ssh-keys" / f"{cluster}.key"
+    key.write_text("not a real key\n")
+    (sky / "ssh" / cluster).write_text(f"Host {cluster}\n  HostName 203.0.113.7\n"
+                                       f"  IdentityFile ~/.sky/generated/ssh-keys/{cluster}.key\n"
+                                       "  IdentityFile ~/.sky/generated/ssh-keys/gone.key\n")
+    registry.save(Run(id=cluster, profile="sonia-h100", backend="skypilot", cluster=cluster, state="running",
+                      handle={"kind": "cluster", "run_dir": "/workspace/runs/" + cluster}))
+    launch("exec", cluster, "--", "true")
+    argv, _ = started[0]
+    assert argv[:5] == ["ssh", "-F", str(sky / "ssh" / cluster), "-i", str(key)], argv
+    assert argv.count("-i") == 1, argv  # a key that is not there is not named
+
+
 def test_skypilot_managed_job_says_how_to_reach_it_instead(started):
     registry.save(Run(id="lovecraft-a100-spot-1", profile="lovecraft-a100-spot", backend="skypilot",
                       state="running", handle={"kind": "managed_job", "job_id": 3, "run_dir": "/workspace/runs/x"}))

@@ -53,9 +53,29 @@ def ensure_ssh_config(host: str) -> Optional[str]:
 
 def ssh_argv(host: str) -> list[str]:
     """ssh with the per-cluster config SkyPilot writes (also Included from ~/.ssh/config, which ssh
-    reads from the passwd home, so name the file: it follows $HOME like SkyPilot does)."""
+    reads from the passwd home, so name the file: it follows $HOME like SkyPilot does). Its
+    `IdentityFile ~/.sky/...` is expanded by ssh from the passwd home too, where the key is not when
+    $HOME is elsewhere (sudo, a container, CI): the key is also named as SkyPilot itself expands it."""
     config = ssh_config(host)
-    return ["ssh", *(["-F", str(config)] if config.is_file() else []), *SSH_OPTS]
+    if not config.is_file():
+        return ["ssh", *SSH_OPTS]
+    return ["ssh", "-F", str(config), *identities(config), *SSH_OPTS]
+
+
+def identities(config: Path) -> list[str]:
+    """`-i KEY` for each `IdentityFile ~/...` of an ssh config, `~` expanded from $HOME."""
+    out = []
+    try:
+        lines = config.read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        words = line.replace("=", " ", 1).split(None, 1)
+        if len(words) == 2 and words[0].lower() == "identityfile" and words[1].strip().startswith("~/"):
+            key = Path(os.path.expanduser(words[1].strip().strip('"')))
+            if key.is_file():
+                out += ["-i", str(key)]
+    return out
 
 
 def cluster_ssh(host: str, command: str, check: bool = True, stdin: Optional[str] = None) -> Optional[str]:
