@@ -11,7 +11,10 @@ Layout (nothing outside these, and nothing left after `__exit__`, also when the 
 - network namespaces `lc<pid>-<n>-<pod id>`: one per pod (pods.py).
 - the emulator process (serve.py) in its own mount namespace: the loop mounts of the image and of the
   pods' disks, and every pod's mounts, exist only there.
-- a scratch dir: the user's HOME and LAUNCH_HOME, the emulator's state, network-volume directories.
+- `/etc/netns/<cloud ns>/hosts`: RunPod's S3 endpoints at the emulator's address, seen only by commands
+  run in the cloud's namespace.
+- a scratch dir: the user's HOME and LAUNCH_HOME, the emulator's state, network-volume directories, the
+  throwaway CA of the S3 endpoints.
 On exit: SIGTERM to the emulator (it stops its pods), then every process still in one of these
 namespaces is SIGKILLed and the namespaces deleted; `leftovers()` says what would remain.
 """
@@ -36,6 +39,8 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCH = Path(sys.executable).parent / "launch"
 HOOK = Path(__file__).resolve().parent / "emulator" / "hook"
 API_KEY = "emulated-runpod-key"
+# RunPod's S3 API key (docs.runpod.io/storage/s3-api: the access key is the user id, the secret `rps_...`)
+S3_ACCESS_KEY, S3_SECRET = "user_emulated", "rps_emulated"
 _COUNT = itertools.count()
 
 
@@ -54,6 +59,7 @@ def _stale_namespaces() -> list[str]:
 def sweep_stale() -> None:
     for name in sorted(_stale_namespaces(), key=len, reverse=True):  # pods before their cloud
         kill_netns(name)
+        shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
 
 
 class EmulatedCloud:
@@ -65,6 +71,8 @@ class EmulatedCloud:
         self.home = self.scratch / "home"
         self.launch_home = self.scratch / "launch-home"
         self.url = ""
+        self.ca: Path | None = None
+        self.netns_etc = Path("/etc/netns") / self.ns  # this namespace's /etc/hosts (ip-netns(8))
         self._proc: subprocess.Popen | None = None
         self.timings: list[tuple[str, float, int]] = []  # (command, seconds, exit code), for the report
 
@@ -94,6 +102,7 @@ class EmulatedCloud:
                "--py310", str(image_mod.python310()), "--catalog", str(catalog), "--api-key", API_KEY]
         for h in hide:
             cmd += ["--hide", h]
+        cmd += ["--s3-tls", str(self._s3_endpoints(catalog)), "--s3-access-key", S3_ACCESS_KEY]
         log = open(self.state / "emulator.log", "ab")
         self._proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -105,6 +114,21 @@ class EmulatedCloud:
                 raise RuntimeError("the emulator did not start:\n" + (self.state / "emulator.log").read_text()[-3000:])
             time.sleep(0.2)
         self.url = ready.read_text().strip()
+
+    def _s3_endpoints(self, catalog: Path) -> Path:
+        """RunPod's per-datacenter S3 endpoints (`s3api-<dc>.runpod.io`) at the emulator's address, for
+        commands run in the cloud's namespace only (`ip netns exec` binds /etc/netns/NS/hosts over
+        /etc/hosts), with a throwaway CA the user's boto3 trusts (AWS_CA_BUNDLE). Returns the TLS dir."""
+        from tests.cloud.emulator.runpod_s3 import make_tls
+        from tests.cloud.emulator.runpod_wire import Catalog
+
+        names = [f"s3api-{z.lower()}.runpod.io" for z in Catalog(catalog / "runpod" / "vms.csv").zones]
+        tls = self.scratch / "tls"
+        self.ca = make_tls(tls, names)[0]
+        self.netns_etc.mkdir(parents=True, exist_ok=True)
+        hosts = Path("/etc/hosts").read_text() + "".join(f"{self.subnet}.1 {n}\n" for n in names)
+        (self.netns_etc / "hosts").write_text(hosts)
+        return tls
 
     def _user_home(self, catalog: Path) -> None:
         """A new user's HOME with a RunPod key (`runpod config` writes ~/.runpod/config.toml), and the
@@ -124,6 +148,7 @@ class EmulatedCloud:
         pods = [n for n in self._namespaces() if n != self.ns]
         for name in pods + [self.ns]:
             kill_netns(name)
+        shutil.rmtree(self.netns_etc, ignore_errors=True)
 
     def _namespaces(self) -> list[str]:
         names = [ln.split()[0] for ln in sh("ip", "netns", "list", check=False).stdout.splitlines() if ln.strip()]
@@ -132,6 +157,7 @@ class EmulatedCloud:
     def leftovers(self) -> list[str]:
         """What this cloud left behind: namespaces, processes in them, mounts of its scratch dir."""
         out = [f"netns {n}" for n in self._namespaces()]
+        out += [f"dir {self.netns_etc}"] if self.netns_etc.exists() else []
         mounts = Path("/proc/mounts").read_text()
         out += [f"mount {ln.split()[1]}" for ln in mounts.splitlines() if str(self.scratch) in ln.split()[1]]
         if self._proc is not None and self._proc.poll() is None:
@@ -150,7 +176,10 @@ class EmulatedCloud:
                     # SkyPilot builds a wheel of itself with `pip wheel` (sky/backends/wheel_utils.py:163),
                     # under build isolation, which downloads setuptools: this user has no index, and the
                     # venv has setuptools (pip's PIP_NO_BUILD_ISOLATION=0 means "no isolation").
-                    "PIP_NO_BUILD_ISOLATION": "0", "PIP_NO_INDEX": "1"})
+                    "PIP_NO_BUILD_ISOLATION": "0", "PIP_NO_INDEX": "1",
+                    # the user's RunPod S3 API key, as the README asks of a managed-job user
+                    "RUNPOD_S3_ACCESS_KEY": S3_ACCESS_KEY, "RUNPOD_S3_SECRET_KEY": S3_SECRET,
+                    **({"AWS_CA_BUNDLE": str(self.ca)} if self.ca else {})})
         env.update(extra or {})
         return env
 

@@ -208,6 +208,12 @@ class FakeRunPod:
         with self._lock:
             return [dict(v) for v in self._volumes.values()]
 
+    def volume_dir(self, volume_id: str) -> Path | None:
+        """The host directory of network volume `volume_id` (its S3 bucket, runpod_s3.py), None if none."""
+        with self._lock:
+            vol = self._volumes.get(volume_id)
+        return Path(vol["dir"]) if vol else None
+
     def billed_usd(self, name_prefix: str | None = None) -> float:
         """What RunPod bills for the pods' time alive: costPerHr x hours, created to ended (or now)."""
         now = self.clock()

@@ -5,7 +5,7 @@ Started by the harness (tests/cloud/harness.py) as
 so that the bridge, the addresses and every mount it makes live only in namespaces of its own: the
 host's network and mount tables never change. It loop-mounts the baked image read-only and a fresh
 scratch disk for the pods' container disks, brings up the bridge at SUBNET.1, serves the API there,
-writes READY_FILE (the API's URL), and on SIGTERM stops every pod and exits; its mounts go with it.
+serves the volumes' S3 API at SUBNET.1:443 (runpod_s3.py), writes READY_FILE (the API's URL), and on SIGTERM stops every pod and exits; its mounts go with it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tests.cloud.emulator.pods import Pods, sh
 from tests.cloud.emulator.runpod_api import FakeRunPod
+from tests.cloud.emulator.runpod_s3 import VolumeS3
 
 BRIDGE = "cloudbr0"
 
@@ -34,6 +35,8 @@ def main() -> int:
     ap.add_argument("--catalog", type=Path, required=True)
     ap.add_argument("--hide", action="append", default=[])
     ap.add_argument("--api-key", required=True)
+    ap.add_argument("--s3-tls", type=Path, help="dir with s3.pem and s3.key: serve the volumes' S3 API on :443")
+    ap.add_argument("--s3-access-key", default="")
     a = ap.parse_args()
 
     state = a.state
@@ -57,6 +60,10 @@ def main() -> int:
     api = FakeRunPod(pods, state / "api", bind=f"{a.subnet}.1", port=a.port,
                      catalog_csv=a.catalog / "runpod" / "vms.csv", api_key=a.api_key)
     api.start()
+    s3 = None
+    if a.s3_tls:  # RunPod's S3-compatible API over the same volumes (https://s3api-<dc>.runpod.io)
+        s3 = VolumeS3(api.volume_dir, a.s3_access_key, api._log)  # noqa: SLF001 (one api.log)
+        s3.start(f"{a.subnet}.1", 443, a.s3_tls / "s3.pem", a.s3_tls / "s3.key")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
@@ -64,6 +71,8 @@ def main() -> int:
     print(f"emulated RunPod at {api.url}", flush=True)
     done.wait()
     try:
+        if s3 is not None:
+            s3.close()
         api.close()
     finally:
         pods.stop_all()
