@@ -114,6 +114,8 @@ def test_rm_says_what_is_lost_asks_and_deletes_only_on_yes(fake, monkeypatch):
     assert r.exit_code == 0, r.output
     assert "deleted volume sonia-workspace ($29.40/month less)" in r.output
     assert fake.one("volumes.delete")[1] == (["sonia-workspace"],)
+    # who uses it is asked of the cloud, not the API server's cache (stale for a minute after a `down`)
+    assert {c[0]: c[2] for c in fake.calls}["volumes.ls"] == {"refresh": True}
 
 
 def test_rm_a_bucket_with_yes(fake):

@@ -73,7 +73,10 @@ def _from_skypilot(sky, declared: dict) -> list[Stored]:
     from launcher.plan.storage import storage_for
 
     rows = []
-    for r in sky.get(sky.volumes.ls()) or []:
+    # refreshed: the listing's `usedby_clusters` is otherwise the API server's cached view (updated by
+    # its background daemon, sky/volumes/server/core.py volume_list): a pod torn down a minute ago is
+    # still "using" its volume there, and `volumes rm` refused to delete it (seen on the emulated RunPod)
+    for r in sky.get(sky.volumes.ls(refresh=True)) or []:
         size = _size_gb(f(r, "size"))
         where = " ".join(x for x in (str(f(r, "cloud", "")), f(r, "zone") or f(r, "region") or "") if x)
         rows.append(Stored(f(r, "name"), "volume", f(r, "type", ""), where, size, False, f(r, "launched_at"),

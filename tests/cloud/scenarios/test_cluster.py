@@ -1,5 +1,5 @@
 """sonia-h100 on the emulated RunPod, as its user runs it: up -> logs -> status -> down --fetch-artifacts
-mid-training -> volumes -> volumes rm. The real SkyPilot (client, local API server, RunPod provisioner,
+mid-training -> volumes -> up --rehearse --follow -> down -> volumes rm. The real SkyPilot (client, local API server, RunPod provisioner,
 skylet on the pod) does every step; the pods are namespaces of this machine (tests/cloud/harness.py)."""
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def status(cloud, run: str) -> dict:
 
 @pytest.mark.timeout(1500)
 def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report, tmp_path):
-    r = cloud.launch("up", "sonia-h100", *profiles.sonia(in_repo, max_steps=5000, save_steps=10), timeout=900)
+    args = profiles.sonia(in_repo, max_steps=5000, save_steps=10)
+    r = cloud.launch("up", "sonia-h100", *args, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     run = _run_id(r.stdout)
 
@@ -86,6 +87,18 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report, tmp_pat
     assert not state["pods"], state  # terminated
     vols = cloud.launch("volumes", "--json", timeout=180)
     assert vols.returncode == 0 and "sonia-workspace" in vols.stdout, vols.stdout + vols.stderr
+
+    # A rehearsal of the same profile: 10 steps on a new cluster, followed to its end, then down.
+    reh = cloud.launch("up", "sonia-h100", "--rehearse", *args, "--follow", timeout=900)
+    assert reh.returncode == 0, reh.stdout[-3000:] + reh.stderr[-3000:]
+    rehearsal = _run_id(reh.stdout)
+    assert "rehearsal" in rehearsal, rehearsal
+    done = wait_for(lambda: (s := status(cloud, rehearsal))["state"] not in ("running", "starting") and s, 300,
+                    what="the rehearsal to end", cloud=cloud, run=rehearsal)
+    assert done["state"] == "completed" and done["step"] == 10, done
+    gone = cloud.launch("down", rehearsal, timeout=600)
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert not cloud.api("GET", "/admin/state")["pods"], "the rehearsal's pod outlived `launch down`"
 
     cost = json.loads(cloud.launch("cost", "--json", timeout=180).stdout)
     usd = cost["total_usd"]
