@@ -106,4 +106,5 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report, tmp_pat
     assert rm.returncode == 0, rm.stdout + rm.stderr
     assert not cloud.api("GET", "/admin/state").get("volumes"), "the volume is still on the cloud"
     print("\n".join(f"  {c:<40} {t:6.1f} s  exit {rc}" for c, t, rc in cloud.timings))
+    print("  what `launch down --fetch-artifacts` said:\n" + "\n".join("    " + ln for ln in out.splitlines()))
     report(state=after["state"], usd=usd, ledger_usd=state.get("billed_usd"), steps=after.get("step"))
