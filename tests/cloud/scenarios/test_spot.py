@@ -16,7 +16,7 @@ import pytest
 from tests.cloud.scenarios import profiles
 from tests.cloud.scenarios.test_cluster import status, wait_for
 
-PRICE = 1.39  # RunPod 1x_A100-80GB-SXM_SECURE spot, the shipped catalog snapshot
+PRICE = 1.59  # RunPod 1x_A100-80GB-SXM_SECURE spot in the shipped catalog snapshot (SpotPrice = Price there)
 STEPS, SAVE = 60, 10
 
 
