@@ -56,8 +56,27 @@ def pytest_runtest_makereport(item, call):
         item._failed = True
 
 
+def _left_behind() -> list[str]:
+    """What this pytest process's clouds left on the host: namespaces `lc<pid>-*`, their /etc/netns
+    files, mounts of the scratch dirs, processes in a namespace of ours (none is expected)."""
+    import subprocess
+    from pathlib import Path
+
+    mine = f"lc{os.getpid()}-"
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    out = [f"netns {n}" for n in names if n.startswith(mine)]
+    etc = Path("/etc/netns")
+    out += [f"dir {p}" for p in (etc.iterdir() if etc.is_dir() else []) if p.name.startswith(mine)]
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    out += [f"mount {m.split()[1]}" for m in mounts if "/launch-cloud-test" in m.split()[1]]
+    return out
+
+
 def pytest_terminal_summary(terminalreporter):
     if _LINES:
         terminalreporter.section("emulated RunPod scenarios")
         for line in _LINES:
             terminalreporter.write_line(line)
+        left = _left_behind()
+        terminalreporter.write_line("left behind on this machine: " + (", ".join(left) if left else
+                                    "nothing (no namespace, /etc/netns entry, mount or process of the clouds)"))
