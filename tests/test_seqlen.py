@@ -65,9 +65,12 @@ def test_packed_records_left_without_a_trained_token_are_refused_too(train_env):
     cfg = make_config(train_env, "packed", train={"max_seq_length": 20, "packing": True})
     _write_jsonl(cfg.run_dir / "data" / "train.jsonl", text_records(4, 1))
     run = recipe.Run(cfg=cfg, run_dir=cfg.run_dir)
-    with pytest.raises(PayloadError, match=r"leaves none of the 4 train records with a token to train: .*"
-                                           r"\(prompt tokens: 43-44\).* above 44 plus room for the answer"):
-        recipe.setup(run)
+    try:
+        with pytest.raises(PayloadError, match=r"leaves none of the 4 train records with a token to train: .*"
+                                               r"\(prompt tokens: 43-44\).* above 44 plus room for the answer"):
+            recipe.setup(run)
+    finally:  # setup installed the trainer's SIGINT/SIGTERM handlers (train's cleanup restores them):
+        run.stop.restore()  # left here, they made a later test's forked workers ignore SIGTERM (a hang)
 
 
 # ------------------------------------------------------------------------------ before money: the launcher
