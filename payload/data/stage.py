@@ -1,4 +1,4 @@
-"""Data stage: `python -m payload data --config RUN.yaml`, or `payload.data.main(cfg)` from Python.
+"""The data stage: `python -m payload data --config RUN.yaml`, or `payload.data.main(cfg)` from Python.
 
 Reads every source of `cfg.data` (local JSONL/JSON/CSV/Parquet files or Hugging Face dataset ids),
 turns each record into one canonical chat record
@@ -10,9 +10,8 @@ duplicates across all sources, splits per source with the seed, and writes `trai
 `val.jsonl`, `test.jsonl` and `data_stats.json` to `{run_dir}/data/`. A `.complete` marker makes
 the stage idempotent: a resumed job with the same config and inputs returns the cached stats.
 
-The group: `sources` -> `records` -> `transforms` -> `pipeline` -> `writer`, with `images` and
-`problems`; `preview` (what the trainer sees) and `trainset` (canonical records as the datasets TRL
-reads). It may import config/, model/ (the tokenizer) and the base; outputs/ and train/ read it.
+The work is `pipeline.prepare`; this module is the stage around it: where the splits go, the
+tokenizer the `data.max_tokens` filter needs, and the stage's summary.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ from __future__ import annotations
 from payload import layout
 
 from .pipeline import prepare
-from .records import RecordError
-
-__all__ = ["main", "prepare", "RecordError"]
 
 
 def main(cfg, tokenizer=None) -> dict:
