@@ -1,4 +1,4 @@
-"""Preflight stage: cheap checks before any GPU minute is spent.
+"""The preflight stage: cheap checks before any GPU minute is spent.
 
     python -m payload preflight --config run.yaml
 
@@ -9,14 +9,10 @@ against what the run will write, HF_TOKEN present where needed (presence only, t
 shown), the installed packages against the payload's minimums (payload/preflight/versions.py), the
 GPU-memory estimate against the GPU, and, over the network (runbook 002's pre-flight; skipped with
 LAUNCH_PREFLIGHT_OFFLINE=1 or HF_HUB_OFFLINE=1): each Hub dataset reachable, the base model on the
-Hub, WANDB_API_KEY valid (see "network checks" below for ok / fail / warn).
+Hub, WANDB_API_KEY valid (`remote`: when each is ok, fail or warn).
 
 Model size comes from payload.model.dims.model_dims (tiny config, local or cached `config.json`, else
-the name).
-
-The group: `local` (this machine), `remote` (Hub, W&B), `base` (the check type), `versions` (the
-installed packages against the payload's minimums). It may import config/, model/ (memory,
-attention, dims) and the base; it runs as its own stage.
+the name). The checks themselves are in `local` and `remote`; this module runs them in order.
 """
 
 from __future__ import annotations
@@ -26,17 +22,8 @@ from dataclasses import asdict
 
 from payload.errors import PayloadError
 from payload.model.dims import model_dims
-from payload.model.memory import (  # noqa: F401  (re-exported: preflight's public face)
-    GIB,
-    ModelDims,
-    dims_from_config,
-    dims_from_name,
-    estimate_gpu_memory_gb,
-    estimate_stage_memory_gb,
-    lora_trainable_params,
-)
 from payload.preflight.base import Check, log
-from payload.preflight.local import (  # noqa: F401  (re-exported)
+from payload.preflight.local import (
     check_cuda,
     check_data,
     check_disk,
@@ -45,10 +32,8 @@ from payload.preflight.local import (  # noqa: F401  (re-exported)
     check_token,
     check_versions,
     check_writable,
-    disk_needs,
-    gpu_info,
 )
-from payload.preflight.remote import check_remote, offline_reason  # noqa: F401  (re-exported)
+from payload.preflight.remote import check_remote
 
 
 # ---------------------------------------------------------------------------------------- stage
