@@ -1,28 +1,15 @@
-"""Backends drive a rendered run somewhere: this machine, a host over SSH, or SkyPilot.
+"""`get_backend(name, **options)`: a backend by its name, imported only when asked.
 
-Every backend implements the same small interface (`base.Backend`); the CLI never knows which one
-it talks to. This package's face: the contract's names (re-exported from `base` and
-launcher/errors.py) and `get_backend(name, **options)`, which imports a backend only when asked, so
-`launch --help` stays fast. Backends themselves import `base`, never this module.
-
-The group may import store/ (the run registry), profiles/ (render, uploads), catalog/ (prices),
-term/ and errors; runs/ and results/ drive it.
+Each backend's module (SkyPilot's SDK, paramiko) is imported here, the first time a command asks
+for that backend, so `launch --help` stays fast. Backends take the contract from `base`,
+never from this module or the package (scripts/import_cycles.py: a lazy factory is no cycle while
+they do).
 """
 
 from __future__ import annotations
 
 from ..errors import BackendError
-from .base import (  # noqa: F401  (the package's public face)
-    Access,
-    Backend,
-    LaunchSpec,
-    RemoteStatus,
-    command_line,
-    end_state,
-    remote_command,
-    remote_path,
-    tail_offset,
-)
+from .base import Backend
 
 
 def get_backend(name: str, **options) -> Backend:
