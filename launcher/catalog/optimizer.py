@@ -1,147 +1,34 @@
-"""SkyPilot's optimizer, in-process and offline, against the catalog snapshot shipped in `v8/`.
+"""SkyPilot's optimizer, in-process and offline, on the catalog snapshot (`snapshot`): which instance,
+where, at what $/hour, for a profile's task.
 
-SkyPilot reads catalogs from `$SKY_RUNTIME_DIR/.sky/catalogs/v8/` and has no setting to point
-elsewhere, so `launch` keeps its own runtime dir (under the launch state dir) holding a copy of the
-snapshot, and seeds SkyPilot's enabled-clouds cache there with the clouds the snapshot covers (the
-credential check is the one thing that needs the network). The user's own `~/.sky` is untouched:
-besides its runtime dir, SkyPilot writes a few paths spelled `~/.sky/...` (its user hash, the serve
-dir it makes at import, the database locks), so every offline use of SkyPilot runs with HOME pointed
-at launch's runtime dir (`_offline_home`); the user's `~/.sky/config.yaml` is still the config read.
-`launch up` on a cloud talks to SkyPilot itself, which keeps its state in `~/.sky` (its own place).
-
-The group may import profiles/ (a profile's resources) and store/ (the state dir); plan/, backends/
-and runs/ ask it.
+The optimizer's answer is kept (in this process and in the offline runtime dir, keyed by the task,
+the snapshot and SkyPilot's version), so a later plan of an unchanged task neither runs it nor
+imports SkyPilot. `choice_apart` runs it in a child process (launcher/catalog/child.py) for a
+process that goes on to use the SDK (`launch up`); `plan_price` is the $/h a rendered task carries.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import datetime
 import functools
 import io
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from launcher.store.state import state_dir, unusable
+from launcher.catalog.snapshot import (
+    SNAPSHOT,
+    SNAPSHOT_DATE,
+    PlanError,
+    import_sky_offline,
+    offline_home,
+    offline_runtime_dir,
+    sky_task,
+)
 
-HERE = Path(__file__).resolve().parent
-SNAPSHOT = HERE / "v8"
-SNAPSHOT_META = json.loads((HERE / "snapshot.json").read_text())  # written by build_snapshot.py
-SNAPSHOT_DATE: str = SNAPSHOT_META["date"]  # when the rows were read from SkyPilot's catalog
-STALE_AFTER_DAYS = 60
-OFFLINE_CLOUDS = ["RunPod", "Azure"]
-
-
-def snapshot_age_days(today: Optional[datetime.date] = None) -> int:
-    today = today or datetime.date.today()
-    return (today - datetime.date.fromisoformat(SNAPSHOT_DATE)).days
-
-
-def snapshot_warning(today: Optional[datetime.date] = None) -> Optional[str]:
-    """One line when the snapshot is older than STALE_AFTER_DAYS (list prices move), else None."""
-    age = snapshot_age_days(today)
-    if age <= STALE_AFTER_DAYS:
-        return None
-    return (f"the catalog snapshot is {age} days old ({SNAPSHOT_DATE}): prices may have moved; refresh "
-            "launcher/catalog/extract/ from skypilot-org/skypilot-catalog and run "
-            "`python -m launcher.catalog.build_snapshot` (RUNPOD_API_KEY gives live RunPod prices at `up`)")
-
-
-@functools.cache
-def storage_prices() -> dict[str, tuple[Optional[float], str]]:
-    """{volume type or bucket store: ($/GB-month or None when unknown, source)} from the extract."""
-    lines = [ln for ln in (HERE / "extract" / "storage_prices.csv").read_text().splitlines() if not ln.startswith("#")]
-    return {r["kind"]: (float(r["usd_per_gb_month"]) if r["usd_per_gb_month"] else None, r["source"])
-            for r in csv.DictReader(lines)}
-
-
-def storage_price(kind: str) -> tuple[Optional[float], str]:
-    return storage_prices().get(kind, (None, f"no price known for `{kind}`"))
-
-
-def offline_runtime_dir() -> Path:
-    return state_dir() / "sky-offline"
-
-
-def install_snapshot(runtime_dir: Path) -> Path:
-    """Copy the shipped catalog CSVs to where SkyPilot reads them under `runtime_dir` (its
-    SKY_RUNTIME_DIR). Files without a `.meta/*.md5` beside them count as user-made, so SkyPilot
-    never tries to download over them. Returns the catalog dir."""
-    dest = Path(runtime_dir) / ".sky" / "catalogs" / "v8"
-    for src in SNAPSHOT.rglob("*.csv"):
-        target = dest / src.relative_to(SNAPSHOT)
-        try:
-            if not target.exists() or target.read_bytes() != src.read_bytes():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, target)
-        except OSError as e:  # a read-only LAUNCH_HOME, a file in the way: one line, not a traceback
-            raise unusable(target.parent, e) from None
-    return dest
-
-
-@contextlib.contextmanager
-def _offline_home():
-    """HOME is launch's offline runtime dir while SkyPilot runs offline: the paths SkyPilot spells
-    `~/.sky/...` (user hash, serve dir, db locks) land there, not in the user's HOME. The user's
-    SkyPilot config is still read (SKYPILOT_GLOBAL_CONFIG names it, as SkyPilot documents)."""
-    rt = offline_runtime_dir()
-    home = os.environ.get("HOME")
-    config = Path(home or Path.home()) / ".sky" / "config.yaml"
-    set_config = "SKYPILOT_GLOBAL_CONFIG" not in os.environ and config.is_file()
-    if set_config:
-        os.environ["SKYPILOT_GLOBAL_CONFIG"] = str(config)
-    os.environ["HOME"] = str(rt)
-    try:
-        yield
-    finally:
-        if home is None:
-            os.environ.pop("HOME", None)
-        else:
-            os.environ["HOME"] = home
-        if set_config:
-            os.environ.pop("SKYPILOT_GLOBAL_CONFIG", None)
-
-
-def import_sky_offline():
-    """Import `sky` configured for offline planning; returns the module. Once per process: SkyPilot
-    fixes its runtime dir at import, so the catalog copy and the seeded clouds cannot change after.
-    Calls into it that may touch `~/.sky` belong inside `_offline_home()`, as `sky_task` and the
-    optimizer's are."""
-    with _offline_home():
-        return _import_sky_offline()
-
-
-@functools.cache
-def _import_sky_offline():
-    import sys
-
-    rt = offline_runtime_dir()
-    if "sky" not in sys.modules:
-        os.environ["SKY_RUNTIME_DIR"] = str(rt)
-    elif not os.environ.get("SKY_RUNTIME_DIR"):
-        # sky is already live against the user's real ~/.sky: seeding fake enabled clouds or copying
-        # the snapshot there would corrupt it. Plan in a fresh process instead.
-        raise PlanError("offline planning needs its own SkyPilot runtime dir; run `launch plan` in a "
-                        "fresh process (SkyPilot was already imported against ~/.sky)")
-    os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
-    install_snapshot(Path(os.environ.get("SKY_RUNTIME_DIR") or rt))
-    import logging
-
-    import sky
-    from sky import check, global_user_state, skypilot_config
-
-    logging.getLogger("sky").setLevel(logging.ERROR)  # "kubernetes not enabled" etc. are expected offline
-    from sky.clouds import cloud as sky_cloud
-
-    ws = skypilot_config.get_active_workspace()
-    global_user_state.set_allowed_clouds(check._get_workspace_allowed_clouds(ws), ws)
-    global_user_state.set_enabled_clouds(OFFLINE_CLOUDS, sky_cloud.CloudCapability.COMPUTE, ws)
-    return sky
+REPO = Path(__file__).resolve().parents[2]  # the child process runs from here (`-m launcher.catalog.child`)
 
 
 @dataclass
@@ -175,14 +62,6 @@ def planning_task(p, use_spot: Optional[bool] = None) -> dict:
 def task_from_profile(p, use_spot: Optional[bool] = None):
     """A sky.Task built from the rendered task YAML (SkyPilot's own parser)."""
     return sky_task(planning_task(p, use_spot))
-
-
-def sky_task(task: dict):
-    """SkyPilot's parser on a task dict (raises on a schema error), offline (`_offline_home`)."""
-    import yaml
-
-    with _offline_home():
-        return import_sky_offline().Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(task)))
 
 
 def about(p) -> dict:
@@ -279,7 +158,7 @@ def _optimize(task_config: dict, about: dict) -> Choice:
     with sky.Dag() as dag:
         dag.add(task)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), _offline_home():
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), offline_home():
             optimizer.Optimizer.optimize(dag, quiet=True)
     except exceptions.ResourcesUnavailableError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no matching instance"
@@ -322,7 +201,7 @@ def choice_apart(p) -> Choice:
         _CHOICES[key] = optimize(p)
         return _CHOICES[key]
     done = subprocess.run([sys.executable, "-m", "launcher.catalog.child"], input=child_input(p), text=True,
-                          capture_output=True, timeout=CHILD_TIMEOUT_S, cwd=HERE.parent.parent)
+                          capture_output=True, timeout=CHILD_TIMEOUT_S, cwd=REPO)
     answer = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
     if answer is None:
         raise RuntimeError(done.stderr.strip()[-300:] or f"the optimizer's process exited {done.returncode}")
@@ -353,7 +232,3 @@ def plan_price(p) -> float:
         if p.budget.price_per_hour is None:
             raise
         return p.budget.price_per_hour
-
-
-class PlanError(Exception):
-    pass
