@@ -1,19 +1,12 @@
-"""The run configuration the payload executes: data recipe, model, method, training, outputs.
+"""The whole run configuration: `RunConfig` (data recipe, model, method, training, outputs, runtime,
+evaluation) and the training stages' schema (`StageConfig`, `DpoConfig`, `GrpoConfig`).
 
-This module is the contract between the launcher and the payload. It imports only pydantic and
-PyYAML (never torch), so the launcher can validate profiles with it. A profile in `clusters/`
-holds these sections plus the launcher-owned `cluster:` and `budget:`; `launch render` writes the
-resolved form (every default filled in, `runtime:` set) that `python -m payload ... --config` reads.
-
-The sections themselves live in payload/config/schema.py and are re-exported here (import them from this
-module); this one adds the training stages, the whole `RunConfig`, and loading/dumping with errors
-that name the file, line and key. Every field's docstring is its help text. Cross-field rules live
-in `model_validator`s and name the keys involved, so a user sees which line of which file to change.
-
-The group: this face, `schema` (the sections), `stages` (each stage's run config), `evaluation`
-(`evaluation:`, `wandb:`), `resume` (what may change when a run resumes, checked on the machine too)
-and `yamlio` (bounded YAML reading). It may import only the payload's base (errors, layout); every
-other group, and the launcher, reads it.
+The sections themselves live in payload/config/schema.py and `evaluation:`/`wandb:` in
+payload/config/evaluation.py; this module adds the training stages and the whole `RunConfig`, with
+its runtime helpers (environment overrides, run dir, config hash). Loading and dumping with errors
+that name the file, line and key are payload/config/load.py's. Every field's docstring is its help
+text. Cross-field rules live in `model_validator`s and name the keys involved, so a user sees which
+line of which file to change. pydantic only, never torch.
 """
 
 from __future__ import annotations
@@ -25,30 +18,19 @@ import re
 from pathlib import Path
 from typing import Literal, Optional
 
-import yaml
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from payload.config.evaluation import EvalConfig, WandbConfig
-from payload.config.schema import (  # noqa: F401  (re-exported: this module is the schema's public face)
-    CheckpointConfig,
+from payload.config.schema import (
     DataConfig,
-    DeepSpeedConfig,
-    LoraConfig,
     ModelConfig,
     NAME_RE,
     OutputsConfig,
-    QuantizationConfig,
-    ROLES,
-    RUN_ID_RE,
     RuntimeConfig,
-    SourceConfig,
     Strict,
-    TinyModel,
     TrainConfig,
     check_name,
     safe_id,
-    shown,
-    slugify,
 )
 
 
@@ -260,151 +242,3 @@ class RunConfig(Strict):
             if not body.get(section):
                 body.pop(section, None)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
-
-
-
-# ------------------------------------------------------------------------------------ load / dump
-
-
-class ConfigError(Exception):
-    """A config file is invalid. `problems` is a list of one-line messages (file:line: key: what)."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
-
-
-def load_yaml_with_lines(path: Path, raw: Optional[bytes] = None) -> tuple[dict, dict[tuple, int]]:
-    """Parse a YAML config file (bounded: size, UTF-8, depth, aliases; see `payload.config.yamlio`) and return
-    (data, {key path tuple: 1-based line}) for error messages. `raw`: the file's bytes when they were
-    already read (`yamlio.read_bounded`: a profile is read from disk once)."""
-    from payload.config.yamlio import YamlProblem, parse_yaml_bytes, read_yaml_file
-
-    try:
-        data, lines = read_yaml_file(path) if raw is None else parse_yaml_bytes(raw, str(path))
-    except YamlProblem as e:
-        raise ConfigError([str(e)]) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}:1: the file must be a mapping of sections (data:, model:, train:, ...)"])
-    return data, lines
-
-
-def line_for(lines: dict[tuple, int], loc: tuple) -> Optional[int]:
-    """Closest known line for a key path (falls back to the parent key)."""
-    loc = tuple(loc)
-    while loc:
-        if loc in lines:
-            return lines[loc]
-        loc = loc[:-1]
-    return None
-
-
-def load_run_config(path: str | os.PathLike, env: Optional[dict] = None) -> RunConfig:
-    """Load a resolved run config (or a profile: `cluster:`/`budget:` are ignored here) for the payload."""
-    from pydantic import ValidationError
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError([f"{path}: no such config file"])
-    data, lines = load_yaml_with_lines(path)
-    data = {k: v for k, v in data.items() if k not in ("cluster", "budget")}
-    try:
-        cfg = RunConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_validation_errors(e, path, lines)) from None
-    return cfg.with_env(env)
-
-
-def format_validation_errors(err, path, lines, root=None, where=None) -> list[str]:
-    """pydantic ValidationError -> one line per problem: `file:line: key.path: message`. `where(loc)`,
-    when given, names the place of a key instead (e.g. `--set train.lr` for a key set on the command
-    line: launcher/profiles/profile.py)."""
-    out = []
-    for e in err.errors():
-        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and "[" in x))
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key" + _did_you_mean(root or RunConfig, loc)
-        elif e["type"] == "finite_number":  # Strict: .inf, .nan, 1e400
-            msg = "must be a finite number (not .inf, .nan or beyond 1e308); give a plain number"
-        out.append(f"{where(loc) if where else place(path, lines, loc)}: {msg}")
-    return out
-
-
-def place(path, lines, loc: tuple) -> str:
-    """`file:line: key.path` of a key (the closest line known; the file alone when none is)."""
-    line, key = line_for(lines, loc), ".".join(str(x) for x in loc) or "(top level)"
-    return f"{path}:{line}: {key}" if line else f"{path}: {key}"
-
-
-def _did_you_mean(root, loc: tuple) -> str:
-    model = _model_at(root, loc[:-1])
-    if model is None:
-        return ""
-    section = "".join(f"{x}." for x in loc[:-1])
-    close = suggest_keys(str(loc[-1]), list(model.model_fields))
-    if close:
-        named = [f"`{section}{k}`" for k in close]
-        return f"; did you mean {' or '.join([', '.join(named[:-1]), named[-1]] if len(named) > 1 else named)}?"
-    return f"; valid keys: {', '.join(model.model_fields)}"
-
-
-def suggest_keys(typed: str, names: list[str]) -> list[str]:
-    """The keys among `names` (one section's) that `typed` most likely meant, best first, at most 3: the
-    same key spelt otherwise (`Learning-Rate`), an abbreviation of every word (`lr`, `grad_accum_steps`),
-    of some words (`warmup`, `accum_steps`), else a near spelling (difflib: `lerning_rate`)."""
-    import difflib
-
-    t = typed.lower().replace("-", "_")
-    same = [n for n in names if n.lower() == t]
-    if same:
-        return same
-    if len(t.replace("_", "")) >= 2:
-        for whole in (True, False):
-            hits = [n for n in names if _abbreviates(t, n.lower().split("_"), whole)]
-            if 0 < len(hits) <= 3:
-                return hits
-    return difflib.get_close_matches(typed, names, n=1, cutoff=0.6)
-
-
-def _abbreviates(t: str, words: list[str], whole: bool) -> bool:
-    """Whether `t` is read as leading letters of `words` in order (`lr`: learning_rate; an `_` in `t`
-    starts a new word): of every word when `whole`, else of some of them (skipping and stopping early)."""
-    t = t.lstrip("_")
-    if not t:
-        return not whole or not words
-    for j, word in enumerate(words if not whole else words[:1]):
-        for k in range(min(len(t), len(word)), 0, -1):
-            if "_" not in t[:k] and word.startswith(t[:k]) and _abbreviates(t[k:], words[j + 1:], whole):
-                return True
-    return False
-
-
-def _model_at(model, loc: tuple):
-    """Walk the schema along a key path (skipping list indices) to the model that owns the last key."""
-    import typing
-
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
-        if field is None:
-            return None
-        ann = field.annotation
-        candidates = [ann, *typing.get_args(ann)]
-        for sub in list(candidates):
-            candidates.extend(typing.get_args(sub))
-        nxt = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if nxt is None:
-            return None
-        model = nxt
-    return model
-
-
-def dump_run_config(cfg: RunConfig) -> str:
-    """The resolved YAML form (all defaults filled) that the payload reads."""
-    body = cfg.model_dump(mode="json", exclude=None if cfg.stages else {"stages"})  # no stages: as before stages
-    return yaml.safe_dump(body, sort_keys=False, width=100)
-
