@@ -1,4 +1,8 @@
-"""SkyPilot backend: on-demand profiles run as a cluster, spot profiles as a managed job.
+"""The SkyPilot backend: on-demand profiles run as a cluster, spot profiles as a managed job.
+
+One idea at ~490 lines: base.Backend's contract (up, logs, access, status, down, fetch) on SkyPilot's
+clusters and managed jobs, ~380 lines of it the class, and three functions of the same idea
+(`cluster_name`, `build_task`, `merge_status`); what stands apart is in the package's other modules.
 
 Everything goes through SkyPilot's Python SDK (client/server: each call returns a request id that
 `sky.get` / `sky.stream_and_get` resolves). The task is SkyPilot's own parse of the rendered
@@ -32,15 +36,10 @@ from ..base import Access, Backend, LaunchSpec, RemoteStatus, remote_command, re
 from ..tasks import workdir_files
 from . import control, runpod_pods
 from .files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
-from .price import hourly_price
 from .sdk import (
-    check_credentials_here, controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records,
-    map_sky_error, nothing_launched, profile_clouds, record_field, sdk, volume_record,
+    controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
+    nothing_launched, profile_clouds, record_field, sdk, volume_record,
 )
-
-# The backend's public face (the CLI, `launch volumes`, `launch plan` and tests import these from here).
-__all__ = ["SkyPilotBackend", "build_task", "check_credentials_here", "cluster_name", "credentials_message",
-           "hourly_price", "map_sky_error", "merge_status", "record_field", "sdk"]
 
 _JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "starting", "RUNNING": "running",
                "SUCCEEDED": "completed", "CANCELLED": "stopped"}
