@@ -1,6 +1,7 @@
 """launcher/ and payload/ are grouped by idea: each folder one idea, the arrows between groups one way and
 declared (GROUPS in each package's __init__), and a group reached from outside only through its face
 (FACES). Imports counted as scripts/import_cycles.py counts them: module level, in functions, type only.
+A package's __init__.py holds its docstring, its exports and those declarations, never its code.
 """
 
 import ast
@@ -141,6 +142,61 @@ def test_every_group_says_what_it_owns_and_what_it_may_import(folder):
     doc = " ".join((ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or "").split())
     assert len(doc) > 200 and "may import" in doc, f"{folder.name}/__init__.py: a one-paragraph docstring " \
         "saying what the group owns and what it may import"
+
+
+# A package's __init__.py is its table of contents, never where its code lives (issue 38): the file name
+# says where the code is, as SkyPilot's `sky/provision/runpod/__init__.py` only re-exports.
+INIT_NAMES = {"__all__": list, "__version__": str, "GROUPS": dict, "FACES": dict}  # literals only
+
+
+def init_problems(root: Path = REPO) -> list[str]:
+    """Every statement of an `__init__.py` under launcher/ or payload/ that is not its docstring, an
+    import, `__all__`, `__version__` or the GROUPS/FACES declarations, one line each (file:line)."""
+    out = []
+    for package in ("launcher", "payload"):
+        for init in sorted((root / package).rglob("__init__.py")):
+            rel, text = init.relative_to(root).as_posix(), init.read_text()
+            for i, node in enumerate(ast.parse(text).body):
+                if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                        and isinstance(node.value.value, str):
+                    continue
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                    if isinstance(node, ast.AnnAssign) and node.value is not None else []
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                if len(names) == len(targets) == 1 and names[0] in INIT_NAMES:
+                    try:
+                        if isinstance(ast.literal_eval(node.value), INIT_NAMES[names[0]]):
+                            continue
+                    except ValueError:
+                        pass
+                code = " ".join(ast.get_source_segment(text, node).split())
+                out.append(f"{rel}:{node.lineno}: `{code[:60]}{'...' if len(code) > 60 else ''}`: an __init__.py "
+                           "holds only its docstring, imports, __all__/__version__ and GROUPS/FACES; move the code to a module "
+                           "named by its idea and re-export it from here")
+    return out
+
+
+def test_every_init_holds_only_its_docstring_exports_and_declarations():
+    found = init_problems()
+    assert not found, "\n".join(found)
+
+
+def test_code_in_an_init_is_named_with_its_file_and_line(tmp_path):
+    root = _tree(tmp_path, {
+        "launcher/__init__.py": '"""The launcher."""\n__version__ = "1.0"\n' + DECLARED,
+        "launcher/low/__init__.py": '"""Low."""\nfrom .face import f\n__all__ = ["f"]\nLIMIT = 3\n'
+                                    "def g():\n    return f()\n",
+        "launcher/low/face.py": "def f(): ...\n",
+        "payload/x/__init__.py": "import os\nif os.environ.get('X'):\n    from .y import z\n",
+    })
+    found = init_problems(root)
+    assert [f.split(": an __init__.py")[0] for f in found] == [
+        "launcher/low/__init__.py:4: `LIMIT = 3`",
+        "launcher/low/__init__.py:5: `def g(): return f()`",
+        "payload/x/__init__.py:2: `if os.environ.get('X'): from .y import z`",
+    ]
 
 
 def test_no_folder_holds_more_than_twelve_modules():

@@ -3,7 +3,7 @@
 
 - The commands that need no cloud (validate, plan, profiles, render, init, data preview) leave the
   user's HOME as they found it: SkyPilot's offline planner keeps everything, `~/.sky/...` paths
-  included, under LAUNCH_HOME (launcher/catalog/__init__.py). `launch up` on a cloud may create
+  included, under LAUNCH_HOME (launcher/catalog/snapshot.py). `launch up` on a cloud may create
   `~/.sky`: that is SkyPilot's own place, where it keeps its clusters and API server state.
 - `launch compare` after a resume reads a run's latest state: its newest fetch only when that fetch is
   from the last attempt, else the machine's numbers (or, machine gone, the older fetch), with one line
@@ -179,7 +179,7 @@ def test_an_absolute_data_path_is_refused_on_every_backend_by_validate_plan_and_
 def test_offline_skypilot_gets_launchs_dir_as_home_and_still_reads_the_users_config(tmp_path, monkeypatch):
     """While SkyPilot runs offline, `~` is launch's runtime dir (its `~/.sky/...` paths land there); the
     user's ~/.sky/config.yaml is named by SKYPILOT_GLOBAL_CONFIG; both are as they were afterwards."""
-    from launcher import catalog
+    from launcher.catalog import snapshot
 
     home = tmp_path / "user-home"
     (home / ".sky").mkdir(parents=True)
@@ -187,7 +187,7 @@ def test_offline_skypilot_gets_launchs_dir_as_home_and_still_reads_the_users_con
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "launch-home"))
     monkeypatch.delenv("SKYPILOT_GLOBAL_CONFIG", raising=False)
-    with catalog._offline_home():
-        assert Path("~").expanduser() == catalog.offline_runtime_dir()
+    with snapshot.offline_home():
+        assert Path("~").expanduser() == snapshot.offline_runtime_dir()
         assert os.environ["SKYPILOT_GLOBAL_CONFIG"] == str(home / ".sky" / "config.yaml")
     assert os.environ["HOME"] == str(home) and "SKYPILOT_GLOBAL_CONFIG" not in os.environ

@@ -1,35 +1,43 @@
 """The run configuration the payload executes: data recipe, model, method, training, outputs.
 
-This module is the contract between the launcher and the payload. It imports only pydantic and
+This package is the contract between the launcher and the payload. It imports only pydantic and
 PyYAML (never torch), so the launcher can validate profiles with it. A profile in `clusters/`
 holds these sections plus the launcher-owned `cluster:` and `budget:`; `launch render` writes the
 resolved form (every default filled in, `runtime:` set) that `python -m payload ... --config` reads.
+Import the schema and its loading from here (this face), not from the modules that hold them.
 
-The sections themselves live in payload/config/schema.py and are re-exported here (import them from this
-module); this one adds the training stages, the whole `RunConfig`, and loading/dumping with errors
-that name the file, line and key. Every field's docstring is its help text. Cross-field rules live
-in `model_validator`s and name the keys involved, so a user sees which line of which file to change.
-
-The group: this face, `schema` (the sections), `stages` (each stage's run config), `evaluation`
-(`evaluation:`, `wandb:`), `resume` (what may change when a run resumes, checked on the machine too)
-and `yamlio` (bounded YAML reading). It may import only the payload's base (errors, layout); every
-other group, and the launcher, reads it.
+The group: this face, `runconfig` (the training stages' schema and the whole `RunConfig`), `load`
+(loading and dumping, with errors that name the file, line and key), `schema` (the sections),
+`stages` (each stage's run config), `evaluation` (`evaluation:`, `wandb:`), `resume` (what may
+change when a run resumes, checked on the machine too) and `yamlio` (bounded YAML reading). It may
+import only the payload's base (errors, layout); every other group, and the launcher, reads it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
-from pathlib import Path
-from typing import Literal, Optional
-
-import yaml
-from pydantic import BaseModel, Field, field_validator, model_validator
-
-from payload.config.evaluation import EvalConfig, WandbConfig
-from payload.config.schema import (  # noqa: F401  (re-exported: this module is the schema's public face)
+from payload.config.evaluation import EvalConfig, WandbConfig  # noqa: F401  (re-exported: the config's face)
+from payload.config.load import (  # noqa: F401  (re-exported: the config's face)
+    ConfigError,
+    dump_run_config,
+    format_validation_errors,
+    line_for,
+    load_run_config,
+    load_yaml_with_lines,
+    place,
+    suggest_keys,
+)
+from payload.config.runconfig import (  # noqa: F401  (re-exported: the config's face)
+    BUILTIN_REWARDS,
+    STAGES_DIR,
+    USER_REWARD_RE,
+    DpoConfig,
+    GrpoConfig,
+    RunConfig,
+    StageConfig,
+    check_stages,
+    stage_train,
+)
+from payload.config.schema import (  # noqa: F401  (re-exported: the config's face)
     CheckpointConfig,
     DataConfig,
     DeepSpeedConfig,
@@ -50,361 +58,3 @@ from payload.config.schema import (  # noqa: F401  (re-exported: this module is 
     shown,
     slugify,
 )
-
-
-# --- training stages (runbook 003: SFT -> DPO -> GRPO; payload/config/stages.py derives each stage's config)
-
-BUILTIN_REWARDS = ("exact_match", "number_match", "format")
-# A user reward: `FILE.py:FUNCTION` (relative to the workdir) or `package.module:FUNCTION`.
-USER_REWARD_RE = re.compile(r"(?:[\w./-]+\.py|[A-Za-z_][\w.]*):[A-Za-z_]\w*")
-STAGES_DIR = "stages"
-
-
-class DpoConfig(Strict):
-    """Direct preference optimization (TRL DPOTrainer)."""
-
-    beta: float = Field(default=0.1, gt=0)
-    """Strength of the pull towards the reference (the previous stage's adapter)."""
-    loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "bco_pair", "apo_zero", "apo_down"] = "sigmoid"
-    """TRL's DPO loss; `sigmoid` is the original DPO."""
-
-
-class GrpoConfig(Strict):
-    """Group relative policy optimization (TRL GRPOTrainer)."""
-
-    num_generations: int = Field(default=4, ge=2)
-    """Completions sampled per prompt; the batch of prompts x generations must divide by it."""
-    max_completion_length: int = Field(default=256, gt=0)
-    """Longest sampled completion in tokens."""
-    beta: float = Field(default=0.04, ge=0)
-    """KL coefficient against the reference (the previous stage's adapter); 0 drops the reference."""
-    temperature: float = Field(default=1.0, gt=0)
-    rewards: list[str] = Field(default_factory=lambda: ["number_match", "format"], min_length=1)
-    """Reward functions, summed: built-in `exact_match` (answer equals the completion's answer),
-    `number_match` (the last number in each equals), `format` (`<think>...</think>` then an answer,
-    or `format_regex`), or a user function `FILE.py:FUNCTION` / `package.module:FUNCTION` called as
-    TRL calls rewards: `f(prompts, completions, answer=..., **kwargs) -> list[float]`."""
-    reward_weights: Optional[list[float]] = None
-    """One weight per reward (default: all 1)."""
-    format_regex: Optional[str] = None
-    """Regex the whole completion must match for the `format` reward (default: think tags + answer)."""
-    use_vllm: bool = False
-    """Generate with vLLM (needs the package and GPU memory to spare: off on 16 GB GPUs)."""
-
-    @field_validator("rewards")
-    @classmethod
-    def _known_rewards(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if name not in BUILTIN_REWARDS and not USER_REWARD_RE.fullmatch(name):
-                raise ValueError(f"unknown reward {name!r}: use one of {', '.join(BUILTIN_REWARDS)} or a user "
-                                 "function as `FILE.py:FUNCTION` or `package.module:FUNCTION`")
-        return v
-
-    @field_validator("format_regex")
-    @classmethod
-    def _regex_compiles(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as e:
-                raise ValueError(f"format_regex does not compile ({e}); fix the pattern") from None
-        return v
-
-    @model_validator(mode="after")
-    def _weights(self):
-        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
-            raise ValueError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} "
-                             "rewards; give one weight per reward or remove it")
-        return self
-
-
-class StageConfig(Strict):
-    """One stage: its kind, its data and its overrides of `train:`."""
-
-    kind: Literal["sft", "dpo", "grpo"]
-    name: Optional[str] = None
-    """Directory name part `stages/<i>-<name>/` (default: the kind)."""
-    data: Optional[DataConfig] = None
-    """This stage's data recipe (default: the run's `data:`). DPO reads preference records
-    (`format: preference`, RLHF-V's shape included); GRPO reads prompts with answers
-    (`format: prompt_answer`)."""
-    train: dict = Field(default_factory=dict)
-    """Overrides of the run's `train:` for this stage, e.g. `{learning_rate: 5e-6, max_steps: 200}`."""
-    dpo: Optional[DpoConfig] = None
-    grpo: Optional[GrpoConfig] = None
-
-    @field_validator("name")
-    @classmethod
-    def _slug(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not NAME_RE.fullmatch(v):
-            raise ValueError(f"stage name {v!r} must be lowercase letters, digits and `-`")
-        return v
-
-    @model_validator(mode="after")
-    def _kind_blocks(self):
-        for other in ("dpo", "grpo"):
-            if getattr(self, other) is not None and self.kind != other:
-                raise ValueError(f"`{other}:` only applies to `kind: {other}` (this stage is `{self.kind}`); "
-                                 f"remove it or set kind: {other}")
-        if self.kind == "dpo" and self.dpo is None:
-            self.dpo = DpoConfig()
-        if self.kind == "grpo" and self.grpo is None:
-            self.grpo = GrpoConfig()
-        bad = set(self.train) - set(TrainConfig.model_fields)
-        if bad:
-            raise ValueError(f"train override(s) {sorted(bad)} are not `train:` keys; valid: "
-                             f"{', '.join(TrainConfig.model_fields)}")
-        if "method" in self.train:
-            raise ValueError("`train.method` is the run's (stages chain one adapter); set it in the run's train:")
-        return self
-
-    @property
-    def label(self) -> str:
-        return self.name or self.kind
-
-
-def check_stages(stages: list[StageConfig], train: TrainConfig) -> None:
-    """Cross-stage rules: unique names, later stages need an adapter, overrides validate."""
-    labels = [s.label for s in stages]
-    dupes = sorted({n for n in labels if labels.count(n) > 1})
-    if dupes:
-        raise ValueError(f"stage names must be unique, repeated: {dupes}; give each a `name:`")
-    if len(stages) > 1 and train.method == "full":
-        raise ValueError("chained stages pass a LoRA adapter on: use train.method lora or qlora")
-    for i, s in enumerate(stages):
-        merged = stage_train(train, s)
-        if s.kind == "grpo":
-            g = s.grpo
-            batch = merged.per_device_batch_size * merged.gradient_accumulation_steps
-            if batch % g.num_generations:
-                raise ValueError(f"stages[{i}] ({s.label}): per_device_batch_size x gradient_accumulation_steps "
-                                 f"= {batch} must be a multiple of grpo.num_generations {g.num_generations}; "
-                                 "change one of them")
-
-
-def stage_train(train: TrainConfig, stage: StageConfig) -> TrainConfig:
-    """The run's train config with the stage's overrides (validated as a whole)."""
-    body = train.model_dump(mode="json")
-    for k, v in stage.train.items():
-        body[k] = {**body[k], **v} if isinstance(v, dict) and isinstance(body.get(k), dict) else v
-    if "epochs" in stage.train and "max_steps" not in stage.train:
-        body["max_steps"] = None  # a stage that sets its epochs is not cut by the run's max_steps
-    return TrainConfig.model_validate(body)
-
-
-class RunConfig(Strict):
-    """Everything the payload needs. A profile is this plus `cluster:` and `budget:`."""
-
-    name: str = "run"
-    """Lowercase letters, digits and `-`, at most 63 characters: it names files, runs and clusters."""
-    description: Optional[str] = None
-    data: DataConfig
-    model: ModelConfig
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    outputs: OutputsConfig = Field(default_factory=OutputsConfig)
-    stages: list["StageConfig"] = Field(default_factory=list)
-    """Training stages in order (payload/config/stages.py), e.g. sft -> dpo -> grpo, each starting from
-    the previous stage's adapter. Empty: one SFT stage on `data:` with `train:` (as without stages)."""
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    evaluation: Optional[EvalConfig] = None
-    """Generation metrics (CER/WER/exact match) during training and on the test split (config/evaluation.py)."""
-    wandb: Optional[WandbConfig] = None
-    """Weights & Biases project/entity/name/tags (config/evaluation.py); off without WANDB_API_KEY."""
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_a_slug(cls, v: str) -> str:
-        return check_name(v)
-
-    @model_validator(mode="after")
-    def _cross(self):
-        if self.train.method == "full" and self.outputs.merge:
-            raise ValueError("`outputs.merge` needs an adapter; method `full` already produces full weights")
-        if self.train.method == "full" and self.model.dtype == "float16" and self.train.deepspeed is None:
-            raise ValueError("full fine-tuning in `model.dtype: float16` needs fp32 master weights: add "
-                             "`train.deepspeed` or use `model.dtype: float32`")
-        if self.stages:
-            check_stages(self.stages, self.train)
-        return self
-
-    # --- runtime helpers (no torch) -------------------------------------------------------------
-
-    def with_env(self, env: Optional[dict] = None) -> "RunConfig":
-        """Apply LAUNCH_* / SKYPILOT_* environment overrides; returns a new config."""
-        env = os.environ if env is None else env
-        rt = self.runtime.model_copy()
-        if env.get("LAUNCH_VOLUME"):
-            if rt.hf_home == f"{rt.volume}/.hf":  # the volume's model cache moves with it (launcher/profiles/render.py)
-                rt.hf_home = f"{env['LAUNCH_VOLUME']}/.hf"
-            rt.volume = env["LAUNCH_VOLUME"]
-        if env.get("LAUNCH_RUN_ID"):
-            rt.run_id = safe_id(env["LAUNCH_RUN_ID"])
-        elif not rt.run_id and env.get("SKYPILOT_TASK_ID"):
-            rt.run_id = safe_id(env["SKYPILOT_TASK_ID"])
-        if env.get("LAUNCH_PRICE_PER_HOUR"):
-            rt.price_per_hour = float(env["LAUNCH_PRICE_PER_HOUR"])
-        if env.get("LAUNCH_BUDGET_USD"):
-            rt.budget_usd = float(env["LAUNCH_BUDGET_USD"])
-        if not rt.run_id:
-            rt.run_id = safe_id(self.name)
-        return self.model_copy(update={"runtime": rt})
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.runtime.volume) / "runs" / (self.runtime.run_id or safe_id(self.name))
-
-    def config_hash(self) -> str:
-        """Hash of what determines the result (runtime excluded): same hash, same training."""
-        body = self.model_dump(mode="json", exclude={"runtime", "description", "wandb"})
-        for section in ("evaluation", "stages"):  # a config without the section hashes as before it existed
-            if not body.get(section):
-                body.pop(section, None)
-        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
-
-
-
-# ------------------------------------------------------------------------------------ load / dump
-
-
-class ConfigError(Exception):
-    """A config file is invalid. `problems` is a list of one-line messages (file:line: key: what)."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
-
-
-def load_yaml_with_lines(path: Path, raw: Optional[bytes] = None) -> tuple[dict, dict[tuple, int]]:
-    """Parse a YAML config file (bounded: size, UTF-8, depth, aliases; see `payload.config.yamlio`) and return
-    (data, {key path tuple: 1-based line}) for error messages. `raw`: the file's bytes when they were
-    already read (`yamlio.read_bounded`: a profile is read from disk once)."""
-    from payload.config.yamlio import YamlProblem, parse_yaml_bytes, read_yaml_file
-
-    try:
-        data, lines = read_yaml_file(path) if raw is None else parse_yaml_bytes(raw, str(path))
-    except YamlProblem as e:
-        raise ConfigError([str(e)]) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}:1: the file must be a mapping of sections (data:, model:, train:, ...)"])
-    return data, lines
-
-
-def line_for(lines: dict[tuple, int], loc: tuple) -> Optional[int]:
-    """Closest known line for a key path (falls back to the parent key)."""
-    loc = tuple(loc)
-    while loc:
-        if loc in lines:
-            return lines[loc]
-        loc = loc[:-1]
-    return None
-
-
-def load_run_config(path: str | os.PathLike, env: Optional[dict] = None) -> RunConfig:
-    """Load a resolved run config (or a profile: `cluster:`/`budget:` are ignored here) for the payload."""
-    from pydantic import ValidationError
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError([f"{path}: no such config file"])
-    data, lines = load_yaml_with_lines(path)
-    data = {k: v for k, v in data.items() if k not in ("cluster", "budget")}
-    try:
-        cfg = RunConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_validation_errors(e, path, lines)) from None
-    return cfg.with_env(env)
-
-
-def format_validation_errors(err, path, lines, root=None, where=None) -> list[str]:
-    """pydantic ValidationError -> one line per problem: `file:line: key.path: message`. `where(loc)`,
-    when given, names the place of a key instead (e.g. `--set train.lr` for a key set on the command
-    line: launcher/profiles/profile.py)."""
-    out = []
-    for e in err.errors():
-        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and "[" in x))
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key" + _did_you_mean(root or RunConfig, loc)
-        elif e["type"] == "finite_number":  # Strict: .inf, .nan, 1e400
-            msg = "must be a finite number (not .inf, .nan or beyond 1e308); give a plain number"
-        out.append(f"{where(loc) if where else place(path, lines, loc)}: {msg}")
-    return out
-
-
-def place(path, lines, loc: tuple) -> str:
-    """`file:line: key.path` of a key (the closest line known; the file alone when none is)."""
-    line, key = line_for(lines, loc), ".".join(str(x) for x in loc) or "(top level)"
-    return f"{path}:{line}: {key}" if line else f"{path}: {key}"
-
-
-def _did_you_mean(root, loc: tuple) -> str:
-    model = _model_at(root, loc[:-1])
-    if model is None:
-        return ""
-    section = "".join(f"{x}." for x in loc[:-1])
-    close = suggest_keys(str(loc[-1]), list(model.model_fields))
-    if close:
-        named = [f"`{section}{k}`" for k in close]
-        return f"; did you mean {' or '.join([', '.join(named[:-1]), named[-1]] if len(named) > 1 else named)}?"
-    return f"; valid keys: {', '.join(model.model_fields)}"
-
-
-def suggest_keys(typed: str, names: list[str]) -> list[str]:
-    """The keys among `names` (one section's) that `typed` most likely meant, best first, at most 3: the
-    same key spelt otherwise (`Learning-Rate`), an abbreviation of every word (`lr`, `grad_accum_steps`),
-    of some words (`warmup`, `accum_steps`), else a near spelling (difflib: `lerning_rate`)."""
-    import difflib
-
-    t = typed.lower().replace("-", "_")
-    same = [n for n in names if n.lower() == t]
-    if same:
-        return same
-    if len(t.replace("_", "")) >= 2:
-        for whole in (True, False):
-            hits = [n for n in names if _abbreviates(t, n.lower().split("_"), whole)]
-            if 0 < len(hits) <= 3:
-                return hits
-    return difflib.get_close_matches(typed, names, n=1, cutoff=0.6)
-
-
-def _abbreviates(t: str, words: list[str], whole: bool) -> bool:
-    """Whether `t` is read as leading letters of `words` in order (`lr`: learning_rate; an `_` in `t`
-    starts a new word): of every word when `whole`, else of some of them (skipping and stopping early)."""
-    t = t.lstrip("_")
-    if not t:
-        return not whole or not words
-    for j, word in enumerate(words if not whole else words[:1]):
-        for k in range(min(len(t), len(word)), 0, -1):
-            if "_" not in t[:k] and word.startswith(t[:k]) and _abbreviates(t[k:], words[j + 1:], whole):
-                return True
-    return False
-
-
-def _model_at(model, loc: tuple):
-    """Walk the schema along a key path (skipping list indices) to the model that owns the last key."""
-    import typing
-
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
-        if field is None:
-            return None
-        ann = field.annotation
-        candidates = [ann, *typing.get_args(ann)]
-        for sub in list(candidates):
-            candidates.extend(typing.get_args(sub))
-        nxt = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if nxt is None:
-            return None
-        model = nxt
-    return model
-
-
-def dump_run_config(cfg: RunConfig) -> str:
-    """The resolved YAML form (all defaults filled) that the payload reads."""
-    body = cfg.model_dump(mode="json", exclude=None if cfg.stages else {"stages"})  # no stages: as before stages
-    return yaml.safe_dump(body, sort_keys=False, width=100)
-

@@ -1,6 +1,6 @@
 """Schema of the `evaluation:` and `wandb:` sections of a run config (runbook 002).
 
-Kept apart from payload/config/__init__.py, which only names these classes in `RunConfig`. Imports pydantic
+Kept apart from payload/config/runconfig.py, which only names these classes in `RunConfig`. Imports pydantic
 only (the launcher validates profiles with it).
 
     evaluation:

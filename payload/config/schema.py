@@ -1,7 +1,7 @@
 """The sections of a run configuration: data recipe, model, method, training, outputs, runtime.
 
-The shared vocabulary of payload/config/__init__.py (which adds the stages, the whole `RunConfig` and its
-loading/dumping, and re-exports these names: import them from there). pydantic and PyYAML only,
+The shared vocabulary of payload/config/runconfig.py (which adds the stages and the whole `RunConfig`;
+payload/config/__init__.py re-exports these names: import them from there). pydantic and PyYAML only,
 never torch. Every field's docstring is its help text; cross-field rules name the keys involved.
 """
 

@@ -5,9 +5,9 @@ its own data recipe (`data:`, else the run's `data:` is used) and overrides of `
 rate, steps or epochs, batch, ...), plus the `dpo:` or `grpo:` settings of its kind. Without
 `stages:` a run is one SFT stage, exactly as before.
 
-The stage schema (`StageConfig`, `DpoConfig`, `GrpoConfig`) lives in payload/config/__init__.py beside the
+The stage schema (`StageConfig`, `DpoConfig`, `GrpoConfig`) lives in payload/config/runconfig.py beside the
 rest of the run config; this module derives the RunConfig one stage trains with (`stage_run_config`).
-Like payload/config/__init__.py it imports only pydantic (no torch): the launcher plans stages with it.
+Like payload/config/runconfig.py it imports only pydantic (no torch): the launcher plans stages with it.
 """
 
 from __future__ import annotations
@@ -17,12 +17,7 @@ from typing import Optional
 
 from pydantic import PrivateAttr
 
-from payload.config import (  # noqa: F401  (the schema lives in config)
-    STAGES_DIR,
-    RunConfig,
-    StageConfig,
-    stage_train,
-)
+from payload.config.runconfig import STAGES_DIR, RunConfig, StageConfig, stage_train
 
 
 class StageRunConfig(RunConfig):

@@ -1,0 +1,498 @@
+"""The SkyPilot backend: on-demand profiles run as a cluster, spot profiles as a managed job.
+
+One idea at ~490 lines: base.Backend's contract (up, logs, access, status, down, fetch) on SkyPilot's
+clusters and managed jobs, ~380 lines of it the class, and three functions of the same idea
+(`cluster_name`, `build_task`, `merge_status`); what stands apart is in the package's other modules.
+
+Everything goes through SkyPilot's Python SDK (client/server: each call returns a request id that
+`sky.get` / `sky.stream_and_get` resolves). The task is SkyPilot's own parse of the rendered
+`sky/<profile>.yaml`; `launch` adds the run id and the secret values, in memory only.
+
+Run identity. `LAUNCH_RUN_ID` is always set to the launch run id, for clusters and managed jobs
+alike. For a managed job it is as stable as SKYPILOT_TASK_ID (envs are part of the task the jobs
+controller re-launches on every recovery), and unlike SKYPILOT_TASK_ID it is known before the job
+exists, so `launch` knows the remote run dir (`{volume}/runs/{run_id}`) and the volume keys to
+fetch from without asking SkyPilot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from pathlib import Path, PurePosixPath
+from typing import Optional, TextIO
+
+import yaml
+
+from payload import layout
+from payload.errors import END_STATES
+
+from ...errors import BackendError
+from launcher.store.registry import ACTIVE_STATES, STATES, Run
+from launcher.profiles.uploads import remove_staged, stage_workdir
+from ..base import Access, Backend, LaunchSpec, RemoteStatus, remote_command, remote_path
+from ..tasks import workdir_files
+from . import control, runpod_pods
+from .files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
+from .sdk import (
+    controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
+    nothing_launched, profile_clouds, record_field, sdk, volume_record,
+)
+
+_JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "starting", "RUNNING": "running",
+               "SUCCEEDED": "completed", "CANCELLED": "stopped"}
+_MANAGED_STATES = {"PENDING": "starting", "SUBMITTED": "starting", "STARTING": "starting",
+                   "RECOVERING": "starting", "RUNNING": "running", "WINDING_DOWN": "running",
+                   "CANCELLING": "stopped", "CANCELLED": "stopped", "SUCCEEDED": "completed"}
+# status.json states in which the trainer has ended (payload/errors.py END_STATES; `interrupted`
+# is what the payload writes when a signal stopped it).
+_ENDED = (*END_STATES, "interrupted")
+
+
+def cluster_name(run_id: str) -> str:
+    """A valid SkyPilot cluster name (letters, digits, dashes; starts with a letter) for a run id."""
+    name = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = f"launch-{name}".rstrip("-")
+    if len(name) > 63:
+        name = f"{name[:56].rstrip('-')}-{hashlib.sha1(run_id.encode()).hexdigest()[:6]}"
+    return name
+
+
+# ---------------------------------------------------------------------------------- task
+
+
+def build_task(spec: LaunchSpec, volume_name: Optional[str] = None):
+    """SkyPilot's parse of the rendered task, with launch's envs and the secret values.
+
+    Secrets go in as `secrets_overrides` (what `sky launch --secret NAME` does), not through
+    `Task.update_secrets` after parsing: SkyPilot 0.14 turns every `NAME: null` secret into a
+    managed-secret reference that `update_secrets` leaves in place, and the API server then
+    refuses the launch ("No value available for secret(s)"). Secrets the user did not set are
+    dropped from the task; the payload's preflight says which stage needs one.
+    """
+    sky = sdk()
+    task_yaml = Path(spec.task_yaml).resolve()
+    config = yaml.safe_load(task_yaml.read_text())
+    given = {k: v for k, v in spec.secrets.items() if v}
+    inline = {k: v for k, v in (config.get("secrets") or {}).items() if v is not None}
+    config["secrets"] = {**inline, **{k: None for k in given}}
+    if not config["secrets"]:
+        config.pop("secrets")
+    if config.get("workdir"):  # rendered tasks say `workdir: .`; upload exactly the allowlist instead
+        config_rel = (config.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
+        files = workdir_files(spec.profile, Path(spec.config_yaml), config_rel)
+        config["workdir"] = str(stage_workdir(spec.run.id, files))
+    if volume_name and config.get("volumes"):  # an adopted volume is mounted under its cloud name
+        config["volumes"] = {m: (volume_name if n == spec.profile.cluster.volume.name else n)
+                             for m, n in config["volumes"].items()}
+    envs = {**spec.envs, "LAUNCH_RUN_ID": spec.run.id}
+    return sky.Task.from_yaml_config(config, env_overrides=list(envs.items()),
+                                     secrets_overrides=list(given.items()))
+
+
+# ------------------------------------------------------------------------------------ backend
+
+
+class SkyPilotBackend(Backend):
+    name = "skypilot"
+
+    def __init__(self, out: Optional[TextIO] = None):
+        self.out = out  # where SkyPilot's provisioning log streams (None: the console)
+        self._routes: dict[str, RunFiles] = {}
+
+    # -- up
+
+    def up(self, spec: LaunchSpec) -> Run:
+        p = spec.profile
+        if p.cluster.is_local:
+            raise BackendError(f"{p.name} runs on this machine: use `--backend local`")
+        if p.outputs.push_to_hub and not spec.secrets.get("HF_TOKEN"):
+            raise BackendError(f"outputs.push_to_hub ({p.outputs.push_to_hub}) needs HF_TOKEN: "
+                               "export HF_TOKEN=hf_... and run `launch up` again")
+        sky = sdk()
+        servers = control.local_api_server_pids()
+        with control.marked_process() as origin:  # the first SDK call may start a local API server
+            try:
+                return self._up(sky, spec)
+            except BackendError as e:
+                stopped = control.stop_api_server_we_started(sky, servers, origin)
+                raise BackendError(f"{e}{stopped}") from None
+
+    def _up(self, sky, spec: LaunchSpec) -> Run:
+        p, run = spec.profile, spec.run
+        try:
+            self._check_clouds(sky, p)
+            volume = self._ensure_volume(sky, p) if p.cluster.volume else None
+        except BackendError:
+            raise
+        except Exception as e:  # noqa: BLE001 - SDK errors become one line
+            raise map_sky_error(e, p) from None
+        try:
+            task = build_task(spec, volume["name"] if volume else None)
+        except (ValueError, OSError) as e:  # schema errors of a hand-edited or stale render
+            raise BackendError(f"{spec.task_yaml}: {first_line(e)}; re-render with `launch render "
+                               f"{p.name}`") from None
+        run_dir = str(layout.run_dir(p.runtime_volume(), run.id))
+        handle = {"kind": "managed_job" if p.cluster.use_spot else "cluster", "job_name": run.id,
+                  "run_dir": run_dir, "volume": volume, "push_to_hub": p.outputs.push_to_hub,
+                  "infra": p.cluster.infra_list,
+                  "bucket": p.cluster.bucket.model_dump() if p.cluster.bucket else None}
+        if p.cluster.use_spot:
+            job_id, reason = self._launch_managed(sky, task, run.id, p)
+        else:
+            run.cluster = cluster_name(run.id)
+            handle["cluster"], handle["autostop_minutes"] = run.cluster, p.cluster.autostop_minutes
+            job_id, reason = self._launch_cluster(sky, task, run.cluster, p)
+        if reason is None:  # the request has read the staged workdir (a detached one may still)
+            remove_staged(run.id)
+        handle["job_id"] = job_id
+        run.job_id = None if job_id is None else str(job_id)
+        run.handle = {**run.handle, **handle}
+        run.state, run.reason = "starting", reason
+        return run
+
+    def _check_clouds(self, sky, p) -> None:
+        """The profile's clouds against the API server's enabled list. That list is a cache (empty on
+        a freshly started server until a credential check ran): before saying "no credentials", run
+        SkyPilot's check for the profile's clouds once (`sky check CLOUD`) and ask again."""
+        wanted = profile_clouds(p)
+
+        def enabled() -> set:
+            found = {str(c).lower() for c in sky.get(sky.client.sdk.enabled_clouds()) or []}
+            return found | ({"kubernetes"} if "k8s" in found else set())
+
+        if any(w in enabled() for w in wanted):
+            return
+        sky.get(sky.client.sdk.check(tuple(wanted), verbose=False))
+        if not any(w in enabled() for w in wanted):
+            raise BackendError(credentials_message(wanted))
+
+    def _ensure_volume(self, sky, p) -> dict:
+        """The profile's network volume: reused if SkyPilot knows it, else an existing RunPod volume of
+        that name adopted (`use_existing`), else created where the GPUs are in stock (runpod_volumes)."""
+        from .runpod_volumes import stock_note, volume_config
+
+        v = p.cluster.volume
+        record = volume_record(sky, v.name)
+        how = "reused"
+        if record is None:
+            config, how = volume_config(p)
+            volume = sky.volumes.Volume.from_yaml_config(config)
+            sky.stream_and_get(sky.volumes.apply(volume), output_stream=self.out)
+            name, region, zone = config["name"], volume.region, volume.zone
+        else:
+            name, region, zone = (record_field(record, k) for k in ("name", "region", "zone"))
+            if p.cluster.region and region and p.cluster.region != region:
+                raise BackendError(f"volume {v.name} is in {region}/{zone} but cluster.region is "
+                                   f"{p.cluster.region}: drop cluster.region or use another volume name")
+            note = stock_note(p, zone)
+            if note:
+                from launcher.term.ui import err_console
+
+                err_console().print(f"[yellow]![/] {note}", soft_wrap=True)
+        key_prefix = str(PurePosixPath(layout.run_dir(v.mount, "x")).parent.relative_to(v.mount))
+        return {"name": name, "type": v.type, "region": region, "zone": zone, "mount": v.mount,
+                "key_prefix": key_prefix, "created": how == "created", "adopted": how == "adopted"}
+
+    def _launch_cluster(self, sky, task, name: str, p) -> tuple[Optional[int], Optional[str]]:
+        request = None
+        try:
+            request = sky.launch(task, cluster_name=name, idle_minutes_to_autostop=p.cluster.autostop_minutes,
+                                 down=True)
+            job_id, _ = sky.stream_and_get(request, output_stream=self.out)
+        except KeyboardInterrupt:
+            return None, f"detached while launching; SkyPilot goes on (`launch down` stops cluster {name})"
+        except Exception as e:  # noqa: BLE001
+            err = map_sky_error(e, p)
+            if request is None or nothing_launched(e):
+                raise err from None
+            # Autostop is armed only after setup: a failed setup would leave the cluster billing.
+            torn = self._down_quietly(sky, name)
+            raise BackendError(f"{err}; cluster {name} " + ("torn down, nothing bills" if torn else
+                               f"may still be up: `sky down {name}`")) from None
+        return job_id, None
+
+    def _launch_managed(self, sky, task, job_name: str, p) -> tuple[Optional[int], Optional[str]]:
+        try:
+            with control.controller_autostop():  # the controller is torn down when idle
+                request = sky.jobs.launch(task, name=job_name)
+            job_ids, _ = sky.stream_and_get(request, output_stream=self.out)
+        except KeyboardInterrupt:
+            return None, "detached while submitting; the jobs controller goes on (`launch down` cancels)"
+        except Exception as e:  # noqa: BLE001
+            raise map_sky_error(e, p) from None
+        if isinstance(job_ids, (list, tuple)):
+            return (job_ids[0] if job_ids else None), None
+        return job_ids, None
+
+    @staticmethod
+    def _down_quietly(sky, name: str) -> bool:
+        try:
+            sky.get(sky.down(name))
+            return True
+        except Exception as e:  # noqa: BLE001
+            from sky import exceptions as ex
+
+            return isinstance(e, ex.ClusterDoesNotExist)
+
+    # -- logs / status / down
+
+    def logs(self, run: Run, follow: bool, out: TextIO, tail: Optional[int] = None) -> int:
+        sky, h = sdk(), run.handle
+        try:
+            if h.get("kind") == "managed_job":
+                by = {"job_id": h["job_id"]} if h.get("job_id") is not None else {"name": h["job_name"]}
+                code = sky.jobs.tail_logs(**by, follow=follow, output_stream=out,
+                                          **({"tail": tail} if tail else {}))
+            else:  # SkyPilot's tail=0 (its default) is the whole log
+                code = sky.tail_logs(run.cluster, h.get("job_id"), follow, output_stream=out,
+                                     **({"tail": tail} if tail else {}))
+        except Exception as e:  # noqa: BLE001
+            raise map_sky_error(e) from None
+        return int(code or 0)
+
+    def access(self, run: Run, command: Optional[str], tty: bool) -> Access:
+        """`ssh CLUSTER` through SkyPilot's SSH config (~/.sky/generated/ssh/, written here when missing:
+        files.ensure_ssh_config), into
+        the run's directory on the volume. A managed job's machine is SkyPilot's to manage (recreated
+        on recovery, reached through its jobs controller), so there is nothing stable to ssh into."""
+        h = run.handle
+        if h.get("kind") == "managed_job":
+            raise BackendError(f"{run.id} is a managed job: SkyPilot owns its machine (it is replaced on "
+                               f"recovery); watch it with `launch logs {run.id} --follow`, or run on a cluster "
+                               "(cluster.use_spot: false) to ssh in")
+        if not run.cluster or not h.get("run_dir"):
+            raise BackendError(f"run {run.id} has no cluster yet: nothing to connect to")
+        missing = ensure_ssh_config(run.cluster)
+        if missing:
+            raise BackendError(missing)
+        return Access([*ssh_argv(run.cluster), "-t" if tty else "-T", run.cluster,
+                       remote_command(h["run_dir"], command)])
+
+    def status(self, run: Run) -> RemoteStatus:
+        sky, h, said = sdk(), run.handle, None
+        try:
+            if h.get("kind") == "managed_job":
+                state, reason, billing, said = self._managed_state(sky, run)
+            else:
+                state, reason, billing = self._cluster_state(sky, run)
+        except Exception as e:  # noqa: BLE001 - never raises: the state says what is known
+            if h.get("kind") == "managed_job" and controller_gone(e):
+                return self._settled(run)
+            return RemoteStatus(state=run.state, reason=f"SkyPilot not reachable: {map_sky_error(e)}")
+        reported = self._reported(run, up=state in ("running", "completed", "failed"))
+        st = merge_status(state, reason, reported, run.state)
+        st.billing = billing
+        if said:  # RunPod's word on the job's pod: the bill stops at its interruption (runpod_pods.py)
+            st.ended_at, st.notice, st.handle = said.interrupted_at, said.notice, said.keep
+        if state is None:  # its machine is gone: it billed until the run ended (or was seen ended), + autostop idle
+            end = control.epoch((reported or {}).get("ended_at")) or (None if run.active else run.ended_at)
+            idle = 0 if h.get("kind") == "managed_job" else h.get("autostop_minutes", control.CLUSTER_IDLE_MIN)
+            st.ended_at = min(end + 60 * idle, time.time()) if end else None  # not past now: torn down sooner
+        return st
+
+    def _cluster_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str], bool]:
+        """(state, reason, billing) of a cluster run; None: the cluster is gone."""
+        records = sky.get(sky.status(cluster_names=[run.cluster]))
+        if not records:
+            return None, f"cluster {run.cluster} is gone (autostopped after the job, or torn down)", False
+        cluster = enum_name(record_field(records[0], "status"))
+        if cluster == "INIT":
+            return "starting", "provisioning or setting up", True
+        if cluster == "STOPPED":
+            return "stopped", f"cluster {run.cluster} is stopped", False
+        job_id = run.handle.get("job_id")
+        jobs = job_statuses(sky, run.cluster, job_id)
+        job = enum_name(jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else
+                    next(iter(jobs.values()), None))
+        if job.startswith("FAILED"):
+            return "failed", f"job {job}: see `launch logs`", True
+        return _JOB_STATES.get(job, "starting"), None, True  # up: bills until autostop takes it down
+
+    def _managed_record(self, sky, h: dict):
+        """The jobs controller's queue record of the run's managed job (None: unknown to it)."""
+        match = managed_records(sky, h.get("job_id"), h["job_name"])
+        return match[-1] if match else None
+
+    def _managed_state(self, sky, run: Run) -> tuple:
+        """(state, reason, billing, RunPod's runpod_pods.Verdict on its pod or None) of a managed job;
+        state None: the controller forgot it."""
+        rec = self._managed_record(sky, run.handle)
+        if rec is None:
+            return None, "the jobs controller does not know this managed job any more", False, None
+        status, recoveries = enum_name(record_field(rec, "status")), record_field(rec, "recovery_count", 0)
+        billing = control.managed_job_billing(status, rec)
+        if status.startswith("FAILED"):
+            why = record_field(rec, "failure_reason") or record_field(rec, "details") or "see `launch logs`"
+            return "failed", f"{status}: {why}", billing, None
+        said = runpod_pods.check(run.handle, rec, status)  # RunPod's word on the pod (SkyPilot may say RUNNING)
+        billing = said.billing if said else billing
+        if status == "RECOVERING" or (said and said.dead):
+            return "starting", f"preempted; SkyPilot is recovering it (recovery {recoveries + 1})", billing, said
+        return _MANAGED_STATES.get(status, "starting"), f"recovered {recoveries}x" if recoveries else None, billing, said
+
+    def _settled(self, run: Run) -> RemoteStatus:
+        """The jobs controller is gone: it autostops only once none of its jobs is active, so the run
+        has ended, nothing of it bills, and how and when it ended is the run's own status.json's to
+        say (read from the volume)."""
+        reported = self._reported(run, up=False)
+        why = "the jobs controller is gone (torn down after its jobs ended)"
+        if reported is None:
+            why += "; the run's status.json is not readable from here (RUNPOD_S3_ACCESS_KEY/_SECRET_KEY)"
+        st = merge_status(None, why, reported, run.state)
+        st.billing = False
+        st.ended_at = control.epoch((reported or {}).get("ended_at") or (reported or {}).get("updated_at"))
+        return st
+
+    def _reported(self, run: Run, up: bool) -> Optional[dict]:
+        """The run's own status.json: over SSH while the cluster is up, else from the volume (S3)."""
+        text = self._run_text(run, layout.STATUS, up)
+        try:
+            return json.loads(text) if text else None
+        except ValueError:
+            return None
+
+    def _run_text(self, run: Run, rel: str, up: bool) -> Optional[str]:
+        """A run-dir-relative file of the run: over SSH while the cluster is up, else from the volume (S3)."""
+        h = run.handle
+        if h.get("kind") == "cluster" and up:
+            return cluster_ssh(run.cluster, f"cat {remote_path(h['run_dir'] + '/' + rel)}", check=False)
+        if s3_ready(h):
+            try:
+                return S3Volume(h["volume"]).read(f"{h['volume']['key_prefix']}/{run.id}/{rel}")
+            except Exception:  # noqa: BLE001
+                return None
+        return None
+
+    def read_run_file(self, run: Run, rel: str) -> Optional[str]:
+        """As `status` reads status.json: over SSH while the cluster is up (asked of SkyPilot), else
+        from the volume (S3); None when neither has it."""
+        up = False
+        if run.handle.get("kind") == "cluster" and run.cluster:
+            try:
+                state, _, _ = self._cluster_state(sdk(), run)
+                up = state in ("running", "completed", "failed")
+            except Exception:  # noqa: BLE001 - SkyPilot unreachable: try the volume
+                up = False
+        return self._run_text(run, rel, up)
+
+    def write_run_file(self, run: Run, rel: str, text: str) -> bool:
+        """Over SSH into a cluster's run dir, else through the RunPod volume's S3 API (managed jobs)."""
+        h = run.handle
+        if h.get("kind") == "cluster" and run.cluster and h.get("run_dir"):
+            d, target = remote_path(h["run_dir"]), remote_path(f"{h['run_dir']}/{rel}")
+            return cluster_ssh(run.cluster, f"test -d {d} && cat > {target}.part && mv {target}.part {target}",
+                               check=False, stdin=text) is not None
+        if s3_ready(h):
+            try:
+                S3Volume(h["volume"]).write(f"{h['volume']['key_prefix']}/{run.id}/{rel}", text)
+                return True
+            except Exception:  # noqa: BLE001 - not writable: the caller says what that means
+                return False
+        return False
+
+    def down(self, run: Run) -> None:
+        """Cancel the job, then the machines go (bounded waits). `launch down` has asked the trainer
+        for its final checkpoint before this (final_save.py): SIGTERM is only SkyPilot's way to stop it."""
+        sky, h = sdk(), run.handle
+        try:
+            if h.get("kind") == "managed_job":
+                self._cancel_managed(sky, run)
+            else:
+                self._down_cluster(sky, run)
+        except BackendError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            from sky import exceptions as ex
+
+            if not isinstance(e, ex.ClusterDoesNotExist):
+                raise map_sky_error(e) from None
+
+    def _down_cluster(self, sky, run: Run) -> None:
+        """`sky.cancel` (SIGTERM, and SIGKILL SKY_KILL_AFTER_S later: no use waiting longer for the
+        run's status.json to say it ended), then `sky.down`; graceful for bucket mounts, so
+        MOUNT_CACHED checkpoint uploads finish first."""
+        if self._cluster_up(run) and self._job_active(sky, run):
+            before = self._reported(run, up=True) or {}
+            sky.get(sky.cancel(run.cluster, job_ids=[run.handle["job_id"]]))
+            if before.get("state") and before["state"] not in _ENDED:  # a trainer to wait for
+                control.wait_until(lambda: (self._reported(run, up=True) or {}).get("state") in _ENDED,
+                                   control.SKY_KILL_AFTER_S + control.POLL_S)
+        flush = {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S} if run.handle.get("bucket") else {}
+        sky.get(sky.down(run.cluster, **flush))
+
+    def _job_active(self, sky, run: Run) -> bool:
+        job_id = run.handle.get("job_id")
+        if job_id is None:
+            return False
+        jobs = job_statuses(sky, run.cluster, job_id)
+        return enum_name(jobs.get(job_id, jobs.get(str(job_id)))) in ("PENDING", "SETTING_UP", "RUNNING")
+
+    def _cancel_managed(self, sky, run: Run) -> None:
+        """`sky.jobs.cancel` (graceful: the task gets SIGTERM, then its cluster goes), then wait until
+        the controller says the job ended, so nothing of it bills when `launch down` returns."""
+        h = run.handle
+        by = {"job_ids": [h["job_id"]]} if h.get("job_id") is not None else {"name": h["job_name"]}
+        try:
+            sky.get(sky.jobs.cancel(**by, graceful=True, graceful_timeout=control.DOWN_GRACE_S))
+        except Exception as e:  # noqa: BLE001
+            if controller_gone(e):  # it went away because no job of it was active: nothing to cancel
+                return
+            raise
+
+        def ended() -> bool:
+            try:
+                rec = self._managed_record(sky, h)
+            except Exception as e:  # noqa: BLE001
+                if controller_gone(e):
+                    return True
+                raise
+            return rec is None or enum_name(record_field(rec, "status")).startswith(control.MANAGED_TERMINAL)
+
+        if not control.wait_until(ended, 2 * control.DOWN_GRACE_S):
+            raise BackendError(f"managed job {h.get('job_id') or h['job_name']} is still being cancelled "
+                               f"after {2 * control.DOWN_GRACE_S:g} s and may bill until it ends: check "
+                               "`sky jobs queue`, then `sky jobs cancel` it")
+
+    # -- fetch
+
+    def list_files(self, run: Run, roots: tuple[str, ...]) -> dict[str, int]:
+        return self._files(run).list(roots)
+
+    def copy_files(self, run: Run, rels: list[str], into: Path) -> None:
+        self._files(run).copy(rels, into)
+
+    def _files(self, run: Run) -> RunFiles:
+        if run.id not in self._routes:  # decided once per run: a cluster may autostop meanwhile
+            self._routes[run.id] = RunFiles.of(run, lambda: self._cluster_up(run))
+        return self._routes[run.id]
+
+    def _cluster_up(self, run: Run) -> bool:
+        sky = sdk()
+        try:
+            records = sky.get(sky.status(cluster_names=[run.cluster]))
+        except Exception as e:  # noqa: BLE001
+            raise map_sky_error(e) from None
+        return bool(records) and enum_name(record_field(records[0], "status")) in ("UP", "AUTOSTOPPING")
+
+
+def merge_status(state: Optional[str], reason: Optional[str], reported: Optional[dict],
+                 previous: str) -> RemoteStatus:
+    """SkyPilot's view (None: the machine is gone) merged with the run's own status.json."""
+    rs = reported or {}
+    said = rs.get("state") if rs.get("state") in STATES else None
+    if state is None:
+        if said and said not in ACTIVE_STATES:
+            state = said
+        else:
+            state = previous if previous not in ACTIVE_STATES else "stopped"
+    elif state in ("completed", "failed", "stopped") and said in ("completed", "failed", "budget_exhausted", "stopped"):
+        # The run knows why it ended (budget, its own failure reason, a stop it was asked for). A stop
+        # `launch down` asked for ends the job with the payload's exit 5, which SkyPilot records as
+        # FAILED (any non-zero exit): the run's own `stopped` is the truth (seen on the emulated RunPod).
+        state = said
+    reason = rs.get("reason") if state == said and rs.get("reason") else reason
+    return RemoteStatus.from_report(state, rs, reason)
