@@ -95,7 +95,9 @@ class EmulatedCloud:
     def _start(self, image: Path, catalog: Path) -> None:
         sh("ip", "netns", "add", self.ns)
         self.state.mkdir(parents=True)
-        hide = sorted({"/" + REPO.parts[1], "/" + self.scratch.parts[1]} - {"/"})
+        # the repo and this scratch dir, exactly: a top directory (`/tmp` for a clone in /tmp/x) would
+        # hide what the pod needs there (a 1 MB tmpfs over /tmp: SkyPilot's wheel build ran out of space)
+        hide = sorted({str(REPO), str(self.scratch)})
         cmd = ["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation", "private",
                sys.executable, "-m", "tests.cloud.emulator.serve", "--state", str(self.state), "--image", str(image),
                "--subnet", self.subnet, "--port", str(self.port), "--prefix", self.ns,
