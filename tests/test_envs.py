@@ -103,10 +103,11 @@ def test_ssh_backend_passes_env_to_the_run(sshd, tmp_path):
 
 def test_skypilot_up_with_set_and_env_renders_per_run_and_records_both(monkeypatch):
     from launcher.backends import skypilot as sp
+    from launcher.backends.skypilot import backend as sp_backend  # where the backend looks it up
 
     fake, staged = FakeSky(monkeypatch), {}
-    real_stage = sp.stage_workdir
-    monkeypatch.setattr(sp, "stage_workdir", lambda run_id, files: (staged.update(files), real_stage(run_id, files))[1])
+    real_stage = sp_backend.stage_workdir
+    monkeypatch.setattr(sp_backend, "stage_workdir", lambda run_id, files: (staged.update(files), real_stage(run_id, files))[1])
     committed = {p: p.read_text() for p in (render.task_path("sonia-h100"), render.config_path("sonia-h100"))}
     try:
         r = CliRunner().invoke(cli, ["up", "sonia-h100", "--set", "train.learning_rate=1e-4",

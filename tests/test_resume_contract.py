@@ -50,10 +50,11 @@ class Machine:
             handle = {"host": sshd.host, "remote_root": str(self.root), "volume": str(self.root / "volume")}
         if kind == "skypilot":
             from launcher.backends import skypilot as sp
+            from launcher.backends.skypilot import backend as sp_backend  # where the backend looks it up
 
             self.sky, self.staged = FakeSky(monkeypatch), {}
-            real_stage = sp.stage_workdir
-            monkeypatch.setattr(sp, "stage_workdir",
+            real_stage = sp_backend.stage_workdir
+            monkeypatch.setattr(sp_backend, "stage_workdir",
                                 lambda rid, files: (self.staged.update(files), real_stage(rid, files))[1])
         registry.save(Run(id=self.run_id, profile=self.profile, backend=kind, state="preempted", price_per_hour=0.1,
                           billed_s=60.0, billed_usd=0.01,
