@@ -294,3 +294,14 @@ def test_a_plan_under_a_cent_keeps_its_range_in_dollars():
     plan = plan_profile(load_profile("local-demo"))
     usd = plan.ranges["usd"]
     assert 0 < usd["low"] <= usd["mid"] <= usd["high"] and usd["mid"] == pytest.approx(plan.total_usd, rel=0.01)
+
+
+def test_a_sub_cent_plan_over_a_sub_cent_cap_says_its_digits():
+    """A tiny run over a tiny cap said "planned ~$0.00 is over the budget cap $0.00"."""
+    from types import SimpleNamespace
+
+    from launcher.plan.cost import over_budget
+
+    plan = SimpleNamespace(budget_usd=0.002, total_usd=0.0042, ranges={"usd": {"low": 0.0031, "high": 0.0057}})
+    line = over_budget(plan)
+    assert line.startswith("planned ~$0.0042 (range $0.0031-$0.0057) is over the budget cap $0.0020:"), line

@@ -88,9 +88,11 @@ def over_budget(plan) -> Optional[str]:
     """One line when the planned cost (middle figure) exceeds the profile's own budget cap."""
     if not plan.budget_usd or plan.total_usd <= plan.budget_usd:
         return None
+    from launcher.term.units import money  # sub-cent figures keep their digits: "$0.0042", never "$0.00"
+
     usd = plan.ranges.get("usd", {}) if plan.ranges else {}
-    rng = f" (range ${usd['low']:,.2f}-${usd['high']:,.2f})" if usd else ""
-    return (f"planned ~${plan.total_usd:,.2f}{rng} is over the budget cap ${plan.budget_usd:,.2f}: the run stops "
+    rng = f" (range {money(usd['low'])}-{money(usd['high'])})" if usd else ""
+    return (f"planned ~{money(plan.total_usd)}{rng} is over the budget cap {money(plan.budget_usd)}: the run stops "
             f"at the cap with a resumable checkpoint; raise budget.max_usd or shorten the run")
 
 
