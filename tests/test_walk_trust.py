@@ -52,6 +52,17 @@ def test_up_on_ssh_says_a_plan_over_its_budget_before_dialling_the_host(tmp_path
     assert 0 <= over < out.find("cannot reach nobody@127.0.0.1:1"), out
 
 
+def test_up_dry_run_says_a_plan_over_its_budget_and_starts_nothing(tmp_path):
+    """`up --dry-run` said nothing of a plan over its budget cap, which `up` says before it starts."""
+    r = launch(tmp_path, "up", "local-demo", "--dry-run", "--set", "budget.price_per_hour=100",
+               "--set", "budget.max_usd=0.5")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "Traceback" not in out, out
+    assert "is over the budget cap $0.50" in " ".join(out.split()), out
+    r = launch(tmp_path, "status", "--all", "--json")
+    assert json.loads(r.stdout) == [], r.stdout  # nothing started, no run id reserved
+
+
 # ------------------------------------------------------------------- 5: a `~` path is no link out
 
 

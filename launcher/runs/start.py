@@ -144,12 +144,12 @@ def _up(held, profile, backend, host, identity_file, accept_new_host_key, resume
     per_run = any(not item.startswith("budget.") for item in (*sets, *rehearsal)) or not in_clusters(written.path)
     # the committed sky/ file is the profile as written (only budget.* overrides differ from it)
     rendered = resolved.as_written() if backend == "skypilot" and not per_run else p
-    if dry_run:
-        return _dry_run(rendered, run, backend, source, per_run)  # None
     if not resuming:  # issue 24: a run planned over its own budget cap is started only when confirmed
         from launcher.plan.budget_gate import confirm_over_budget
 
-        confirm_over_budget(p, backend, interactive())
+        confirm_over_budget(p, backend, interactive() and not dry_run)  # a dry run says it, asks nothing
+    if dry_run:
+        return _dry_run(rendered, run, backend, source, per_run)  # None
     run.budget_usd = p.budget.max_usd  # a `--resume --set budget.max_usd=...` is the run's budget from now
     if run.billed_s is None:  # new, or recorded before billing was accrued: what it billed so far
         run.billed_s, run.billed_usd = run.billed()
