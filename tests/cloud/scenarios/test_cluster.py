@@ -107,4 +107,10 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report, tmp_pat
     assert not cloud.api("GET", "/admin/state").get("volumes"), "the volume is still on the cloud"
     print("\n".join(f"  {c:<40} {t:6.1f} s  exit {rc}" for c, t, rc in cloud.timings))
     print("  what `launch down --fetch-artifacts` said:\n" + "\n".join("    " + ln for ln in out.splitlines()))
-    report(state=after["state"], usd=usd, ledger_usd=state.get("billed_usd"), steps=after.get("step"))
+    # both runs (the run and its rehearsal), as `launch cost`'s total counts them: never under what RunPod
+    # bills for the pods, over it by at most the wait from `up` to each pod (volume, provisioning) and a
+    # refresh's lag
+    ledger = cloud.api("GET", "/admin/state")["billed_usd"]
+    print(f"  launch billed ${usd:.4f} for the run and its rehearsal; RunPod billed the pods ${ledger:.4f}")
+    assert ledger - PRICE * 20 / 3600 <= usd <= ledger + 2 * PRICE * 120 / 3600, (usd, ledger)
+    report(state=after["state"], usd=usd, ledger_usd=ledger, steps=after.get("step"))
