@@ -233,7 +233,13 @@ def test_a_note_on_a_terminal_wraps_under_its_text(tmp_path):
     proc.wait(timeout=120)
     lines = out.decode().replace("\r\n", "\n").splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("✗ planned"))
-    assert max(len(line) for line in lines) <= 80 and lines[at + 1].startswith("  at the cap"), lines[at:at + 3]
+    note = [lines[at]]  # the note's first line, then each continuation, indented under its text
+    for line in lines[at + 1:]:
+        if not line.startswith("  "):
+            break
+        note.append(line)
+    assert max(len(line) for line in lines) <= 80 and len(note) > 1, lines[at:at + 3]
+    assert " ".join(line.strip() for line in note).endswith("raise budget.max_usd or shorten the run"), note
 
 
 def test_status_all_keeps_a_state_whole_and_says_when_there_are_no_runs(tmp_path, monkeypatch):
