@@ -235,7 +235,7 @@ def test_a_note_on_a_terminal_wraps_under_its_text(tmp_path):
     at = next(i for i, line in enumerate(lines) if line.startswith("✗ planned"))
     note = [lines[at]]  # the note's first line, then each continuation, indented under its text
     for line in lines[at + 1:]:
-        if not line.startswith("  "):
+        if not line.startswith("  ") or line.lstrip().startswith("→"):  # a hint after it is no part of it
             break
         note.append(line)
     assert max(len(line) for line in lines) <= 80 and len(note) > 1, lines[at:at + 3]
