@@ -67,11 +67,13 @@ def _processes(run_id: str) -> list[int]:
 
 
 def _drivers(run_id: str) -> list[int]:
-    """This run's local drivers alive now (processes of the run whose command is its driver.sh)."""
+    """This run's local drivers alive now: processes of the run whose command is its driver.sh and that
+    lead their session (a driver's own forks, `cmd &` or `$(...)`, carry its command line for a moment
+    before they exec, in its session)."""
     out = []
     for pid in _processes(run_id):
         try:
-            if b"driver.sh" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"driver.sh" in Path(f"/proc/{pid}/cmdline").read_bytes() and os.getsid(pid) == pid:
                 out.append(pid)
         except OSError:
             continue
