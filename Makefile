@@ -55,7 +55,7 @@ $(STAMP): pyproject.toml requirements/dev.lock Makefile | $(UV)
 # 2 cores, since much of the suite waits on subprocesses. TEST_WORKERS=0 runs in this process only.
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --ignore=tests/cloud/scenarios tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=10 --ignore=tests/cloud/scenarios tests
 
 # The emulated RunPod (tests/cloud/README.md): the real SkyPilot drives the shipped cloud profiles on
 # pods that are namespaces of this machine. Needs root; bakes its pod image once per lock (package index).
@@ -104,13 +104,13 @@ bench: install
 GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 
 gpu-check:
-	$(GPU_PY) bench/gpu_check.py $(ARGS)
+	$(GPU_PY) bench/gpu/gpu_check.py $(ARGS)
 
 gpu-check-smoke: install
-	$(BIN)/python bench/gpu_check.py --smoke $(ARGS)
+	$(BIN)/python bench/gpu/gpu_check.py --smoke $(ARGS)
 
 gpu-wheels: install
-	$(BIN)/python bench/gpu_wheels.py $(ARGS)
+	$(BIN)/python bench/gpu/gpu_wheels.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .tools artifacts .pytest_cache

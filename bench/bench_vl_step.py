@@ -5,7 +5,7 @@ TRL's SFTTrainer) on a tiny Qwen3-VL model with images at runbook 002's sizes, u
     .venv/bin/python bench/bench_vl_step.py --steps 8 --workers 0,4 --size 1024x800
     .venv/bin/python bench/bench_vl_step.py --text                # sonia: text records, VL model, seq 4096
 
-Data as `make gpu-check`'s images mode (bench/gpu_data.py): well-log-header-like PNG pages of
+Data as `make gpu-check`'s images mode (bench/gpu/gpu_data.py): well-log-header-like PNG pages of
 1024x800 px (800 vision tokens: Qwen3-VL merges 32x32 px into one) + a ~100-token transcription,
 seq 2048, batch 2, through the image processor with Qwen3-VL-2B's settings. The model is tiny, so
 the step's matmuls cost little here: what this measures is the work around them, which on a GPU runs
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+sys.path[:0] = [str(BENCH / "gpu"), str(BENCH.parent)]
 
 import gpu_modes  # noqa: E402
 

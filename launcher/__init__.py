@@ -2,7 +2,7 @@
 
 The folders are the table of contents (README.md "Architecture" draws the tree). Each group is one
 idea, imports only the groups below it (GROUPS), and is imported by other groups only through its face
-(FACES: the modules other groups may import; the rest are its own business). tests/test_groups.py
+(FACES: the modules other groups may import; the rest are its own business). tests/house/test_groups.py
 fails on an import that runs back up or reaches past a face, and on a declaration nobody uses.
 """
 

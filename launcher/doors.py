@@ -2,7 +2,7 @@
 why. The payload is a separate program (it runs on the GPU machine and never imports the launcher);
 the launcher reads its schema, its layout and its vocabulary rather than restating them, and runs a
 few of its stages here on purpose (`launch eval`, `launch chat`). Any other import is an accident:
-tests/test_imports.py fails on a door that is not listed here (and on a listed one nobody uses), so a
+tests/house/test_imports.py fails on a door that is not listed here (and on a listed one nobody uses), so a
 new door is a decision written down, not a side effect.
 """
 

@@ -2,7 +2,7 @@
 
 It never imports the launcher. Its folders are its table of contents (README.md "Architecture"):
 each group is one idea, imports only the groups below it (GROUPS) and is imported by other groups
-only through its face (FACES); tests/test_groups.py holds both. `errors`, `layout` and `retry` are the
+only through its face (FACES); tests/house/test_groups.py holds both. `errors`, `layout` and `retry` are the
 base every group may use; `__main__` (the stage runner) and `exitcode` (what a rendered `run` exits
 with) are the entry points on top.
 """

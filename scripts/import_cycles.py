@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("launcher", "payload")
 # Folders of scripts that import each other by their bare names (the folder is on sys.path).
-SCRIPT_DIRS = ("bench",)
+SCRIPT_DIRS = ("bench", "bench/gpu")
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:

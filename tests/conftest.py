@@ -16,7 +16,7 @@ os.environ["SKYPILOT_DISABLE_USAGE_COLLECTION"] = "1"
 os.environ["SKYPILOT_DISABLE_LOCAL_API_SERVER"] = "1"
 for _secret in ("HF_TOKEN", "WANDB_API_KEY", "RUNPOD_API_KEY", "LAUNCH_DEBUG"):
     os.environ.pop(_secret, None)
-# No network in tests: the payload's preflight skips its Hub/W&B calls (tests/test_preflight_remote.py
+# No network in tests: the payload's preflight skips its Hub/W&B calls (tests/payload/preflight/test_preflight_remote.py
 # removes this and fakes those calls).
 os.environ["LAUNCH_PREFLIGHT_OFFLINE"] = "1"
 

@@ -1,4 +1,4 @@
-"""Synthetic data and a three-stage (sft -> dpo -> grpo) config for tests/test_stages.py."""
+"""Synthetic data and a three-stage (sft -> dpo -> grpo) config for tests/payload/train/test_stages.py."""
 
 from __future__ import annotations
 

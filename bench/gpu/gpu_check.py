@@ -3,13 +3,13 @@
     make gpu-check                          # on a machine with one NVIDIA GPU (no network needed)
     make gpu-check ARGS="--modes lora-bf16-sdpa,qlora-4bit --budget-s 540"
     make gpu-check-smoke                    # the same code on CPU at tiny shapes (the test suite runs it)
-    python bench/gpu_check.py --merge a.json b.json   # one table from several partial runs
+    python bench/gpu/gpu_check.py --merge a.json b.json   # one table from several partial runs
 
 Builds random models at real shapes locally (Qwen3-8B; Qwen3-VL-2B), synthetic records at runbook
-000's lengths, then runs each mode (bench/gpu_modes.py) in its own process, bounded in time: the
-payload (payload.train.recipe's phases) and its plain-Trainer baseline (bench/gpu_baseline.py). A mode that
+000's lengths, then runs each mode (bench/gpu/gpu_modes.py) in its own process, bounded in time: the
+payload (payload.train.recipe's phases) and its plain-Trainer baseline (bench/gpu/gpu_baseline.py). A mode that
 cannot run here, runs out of memory or times out is a row with a reason. Missing packages are
-installed from wheels carried in `.whl/` and `.whl-bnb/` (bench/gpu_wheels.py) when the machine's own
+installed from wheels carried in `.whl/` and `.whl-bnb/` (bench/gpu/gpu_wheels.py) when the machine's own
 are missing or too old (payload/preflight/versions.py). Writes bench/results/<gpu>-<date>.{json,md}, prints a
 summary. bench/README.md has the device command sequence.
 """
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-sys.path[:0] = [str(BENCH), str(ROOT)]
+ROOT = BENCH.parents[1]
+sys.path[:0] = [str(BENCH), str(BENCH.parent), str(ROOT)]  # bench/gpu, bench (bench_packing), the repo
 
 import gpu_env  # noqa: E402
 import gpu_modes  # noqa: E402
@@ -44,9 +44,9 @@ IMPORT_NAMES = {"flash-attn": "flash_attn", "bitsandbytes": "bitsandbytes", "dee
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="bench/gpu_check.py", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="bench/gpu/gpu_check.py", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: python bench/gpu_check.py --modes lora-bf16-sdpa --steps 20")
+                                epilog="example: python bench/gpu/gpu_check.py --modes lora-bf16-sdpa --steps 20")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, seconds (the test suite runs it)")
     p.add_argument("--modes", help=f"comma-separated, default all: {','.join(gpu_modes.MODE_NAMES)}")
     p.add_argument("--steps", type=int, help="optimizer steps per run (default 15; smoke 4)")
@@ -111,7 +111,7 @@ class Check:
         self.a, self.t0 = a, time.monotonic()
         self.work = Path(a.workdir or tempfile.mkdtemp(prefix="launch-gpu-check-")).resolve()
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
-        self.out = Path(a.out) if a.out else (self.work / "results" if a.smoke else BENCH / "results")
+        self.out = Path(a.out) if a.out else (self.work / "results" if a.smoke else ROOT / "bench" / "results")
         names = a.modes.split(",") if a.modes else (gpu_modes.SMOKE_MODES if a.smoke else gpu_modes.MODE_NAMES)
         self.modes = [gpu_modes.mode(n.strip()) for n in names]
         if a.smoke:
@@ -122,7 +122,7 @@ class Check:
         self.stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.results = {"date": dt.date.today().isoformat(), "smoke": a.smoke, "steps": a.steps,
                         "warmup": a.warmup, "batch": a.batch, "seq": a.seq,
-                        "command": "python bench/gpu_check.py " + shlex.join(argv), "rows": []}
+                        "command": "python bench/gpu/gpu_check.py " + shlex.join(argv), "rows": []}
 
     def left(self) -> float:
         return self.a.budget_s - (time.monotonic() - self.t0)
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
     if a.merge:
-        return merge(a.merge, Path(a.out) if a.out else BENCH / "results")
+        return merge(a.merge, Path(a.out) if a.out else ROOT / "bench" / "results")
     return Check(a, argv).run()
 
 

@@ -1,4 +1,4 @@
-"""One measured training run in its own process: `python bench/gpu_child.py SPEC.json RESULT.json`.
+"""One measured training run in its own process: `python bench/gpu/gpu_child.py SPEC.json RESULT.json`.
 
 role `prepare`: build the local tokenizer, the random models at the shapes asked for, the data.
 role `payload`: the payload's own training path (payload.train.recipe's phases, a resolved RunConfig).
@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpu_measure  # noqa: E402

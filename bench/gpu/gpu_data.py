@@ -41,7 +41,7 @@ def write_records(path: Path, tokenizer, n: int, max_length: int, seed: int = 42
     """Write `n` user/assistant records whose chat-template length follows the mix; returns stats
     (the data description a result file keeps). `text="cycle"`: the learnable records the harness
     trains on now; `"random"` (the default): the random-word records of the tables committed before
-    2026-11-27, rebuilt exactly (tests/test_memory_measured.py rebuilds their batches)."""
+    2026-11-27, rebuilt exactly (tests/payload/model/test_memory_measured.py rebuilds their batches)."""
     rnd = random.Random(seed)
     per_word = tokens_per_word(tokenizer, rnd)
     pair = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]

@@ -1,6 +1,6 @@
 """The GPU check's environment: use what the machine has where it meets the payload's minimums
 (payload/preflight/versions.py), install the rest from wheels carried beside the repo (`.whl/**`, `.whl-bnb/`;
-`bench/gpu_wheels.py` downloads them), and say exactly which versions ran. `--smoke` (CPU, CI)
+`bench/gpu/gpu_wheels.py` downloads them), and say exactly which versions ran. `--smoke` (CPU, CI)
 installs nothing.
 
 Wheels install with pip `--no-index --no-deps --target SITE` (the machine has no network), only for

@@ -1,5 +1,5 @@
-"""What a GPU-check run measures and how, shared by both roles (bench/gpu_child.py runs the payload,
-bench/gpu_baseline.py the plain Trainer): step timing, memory peaks, the preflight estimate for the
+"""What a GPU-check run measures and how, shared by both roles (bench/gpu/gpu_child.py runs the payload,
+bench/gpu/gpu_baseline.py the plain Trainer): step timing, memory peaks, the preflight estimate for the
 same config, FLOPs/MFU, and tokenizing records the way the baseline does. A leaf: it imports neither
 role, so the two can be read and changed apart."""
 

@@ -1,12 +1,12 @@
 """Download the wheels the GPU check needs on a machine without network (Python 3.12, manylinux x86_64).
 
     make gpu-wheels            # .whl/core/, .whl/ds/ (deepspeed) and .whl-bnb/ (bitsandbytes)
-    .venv/bin/python bench/gpu_wheels.py --python 3.12
+    .venv/bin/python bench/gpu/gpu_wheels.py --python 3.12
 
 The device machine (see /work/.library/device/KINDS.md) has torch 2.11, transformers 5.17, peft,
 accelerate, pyarrow, pandas, huggingface-hub, ninja, msgpack, einops..., and no trl, datasets,
 pydantic, deepspeed, bitsandbytes or liger-kernel. Each wheel is fetched with `--no-deps`, so every
-missing dependency is named here; `bench/gpu_env.py` there installs only what is missing or too old
+missing dependency is named here; `bench/gpu/gpu_env.py` there installs only what is missing or too old
 and reports any requirement still unmet. A device call carries at most 64 MiB (repo included):
 bitsandbytes (~41 MiB) lives in `.whl-bnb/`, carried only for the qlora mode, and deepspeed (~2 MiB)
 in `.whl/ds/`, so that `.whl/core` + `.whl-bnb` + the repo fit one call (bench/README.md).
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORE = [
     "trl==1.16.0",                  # payload: SFTTrainer
     "datasets==5.2.0",              # trl; needs dill, multiprocess (below), pyarrow>=24, fsspec, xxhash (there)
@@ -79,7 +79,7 @@ def repo_mib() -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 epilog="example: .venv/bin/python bench/gpu_wheels.py --python 3.12")
+                                 epilog="example: .venv/bin/python bench/gpu/gpu_wheels.py --python 3.12")
     ap.add_argument("--python", default="3.12", help="the GPU machine's Python (default 3.12)")
     ap.add_argument("--no-bnb", action="store_true", help="skip bitsandbytes (.whl-bnb/)")
     ap.add_argument("--sizes", action="store_true", help="only print the carried sizes of the wheels already here")

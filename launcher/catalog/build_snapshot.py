@@ -6,7 +6,7 @@
 `extract/` holds rows copied unchanged from SkyPilot's published catalog (skypilot-org/skypilot-catalog,
 the files SkyPilot's own optimizer downloads), each file opening with `#` lines that name the source
 repo, path, commit and the date it was read. This script only selects, validates and re-serializes
-those rows: there is no price in this file, and tests/test_catalog.py checks that a fresh build is
+those rows: there is no price in this file, and tests/launcher/catalog/test_catalog.py checks that a fresh build is
 byte-identical to what is committed. To refresh prices: re-read the source files, replace the rows in
 extract/ (keep the `#` header current), run this script, commit. See launcher/catalog/README.md.
 """

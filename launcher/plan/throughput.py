@@ -39,11 +39,11 @@ def decode_steps_per_s(accelerator: Optional[str], size_b: Optional[float]) -> f
     return rate * (2.0 / size_b if size_b else 1.0)
 CPU_TINY_TOKENS_PER_S = 25000.0
 
-# Figures measured by `make gpu-check` (bench/gpu_check.py), speed_model's first anchors. Key: (accelerator,
+# Figures measured by `make gpu-check` (bench/gpu/gpu_check.py), speed_model's first anchors. Key: (accelerator,
 # method[, mode]) -> (payload tokens/s/GPU, size of the model measured in billions, citation
 # "bench/results/<gpu>-<date>.json#<mode>"); the mode in the key lets one method have several sizes.
 # A mode named *fp16* ran in fp16 mixed precision (the T4 path): it anchors GPUs without bf16
-# (NO_BF16), the others anchor the rest. tests/test_memory_measured.py checks each against its file.
+# (NO_BF16), the others anchor the rest. tests/payload/model/test_memory_measured.py checks each against its file.
 H200_2026_11_26 = "bench/results/nvidia-h200-2026-11-26.json"
 MEASURED: dict[tuple, tuple[float, float, str]] = {
     # Qwen3-8B, batch 2 x 4096 packed, sdpa (the attention today's profiles list first), Liger on

@@ -4,7 +4,7 @@ bad name is one line naming the key before anything is launched, not a SkyPilot 
 The rules are SkyPilot 0.14.1's own checks, restated without importing SkyPilot (validation stays
 fast and light): volumes `clouds/runpod.py` and `clouds/kubernetes.py` `is_volume_name_valid`,
 buckets `data/storage.py` `S3CompatibleStore` (S3, R2), `GcsStore` and `AzureBlobStore`
-`validate_name`. tests/test_cloud_names.py runs SkyPilot's validators on the same names, so the two
+`validate_name`. tests/launcher/profiles/test_cloud_names.py runs SkyPilot's validators on the same names, so the two
 cannot drift apart silently.
 """
 

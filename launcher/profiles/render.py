@@ -32,7 +32,7 @@ SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
 MASTER_PORT = 29500
 
 # Prebuilt flash-attn wheel matching payload/requirements-gpu.lock (torch 2.8, CUDA 12, cp311, C++11
-# ABI like PyPI's torch); tests/test_gpu_env.py holds the two together.
+# ABI like PyPI's torch); tests/payload/preflight/test_gpu_env.py holds the two together.
 FLASH_ATTN_WHEEL = (
     "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/"
     "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"

@@ -33,7 +33,7 @@ MATH_SECTIONS = ("model", "data", "train", "stages")
 MATH_KEYS = ("cluster.num_nodes",)
 # Inside those sections: keys that only change cadence, bookkeeping, memory or speed, never the math.
 # The attention kernel and padding-free batches compute the same loss on the same records per step
-# (tests/test_padding_free.py holds padded and padding-free to the same loss and gradients);
+# (tests/payload/train/test_padding_free.py holds padded and padding-free to the same loss and gradients);
 # `train.packing` changes which records share a step and stays a math key.
 CADENCE_KEYS = ("train.max_steps", "train.epochs", "train.logging_steps", "train.eval_steps",
                 "train.per_device_eval_batch_size", "train.early_stopping_patience", "train.high_loss_samples",

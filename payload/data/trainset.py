@@ -118,7 +118,7 @@ def has_images(records: list[dict]) -> bool:
 
 def padding_free(cfg, images: bool) -> tuple[bool, str]:
     """(padding-free batches or not, why). The records of a step stay those of the padded batch, so
-    the math does not change (tests/test_padding_free.py); TRL pads batches with images."""
+    the math does not change (tests/payload/train/test_padding_free.py); TRL pads batches with images."""
     setting = cfg.train.padding_free
     if cfg.train.packing:
         return True, "train.packing: several records per row"

@@ -214,7 +214,7 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
     `kernels` (attention, Liger, padding-free, padded length, QLoRA upcast) defaults to what the
     config says (`kernels_of`: `liger: auto` counts as off). No CPU-offloaded activations, vision-
     tower activations ignored (no image row measured yet). An estimate for a go/no-go before
-    paying: tests/test_memory_measured.py holds it within +-15 % of every GPU row in bench/results/.
+    paying: tests/payload/model/test_memory_measured.py holds it within +-15 % of every GPU row in bench/results/.
     """
     dims = dims or dims_from_name(cfg.model.name_or_path)
     if dims is None:

@@ -8,7 +8,7 @@ payload's code needs, so a machine that already has newer (or these) versions in
 - torch 2.8: the oldest the GPU machines run (requirements-gpu.txt); TRL's fused LM head
   accumulates its vocabulary tiles in fp32 with `addmm(out_dtype=)` from 2.8 on.
 - transformers 5.17: the whole text path (LoRA, packing padding-free, resume) passes
-  tests/test_train.py with 5.17.0 (checked with 5.17.0 + huggingface-hub 1.33 on CPU).
+  tests/payload/train/test_train.py with 5.17.0 (checked with 5.17.0 + huggingface-hub 1.33 on CPU).
   Vision-language data with assistant-only loss needs 5.18 (TRL 1.16 refuses older).
 - trl 1.16: padding-free best-fit-decreasing packing and the fused (chunked) LM-head loss.
 - peft 0.21, accelerate 1.15, datasets 4.7 (TRL 1.16's own floor), pydantic 2.5 (payload.config).

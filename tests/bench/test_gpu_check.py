@@ -1,4 +1,4 @@
-"""`make gpu-check`'s harness on CPU (bench/gpu_check.py --smoke): the same code the GPU run uses -
+"""`make gpu-check`'s harness on CPU (bench/gpu/gpu_check.py --smoke): the same code the GPU run uses -
 a process per run, the payload's training path and the plain-Trainer baseline, the estimate beside
 the measurement, JSON + markdown - at tiny shapes, so the harness never rots. The GPU figures
 themselves come from running it on a GPU (bench/README.md)."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "bench" / "gpu"), str(REPO / "bench")]
 sys.path.insert(0, str(REPO / "tests"))
 
 import gpu_check  # noqa: E402
@@ -26,7 +26,7 @@ from train_fixtures import train_env  # noqa: E402,F401  (fixture)
 
 
 def smoke(workdir, out, *args):
-    proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--smoke", "--workdir", str(workdir),
+    proc = subprocess.run([sys.executable, "bench/gpu/gpu_check.py", "--smoke", "--workdir", str(workdir),
                            "--out", str(out), *args], cwd=REPO, capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [jpath] = out.glob("cpu-*-smoke.json")

@@ -1,5 +1,5 @@
 """Run by the `sky` CLI's own Python (.tools/sky-cli), not by pytest: start a local SkyPilot API server
-for tests/test_sky_cli.py under the test's HOME and port, and seed what SkyPilot would otherwise ask
+for tests/house/test_sky_cli.py under the test's HOME and port, and seed what SkyPilot would otherwise ask
 the clouds for, offline:
 
 - the enabled-clouds cache (RunPod by default; `--cloud` names others the shipped catalog snapshot

@@ -3,7 +3,7 @@
 scripts/lock_inputs.py). Also: the YAML depth guard is the project's own, whatever the parser, since
 a new PyYAML/libyaml once changed the wording and turned a fresh clone's CI red.
 
-Run: .venv/bin/python -m pytest -q tests/test_lock.py
+Run: .venv/bin/python -m pytest -q tests/house/test_lock.py
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import yaml
 
 from payload.config import yamlio
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEV_LOCK = REPO / "requirements" / "dev.lock"
 CHECK = [sys.executable, str(REPO / "scripts" / "lock_inputs.py"), "--check"]
 

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from launcher.cli import cli
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_commands() -> list[str]:

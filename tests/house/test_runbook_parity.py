@@ -16,7 +16,7 @@ from payload.config import RunConfig
 from payload.data.records import canonicalize
 from payload.config.evaluation import best_metric, exported_checkpoint
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROFILES = {"000": "sonia-h100", "001": "lovecraft-a100-spot", "002": "well-log-ocr-spot",
             "003": "spatial-vl-t4", "004": "qwen3-32b-4x4-a100"}
 

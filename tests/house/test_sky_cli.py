@@ -8,7 +8,7 @@ The fast tests here run in `make test`. `sky launch --dryrun` of the rendered ta
 server (its start, its on-boot `sky check`, two dryruns: 45-80 s on 2 shared cores), so it belongs to the
 cloud suite: it runs with LAUNCH_CLOUD_TESTS=1 and is skipped otherwise, saying so.
 
-Run: .venv/bin/python -m pytest -q -n 0 tests/test_sky_cli.py   (LAUNCH_CLOUD_TESTS=1 for the dryruns)
+Run: .venv/bin/python -m pytest -q -n 0 tests/house/test_sky_cli.py   (LAUNCH_CLOUD_TESTS=1 for the dryruns)
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pytest
 
 from launcher.catalog import install_snapshot
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / ".tools" / "sky-cli"
 TOOL_PY = TOOL / "bin" / "python"
 SKY = Path(sys.prefix) / "bin" / "sky"  # .venv/bin/sky: what `sky` is in an activated .venv
@@ -141,7 +141,7 @@ def servers_on(port: int) -> list[psutil.Process]:
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory):
     """A local SkyPilot API server of the tool environment, on a free port under this test's HOME
-    (never the user's ~/.sky nor a server of theirs on 46580), seeded offline (tests/sky_cli_server.py);
+    (never the user's ~/.sky nor a server of theirs on 46580), seeded offline (tests/house/sky_cli_server.py);
     stopped afterwards, whatever the test did, with `sky api stop` (it stops only the server on this
     port), then any process of it left is killed."""
     home = tmp_path_factory.mktemp("sky-cli") / "home"

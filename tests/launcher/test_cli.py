@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from launcher.store import registry
 from launcher.cli import cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def invoke(*args, env=None):
@@ -150,7 +150,7 @@ def test_status_tears_down_a_run_past_its_budget_once_a_checkpoint_exists(tmp_pa
     from launcher.runs import lifecycle
 
     # a trainer that does not answer the final-save request (`sleep`): the teardown waits its bound, here 1 s
-    # (a trainer that saves: tests/test_contract_down.py::test_a_budget_teardown_saves_...)
+    # (a trainer that saves: tests/launcher/backends/test_contract_down.py::test_a_budget_teardown_saves_...)
     monkeypatch.setattr(lifecycle, "BUDGET_SAVE_TIMEOUT_S", 1.0)
 
     # the run's driver as the local backend starts it: its own process group, the run's id and volume in

@@ -2,7 +2,7 @@
 1, and a transient failure is retried only while the run makes progress (payload/exitcode.py).
 
 The script is the one rendered into sky/local-demo.yaml, run by bash as SkyPilot runs it; only
-the training launcher (`python -m payload.train.torchrun`, tested for real in tests/test_torchrun_ends.py)
+the training launcher (`python -m payload.train.torchrun`, tested for real in tests/payload/train/test_torchrun_ends.py)
 and the data stage are stand-ins (tiny scripts that write status.json as the payload does and exit),
 `python -m payload.exitcode` is real."""
 
@@ -19,7 +19,7 @@ import yaml
 from payload import exitcode
 from payload.errors import EXIT_BUDGET, EXIT_CONFIG, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_TRANSIENT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RUN = yaml.safe_load((REPO / "sky" / "local-demo.yaml").read_text())["run"]
 
 

@@ -4,8 +4,8 @@ subprocess, tests/walk.py):
 - a training run stopped by `down` says which checkpoint it left, where, and the two next commands
   (`launch up PROFILE --resume RUN`, and `launch volumes rm NAME` where a volume keeps billing for it);
 - it wrote its MANIFEST before it exited, so `down --fetch-artifacts` verifies the fetch by sha256
-  (these two on a real local-demo run: tests/test_walk_state.py; on every backend, with a stand-in
-  trainer: tests/test_contract_down.py);
+  (these two on a real local-demo run: tests/walks/test_walk_state.py; on every backend, with a stand-in
+  trainer: tests/launcher/backends/test_contract_down.py);
 - a live run whose host is gone for good cannot be downed (one line naming --forget) until
   `launch down RUN --forget` ends it here only, billed until it was last seen, with a warning.
 """
@@ -38,12 +38,12 @@ def _flat(r) -> str:
 
 
 # ------------------------------------------------------------- items 1 and 2: a stop, said and verified
-# (the run: tests/test_walk_state.py test_down_fetches_after_the_final_checkpoint, with these checks)
+# (the run: tests/walks/test_walk_state.py test_down_fetches_after_the_final_checkpoint, with these checks)
 
 
 def said_left_and_verified(out: str, rd: Path, step: int, run_id: str, home: Path) -> None:
     """What `launch down RUN --fetch-artifacts` of a training local-demo run said and fetched, once its
-    trainer saved checkpoint `step` on request (run by tests/test_walk_state.py's walk, which starts
+    trainer saved checkpoint `step` on request (run by tests/walks/test_walk_state.py's walk, which starts
     that run: one real run for both)."""
     from launcher.term.units import human_size
 

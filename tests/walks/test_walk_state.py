@@ -155,7 +155,7 @@ def test_down_fetches_after_the_final_checkpoint(tmp_path):
     summary = json.loads((home / "training_summary.json").read_text())
     assert summary["state"] == "stopped" and summary["steps"] == step
     assert f"{run_id} is down (stopped)" in out
-    said_left_and_verified(out, rd, step, run_id, home)  # tests/test_walk_down.py: what down leaves
+    said_left_and_verified(out, rd, step, run_id, home)  # tests/walks/test_walk_down.py: what down leaves
     logs = launch(tmp_path, "logs", run_id, env=env)  # a clean stop's log ends on the payload's own line
     assert logs.returncode == 0 and "Traceback" not in logs.stdout and "ChildFailedError" not in logs.stdout, \
         logs.stdout[-3000:]

@@ -2,7 +2,7 @@
 signal, and a run whose SkyPilot jobs controller went away settles from its own status.json.
 
 The trainer here stands in for the payload (payload/volume/stop_request.py, really trained in
-tests/test_stop_request.py): it checkpoints, trains, and on `stop_request.json` takes longer to save
+tests/payload/volume/test_stop_request.py): it checkpoints, trains, and on `stop_request.json` takes longer to save
 than SkyPilot allows after SIGTERM (tests/sky_edge.py: SIGKILL SKY_KILL_AFTER_S after the cancel's
 SIGTERM, scaled down here), ignoring SIGTERM while it saves, then exits 5. A trainer of the old kind
 (no request file honoured) stops on SIGTERM without a final save: `launch down` says which

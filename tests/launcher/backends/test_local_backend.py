@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from launcher.store import registry
 from launcher.cli import cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 QUICK = ("--set", "train.max_steps=12", "--set", "train.checkpoints.save_steps=4",
          "--set", "train.eval_steps=4", "--set", "outputs.merge=false", "--set", "outputs.export_mlx=false")
 

@@ -97,7 +97,7 @@ def test_sonia_cluster_volume_first_autostop_down_and_secrets_by_name_only(fake,
     assert secrets == {"HF_TOKEN": HF, "WANDB_API_KEY": WANDB}
     assert task.managed_secret_refs == []  # else the API server refuses: "No value available for secret"
     assert HF not in getattr(task, "_user_specified_yaml", "")  # the copy SkyPilot stores server-side
-    # The workdir is the staged upload allowlist (tests/test_contract.py), gone once the request ended.
+    # The workdir is the staged upload allowlist (tests/launcher/backends/test_contract.py), gone once the request ended.
     assert Path(task.workdir).name == run.id and Path(task.workdir).parent.name == "workdirs"
     assert not Path(task.workdir).exists()
     assert fake.waited("launch") == [("stream_and_get", {"output_stream": None})]
@@ -631,7 +631,7 @@ def test_fetch_detects_a_short_copy(fake, cluster_ssh, tmp_path, monkeypatch):
 
 def test_managed_job_fetch_from_the_runpod_volume_s3_api(fake, monkeypatch, tmp_path):
     """The RunPod volume's S3 endpoint and bucket come from SkyPilot's volume record and RunPod's
-    REST API; listings follow S3 pagination. (The full layout: tests/test_contract.py.)"""
+    REST API; listings follow S3 pagination. (The full layout: tests/launcher/backends/test_contract.py.)"""
     import boto3
     import requests
 

@@ -10,7 +10,7 @@ import pytest
 
 from launcher.catalog import build_snapshot as bs
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def extract_rows(name):

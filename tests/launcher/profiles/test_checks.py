@@ -12,7 +12,7 @@ from launcher.store import registry
 from launcher.profiles import render
 from launcher.cli import cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def invoke(*args):

@@ -1,7 +1,7 @@
 """Volume and bucket names are checked at validate time with the clouds' rules (launcher/profiles/cloud_names.py),
 and those rules agree with SkyPilot 0.14.1's own validators on every name below.
 
-Run: .venv/bin/python -m pytest -q tests/test_cloud_names.py
+Run: .venv/bin/python -m pytest -q tests/launcher/profiles/test_cloud_names.py
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from launcher.cli import cli
 from launcher.profiles.cloud_names import bucket_name_problem, volume_name_problem
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 NAMES = ["ok", "sonia-workspace", "qwen3-32b-checkpoints", "a" * 30, "a" * 31, "a" * 63, "a" * 64, "a" * 223,
          "Upper-Case", "under_score", "dots.in.name", "two..dots", "dash-.dot", "-leading", "trailing-",

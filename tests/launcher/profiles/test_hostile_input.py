@@ -3,7 +3,7 @@ to leave their directories or add keys to the rendered task, a damaged or racing
 with list indices, and remote text full of rich markup. Each ends in one error line (no traceback), a
 refusal, or literal output.
 
-Run: .venv/bin/python -m pytest -q tests/test_hostile_input.py
+Run: .venv/bin/python -m pytest -q tests/launcher/profiles/test_hostile_input.py
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from launcher.store import registry
 from launcher.cli import cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 DEMO = (REPO / "clusters" / "local-demo.yaml").read_text()
 
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from launcher.profiles.profile import ProfileError, load_profile
 from launcher.profiles.render import render_text
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 NAME = "well-log-ocr-spot"
 
 

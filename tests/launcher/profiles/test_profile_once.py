@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from launcher.cli import cli
 from launcher.profiles.profile import Profile
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 QUICK = ("--set", "train.max_steps=2", "--set", "train.checkpoints.save_steps=2", "--set", "train.eval_steps=2",
          "--set", "outputs.merge=false", "--set", "outputs.export_mlx=false")
 
@@ -100,7 +100,7 @@ def test_skypilot_up_reads_and_validates_the_profile_once(monkeypatch):
 def test_the_optimizers_child_neither_reads_nor_validates_the_profile():
     """`launch up`'s price and budget gate ask SkyPilot's optimizer in a child process
     (launcher/catalog/child.py): it gets the planning task on stdin, opens no profile and never
-    imports the profile schema, and answers as before (tests/test_skypilot_backend.py: $6.58/h)."""
+    imports the profile schema, and answers as before (tests/launcher/backends/test_skypilot_backend.py: $6.58/h)."""
     import json
     import subprocess
     import sys

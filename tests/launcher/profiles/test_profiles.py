@@ -10,12 +10,12 @@ from launcher.profiles.profile import ProfileError, load_profile, profile_names,
 from launcher.catalog import plan_price
 from launcher.profiles.render import CONTROLLER_AUTOSTOP, render_all, render_profile, render_text, stale
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 PROFILES = ["local-demo", "lovecraft-a100-spot", "qwen3-32b-4x4-a100", "sonia-h100", "spatial-vl-t4"]
 
 
 def test_the_four_profiles_are_shipped():
-    assert profile_names() == sorted(PROFILES + ["well-log-ocr-spot"])  # that one: tests/test_ocr_profile.py
+    assert profile_names() == sorted(PROFILES + ["well-log-ocr-spot"])  # that one: tests/launcher/profiles/test_ocr_profile.py
 
 
 @pytest.mark.parametrize("name", PROFILES)

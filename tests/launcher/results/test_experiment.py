@@ -148,7 +148,7 @@ def test_status_shows_provenance_and_override_history(in_runs_home):
     assert len(prov["profile_sha256"]) == 64 and len(prov["payload_lock_sha256"]) == 64
     from payload.volume.checksums import file_digest
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[3]
     assert prov["data_sha256"]["demo-chat"] == file_digest(repo / "payload/samples/demo_chat.jsonl")[1]
     assert prov["dirty"] is False or Path(prov["diff"]).is_file()
     assert [e["event"] for e in d["history"]] == ["start", "resume"]

@@ -1,7 +1,7 @@
 """Terminal control codes stay out of what launch writes: `launch logs` into a pipe or a file, and the
 fetched logs/ (launcher/term/logtext.py). Progress bars that redraw with `\\r` keep their last state.
 
-Run: .venv/bin/python -m pytest -q tests/test_logtext.py
+Run: .venv/bin/python -m pytest -q tests/launcher/term/test_logtext.py
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import make_config, train_env, train_in_process  # noqa: E402
 
 from payload import layout  # noqa: E402

@@ -1,6 +1,6 @@
 """Data stage: runbook-000 recipe, format equivalence, determinism, caching, VL images, HF path, tokens.
 
-Run: .venv/bin/python -m pytest -x -q tests/test_data.py
+Run: .venv/bin/python -m pytest -x -q tests/payload/data/test_data.py
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from payload.config import DataConfig, load_run_config
 from payload.data import main, prepare
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SONIA = "You are Sonia, a warm and precise assistant."
 
 

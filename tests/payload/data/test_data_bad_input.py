@@ -1,7 +1,7 @@
 """Data stage on bad input: one clear line per problem (file:line: what), counted, never a traceback.
 CSV quoting and line endings, images checked where they are read, max_tokens and the cache key too.
 
-Run: .venv/bin/python -m pytest -x -q tests/test_data_bad_input.py
+Run: .venv/bin/python -m pytest -x -q tests/payload/data/test_data_bad_input.py
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from payload.config import DataConfig
 from payload.data import prepare
 from payload.errors import PayloadError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def good(i: int) -> bytes:

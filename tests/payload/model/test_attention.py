@@ -3,7 +3,7 @@
 The decision is a plain function of (batch kind, flash-attn installed, CUDA GPU and its compute
 capability), tested here for each case on CPU; loading on CPU goes through the same list.
 
-Run: .venv/bin/python -m pytest -x -q tests/test_attention.py
+Run: .venv/bin/python -m pytest -x -q tests/payload/model/test_attention.py
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import make_config, train_env  # noqa: E402
 
 from payload.model.attention import (  # noqa: E402

@@ -4,7 +4,7 @@ liger-kernel is not installed here (its kernels need Triton and a CUDA GPU): the
 `liger_kernel` package on sys.path, with liger-kernel's own entry point
 (`liger_kernel.transformers.monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN`), one patch that works, one that
 raises the ImportError the H200 run hit (liger-kernel 0.8.5 + transformers 5.23, Qwen3-VL), and the GPU
-reported present. What awaits a GPU: Liger on/off in one mode (bench/gpu_modes.py) and the default
+reported present. What awaits a GPU: Liger on/off in one mode (bench/gpu/gpu_modes.py) and the default
 that wins."""
 
 from __future__ import annotations

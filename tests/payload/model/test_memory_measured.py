@@ -8,7 +8,7 @@ CUDA memory outside torch).
 
 Padded batches (no packing) pad to the longest record of each batch, not to max_seq_length: the peak
 of a 15-step run is at its longest batch. Rows that record it give `longest_row_tokens`; for older
-rows it is rebuilt from what the row says: the harness's synthetic records (bench/gpu_data.py,
+rows it is rebuilt from what the row says: the harness's synthetic records (bench/gpu/gpu_data.py,
 seed 42) in the Trainer's order (RandomSampler seeded by `train.seed`, 42). The rebuilt order is
 checked against the row's own measured tokens per step before it is used.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+REPO = Path(__file__).resolve().parents[3]
+sys.path[:0] = [str(REPO / "bench" / "gpu"), str(REPO / "bench")]
 
 import gpu_modes  # noqa: E402
 
@@ -150,7 +150,7 @@ def batch_lengths(name: str) -> list[tuple[int, ...]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     order = torch.randperm(len(lines), generator=torch.Generator().manual_seed(TRAIN_SEED)).tolist()
 
-    def length(i: int) -> int:  # as the harness tokenizes (bench/gpu_measure.py tokenize)
+    def length(i: int) -> int:  # as the harness tokenizes (bench/gpu/gpu_measure.py tokenize)
         msgs = json.loads(lines[i])["messages"]
         return min(len(tok.apply_chat_template(msgs, tokenize=True, return_dict=True)["input_ids"]), data["seq"])
 
@@ -166,7 +166,7 @@ def tokenizer():
 
 @lru_cache(maxsize=None)
 def shape_dims(shape: str):
-    """The model's shape as the harness built it (bench/gpu_child.py prepare: payload.model.tiny's config)."""
+    """The model's shape as the harness built it (bench/gpu/gpu_child.py prepare: payload.model.tiny's config)."""
     from payload.model.tiny import shape_config
 
     cfg = shape_config(gpu_modes.SHAPES[shape]["arch"], gpu_modes.shape_dims(shape), tokenizer(),

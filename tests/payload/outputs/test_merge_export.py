@@ -21,7 +21,7 @@ from payload.config import load_run_config
 from payload.errors import PayloadError
 from payload.model.tiny import BASE_MODEL_DIR, materialize_tiny
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TEXT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VL_TARGETS = r"model\.language_model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj"  # language blocks only
 

@@ -19,7 +19,7 @@ import pytest
 
 from launcher.profiles.render import FLASH_ATTN_WHEEL
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 LOCK = REPO / "payload" / "requirements-gpu.lock"
 PINS_IN = REPO / "payload" / "requirements-gpu.txt"
 GPU_PLATFORM = ["--python-platform", "x86_64-manylinux_2_28", "--python-version", "3.11",

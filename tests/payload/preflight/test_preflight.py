@@ -13,7 +13,7 @@ from payload.config import RunConfig, SourceConfig, load_run_config
 from payload.errors import PayloadError
 from payload.model.dims import model_dims
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 HUB_DATA = {"sources": [{"name": "hub", "hf_dataset": "someone/chat-data"}]}
 TOKEN = "hf_PREFLIGHTsecretTOKEN0123456789"
 

@@ -19,7 +19,7 @@ from payload import preflight
 from payload.__main__ import main as payload_main
 from payload.config import SourceConfig, dump_run_config, load_run_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 HF = "hf_REMOTEsecretTOKEN0123456789"
 WB = "wandbREMOTEsecretKEY0123456789abcdef0123"
 DATASET, MODEL = "wrath/well-log-headers-ocr", "Qwen/Qwen3-VL-2B-Instruct"

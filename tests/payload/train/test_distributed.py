@@ -7,7 +7,7 @@ floating-point sums differs (per-rank partial sums, padding to each rank's own l
 then an all-reduce), so the adapters agree to a tolerance, not bit for bit. Two nodes x 1 process
 and one node x 2 processes run identical ranks and an identical 2-way all-reduce (a + b == b + a
 in IEEE arithmetic), so those two adapters must be bit-identical.
-Run: .venv/bin/python -m pytest -x -q tests/test_distributed.py
+Run: .venv/bin/python -m pytest -x -q tests/payload/train/test_distributed.py
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     REPO, adapter_tensors, logged_losses, make_config, subprocess_env, train_env, train_in_process,
     write_config, write_text_data,

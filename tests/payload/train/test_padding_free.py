@@ -5,7 +5,7 @@ per record, no attention mask: the loss and every gradient must be those of the 
 causal LM and for a vision-language model trained on records without images (which now takes TRL's
 text path; the padded reference there is TRL's VL collator, the path it took before).
 
-Run: .venv/bin/python -m pytest -x -q tests/test_padding_free.py
+Run: .venv/bin/python -m pytest -x -q tests/payload/train/test_padding_free.py
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     VL_MODEL, make_config, text_records, train_env, train_in_process, vl_records, write_text_data,
 )

@@ -1,7 +1,7 @@
 """A train.max_seq_length shorter than the prompts: counted and refused before a step, never a
 crash at step 0 (TRL drops the records truncation leaves without a trained token).
 
-Run: .venv/bin/python -m pytest -x -q tests/test_seqlen.py
+Run: .venv/bin/python -m pytest -x -q tests/payload/train/test_seqlen.py
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     _write_jsonl, make_config, run_payload, text_records, train_env, train_in_process, write_config,
 )
@@ -122,7 +122,7 @@ def test_without_the_tokenizer_the_count_is_an_estimate_that_warns_and_never_ref
 
 def test_up_refuses_before_renting_when_the_cached_tokenizer_says_no_prompt_fits(in_repo, tmp_path, monkeypatch):
     # `launch up`'s checks (every backend) and its budget gate plan the run before the machine is rented:
-    # the refusal goes through both (tests/test_walk_trust.py: the installed `launch`, every backend).
+    # the refusal goes through both (tests/walks/test_walk_trust.py: the installed `launch`, every backend).
     import pytest
     from huggingface_hub import constants
     from test_preview import RECORDS, cache_tokenizer, qwen25_tokenizer

@@ -2,9 +2,9 @@
 runs it) on two nodes with three real training processes under payload.train.torchrun, stopped by
 `launch down`'s request, exits 5 on each node with the payload's line last, not torchrun's
 ChildFailedError traceback (`launch logs` of a local run that `launch down` stopped:
-tests/test_walk_state.py). A crash keeps torchrun's report; a SIGTERM to torchrun exits 143 in one
-line (stand-in workers: the trainer's side of both is tests/test_stop_request.py's and
-tests/test_resume.py's)."""
+tests/walks/test_walk_state.py). A crash keeps torchrun's report; a SIGTERM to torchrun exits 143 in one
+line (stand-in workers: the trainer's side of both is tests/payload/volume/test_stop_request.py's and
+tests/payload/volume/test_resume.py's)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import REPO, make_config, subprocess_env, write_config  # noqa: E402
 
 from payload import layout  # noqa: E402

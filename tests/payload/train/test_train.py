@@ -1,6 +1,6 @@
 """Training on CPU with tiny models: tokenizer/model building, labels, methods, outputs.
 
-Run: .venv/bin/python -m pytest -x -q tests/test_train.py
+Run: .venv/bin/python -m pytest -x -q tests/payload/train/test_train.py
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     VL_MODEL, make_config, metrics, train_env, train_in_process, write_text_data, write_vl_data,
 )
@@ -231,7 +231,7 @@ def test_early_stopping_on_eval_plateau(train_env):
 
 
 def test_crash_writes_rank_traceback_and_failed_status(train_env, monkeypatch):
-    # A step that raises (a max_seq_length shorter than every prompt is exit 2 now: tests/test_seqlen.py).
+    # A step that raises (a max_seq_length shorter than every prompt is exit 2 now: tests/payload/train/test_seqlen.py).
     import payload.train.trainer as trainer
 
     def boom(*args, **kwargs):

@@ -4,7 +4,7 @@ The reference is the uninterrupted FAST_TRAIN run shared with test_resume (train
 Damage drills copy its run directory (checkpoints 20 and 24 kept), damage checkpoint-24 while keeping
 its COMPLETE marker, and resume in-process: the run must complete from checkpoint-20 with the
 reference's final adapter and logged losses, the damaged checkpoint set aside in quarantine.
-Run: .venv/bin/python -m pytest -q tests/test_integrity.py
+Run: .venv/bin/python -m pytest -q tests/payload/volume/test_integrity.py
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     adapter_tensors, logged_losses, make_config, metrics, reference_run, train_env, train_in_process,
     write_config, write_text_data,

@@ -2,7 +2,7 @@
 
 The reference is one uninterrupted in-process run; the interrupted runs must end with the same
 adapter tensors (torch.equal) and the same logged losses.
-Run: .venv/bin/python -m pytest -x -q tests/test_resume.py
+Run: .venv/bin/python -m pytest -x -q tests/payload/volume/test_resume.py
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     adapter_tensors, logged_losses, make_config, metrics, reference_run, start_payload, train_env,
     train_in_process, wait_for, write_config, write_text_data, KILL_TIMEOUT,

@@ -1,7 +1,7 @@
 """Every stop leaves a MANIFEST (payload/outputs/manifest.py): a run with `stages:` stopped mid-stage by
 `launch down`'s request, or by the budget before a stage, gets the outputs it has then (the finished
 stages' adapters, the metrics so far) and their sha256, so `launch down --fetch-artifacts` verifies what
-it fetches instead of checking sizes. (A one-stage run stopped by SIGTERM: tests/test_resume.py.)"""
+it fetches instead of checking sizes. (A one-stage run stopped by SIGTERM: tests/payload/volume/test_resume.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from stage_fixtures import stage_config, write_stage_data  # noqa: E402
 from train_fixtures import KILL_TIMEOUT, start_payload, train_env, wait_for, write_config  # noqa: E402
 

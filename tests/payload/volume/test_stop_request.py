@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     KILL_TIMEOUT, adapter_tensors, make_config, reference_run, start_payload, train_env, train_in_process,
     wait_for, write_config, write_text_data,
