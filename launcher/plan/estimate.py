@@ -21,7 +21,8 @@ from payload.model.memory import (
 )
 
 from launcher.catalog import Rental
-from launcher.profiles.profile import REPO_ROOT, Profile, total_gpus
+from launcher.profiles.profile import REPO_ROOT
+from launcher.profiles.schema import Profile, total_gpus
 from launcher.profiles.render import profile_secrets
 from launcher.plan.storage import disk_needed_gb, storage_for
 from launcher.plan import cost as plan_ranges

@@ -205,7 +205,7 @@ def _require_training_extras():
 
 
 def _env_option(items: tuple[str, ...]) -> dict[str, str]:
-    from launcher.profiles.profile import parse_env_items
+    from launcher.profiles.schema import parse_env_items
 
     from launcher.errors import BackendError
 
