@@ -1,6 +1,10 @@
 """`launch plan`: instance, $/hour, every billed phase, dollars, GPU memory and storage - offline, before
 money is spent.
 
+One idea at ~430 lines: a profile's plan: the `Plan` and the steps that fill it (data, speed and
+memory, stages, the optimizer's choice and its spot/on-demand twin, any_of, the other node layout). The
+hours (`phases`), the dollars (`cost`), the throughput tables and storage stand apart.
+
 Every billed phase's hours and sources: launcher/plan/phases.py; the dollars and their range:
 launcher/plan/cost.py.
 """

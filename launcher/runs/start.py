@@ -1,5 +1,10 @@
 """`launch up`: pick or resume a run, check it, render its task, ask before a run planned over its
-budget, start it on its backend, and record it (launcher/runs/lifecycle.py follows it from there)."""
+budget, start it on its backend, and record it (launcher/runs/lifecycle.py follows it from there).
+
+One idea at ~370 lines: `launch up` from the command to the run's record: pick or resume the run,
+check it, price it, render its task, ask over budget, start it, record it; each step is a function, read
+in that order.
+"""
 
 from __future__ import annotations
 
