@@ -30,7 +30,7 @@ FACES: dict[str, tuple[str, ...]] = {
     "errors": ("",),
     "term": ("ui", "tables", "units", "logtext"),
     "store": ("state", "registry", "artifacts", "claims"),
-    "profiles": ("profile", "checks", "data_count", "render", "uploads", "preview", "scaffold"),
+    "profiles": ("profile", "schema", "checks", "data_count", "render", "uploads", "preview", "scaffold"),
     "catalog": ("",),
     "plan": ("estimate", "show", "compare", "storage", "budget_gate"),
     "backends": ("", "local", "final_save", "skypilot", "skypilot.control", "skypilot.sdk"),

@@ -20,7 +20,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "data": ("errors", "layout", "retry", "config", "model"),
     "outputs": ("errors", "layout", "retry", "config", "volume", "model", "data"),
     "train": ("errors", "layout", "config", "volume", "model", "data", "outputs"),
-    "exitcode": ("errors", "config"),
+    "exitcode": ("errors", "layout", "config"),
     "__main__": ("errors", "config", "volume"),
 }
 

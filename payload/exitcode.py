@@ -27,18 +27,11 @@ from pathlib import Path
 from typing import Optional
 
 from payload.errors import EXIT_CRASH, RETRYABLE_EXIT_CODES
+from payload.layout import read_json
 
 DEFAULT_MAX_RETRIES = 3
 CLOCK_SLACK_S = 30  # a network volume stamps mtimes with its own clock; recoveries take minutes
 RETRIES = "retries.json"
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -56,15 +49,15 @@ def recorded_code(run_dir: Path, since: float) -> Optional[int]:
             return None
     except OSError:
         return None
-    code = _read_json(path).get("exit_code")
+    code = read_json(path).get("exit_code")
     return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
 def bound_retries(run_dir: Path, code: int, max_retries: int) -> tuple[int, Optional[str]]:
     """(code, reason): EXIT_CRASH with a reason once retryable ends repeat without progress."""
-    status = _read_json(run_dir / "status.json")
+    status = read_json(run_dir / "status.json")
     step = status.get("step") if isinstance(status.get("step"), int) else None
-    seen = _read_json(run_dir / RETRIES)
+    seen = read_json(run_dir / RETRIES)
     streak = seen.get("streak", 0) + 1 if seen.get("step") == step else 1
     _write_json(run_dir / RETRIES, {"step": step, "streak": streak, "last_code": code})
     if streak <= max_retries:

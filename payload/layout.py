@@ -7,6 +7,7 @@ fetches `ARTIFACTS` into the local layout and verifies them against that MANIFES
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -108,3 +109,14 @@ def clean_relpath(value: object) -> str | None:
 
 def run_dir(volume: str | Path, run_id: str) -> Path:
     return Path(volume) / "runs" / run_id
+
+
+def read_json(path: str | Path) -> dict:
+    """A run's JSON file (status.json, retries.json, a record beside an output) as a dict: {} when it
+    is missing, unreadable, not JSON or not an object. The payload's readers and the local backend's
+    `status` share it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -23,7 +23,7 @@ class LaunchSpec:
     """Everything a backend needs to start a run."""
 
     run: Run
-    profile: object  # launcher.profiles.profile.Profile
+    profile: object  # launcher.profiles.schema.Profile
     task_yaml: Path  # rendered sky/<profile>.yaml
     config_yaml: Path  # rendered sky/config/<profile>.yaml (resolved run config)
     envs: dict[str, str] = field(default_factory=dict)

@@ -99,13 +99,14 @@ def left(be, run, saved: Optional[FinalSave]) -> Optional[str]:
 
 
 def request(be, run, timeout_s: Optional[float] = None, poll_s: Optional[float] = None,
-            by: str = "launch down") -> Optional[FinalSave]:
+            by: str = "launch down", report: Optional[dict] = None) -> Optional[FinalSave]:
     """Ask a training run for a final checkpoint and wait for it (None: no trainer is training); `by`
-    is who asks, which the trainer's end line says."""
+    is who asks, which the trainer's end line says; `report` the run's status.json as the caller has
+    just read it (`status_json`), so it is not read again before the question."""
     timeout_s = FINAL_SAVE_TIMEOUT_S if timeout_s is None else timeout_s
     if not run.active and not _runs_there(run):  # ended (preempted, failed...): its status.json may still say
         return None  # "training", but no trainer is left to answer; asking would wait FINAL_SAVE_TIMEOUT_S for nothing
-    said = status_json(be, run).get("state")
+    said = (status_json(be, run) if report is None else report).get("state")
     if said is None and run.state == "running":
         return FinalSave(False, f"no status.json from the run yet ({be.name}: still setting up, or not readable), "
                                 f"so no final checkpoint was asked for; the run keeps {_kept(be, run)}")

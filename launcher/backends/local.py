@@ -16,7 +16,6 @@ signals every process whose environment carries the run's LAUNCH_RUN_ID, in case
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -204,7 +203,7 @@ class LocalBackend(Backend):
         return True
 
     def status(self, run: Run) -> RemoteStatus:
-        reported = _read_json(self.run_dir(run) / layout.STATUS)
+        reported = layout.read_json(self.run_dir(run) / layout.STATUS)
         code_file = self.home(run) / "exit_code"  # the driver's last word: its pid may be reused after it
         if not code_file.exists() and self._alive(run):
             return RemoteStatus.from_report("running", reported)
@@ -315,13 +314,6 @@ def _signal_run_processes(run_id: str, volume: Path, sig) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _copy_workdir(dest: Path, profile, config_yaml: Path, config_rel: str | None) -> None:

@@ -1,5 +1,9 @@
 """SSH backend: run the rendered task on any machine you can ssh into (a pod, a lab box), via paramiko.
 
+One idea at ~500 lines: base.Backend's contract (up, logs, access, status, down, fetch) on one machine
+reached over SSH: the class and the helpers only it uses (`_fits`, `_state`: the host's answer read as a
+run state). The connection (`sshconn`) and the scripts run on the host (`ssh_scripts`) stand apart.
+
 What SkyPilot does on one node, done by hand: the workdir is uploaded incrementally, the node script
 and a small driver are written beside it and started detached (`setsid nohup`), so the run outlives
 the connection. Secrets travel over the SSH channel's stdin into the driver's environment: they are

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .optimizer import (  # noqa: F401  (the group's face)
     Choice,
+    Rental,
     child_input,
     choice_apart,
     fallback_choice,

@@ -14,7 +14,7 @@ import functools
 import io
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -32,13 +32,24 @@ REPO = Path(__file__).resolve().parents[2]  # the child process runs from here (
 
 
 @dataclass
-class Choice:
+class Rental:
+    """What a run rents: the cloud, its instance and region, the accelerators, how many nodes, spot or
+    on-demand. The optimizer's answer (`Choice`) is one, and so is the plan made from it
+    (launcher/plan/estimate.py `Plan`, which takes these from its choice)."""
     cloud: str
     instance_type: str
     region: Optional[str]
     accelerators: str
     num_nodes: int
     use_spot: bool
+
+    def rental(self) -> dict:
+        """These fields by name, as a plan is made from a choice."""
+        return {f.name: getattr(self, f.name) for f in fields(Rental)}
+
+
+@dataclass
+class Choice(Rental):
     node_price_per_hour: float
 
     @property

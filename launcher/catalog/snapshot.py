@@ -87,7 +87,9 @@ def install_snapshot(runtime_dir: Path) -> Path:
 def offline_home():
     """HOME is launch's offline runtime dir while SkyPilot runs offline: the paths SkyPilot spells
     `~/.sky/...` (user hash, serve dir, db locks) land there, not in the user's HOME. The user's
-    SkyPilot config is still read (SKYPILOT_GLOBAL_CONFIG names it, as SkyPilot documents)."""
+    SkyPilot config is still read (SKYPILOT_GLOBAL_CONFIG names it, as SkyPilot documents). Entered
+    once at a time, never inside itself: inside, `~` is already the runtime dir, so a second entry
+    would look for the user's config there."""
     rt = offline_runtime_dir()
     home = os.environ.get("HOME")
     config = Path(home or Path.home()) / ".sky" / "config.yaml"
@@ -147,8 +149,9 @@ def sky_task(task: dict):
     """SkyPilot's parser on a task dict (raises on a schema error), offline (`offline_home`)."""
     import yaml
 
+    sky = import_sky_offline()  # enters offline_home itself: not inside the one below
     with offline_home():
-        return import_sky_offline().Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(task)))
+        return sky.Task.from_yaml_config(yaml.safe_load(yaml.safe_dump(task)))
 
 
 class PlanError(Exception):

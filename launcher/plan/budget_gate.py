@@ -37,10 +37,10 @@ def confirm_over_budget(p, backend: str, interactive: bool) -> None:
 def budget_note(p):
     """The plan's over-budget line (None within the cap), as `launch plan PROFILE` prints it."""
     from launcher.catalog import PlanError, choice_apart, fallback_choice
-    from launcher.plan.estimate import _LocalChoice, make_plan, with_accelerator
+    from launcher.plan.estimate import local_choice, make_plan, with_accelerator
 
     if p.cluster.is_local:  # planned as `launch plan` plans it: this machine at the notional price
-        return make_plan(p, _LocalChoice(p)).budget_note
+        return make_plan(p, local_choice(p)).budget_note
     try:
         choice = choice_apart(p)
     except PlanError:

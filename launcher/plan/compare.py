@@ -20,7 +20,7 @@ from typing import Optional
 
 from launcher.catalog import SNAPSHOT, Choice
 from launcher.plan.estimate import Plan, make_plan, memory_verdict
-from launcher.profiles.profile import Profile, total_gpus
+from launcher.profiles.schema import Profile, total_gpus
 
 CLOUD_DIRS = {"runpod": "RunPod", "azure": "Azure"}
 

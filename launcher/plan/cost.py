@@ -109,7 +109,7 @@ def padding_share(lengths: list, batch: int, seed: int) -> float:
 
 def packing_note(p, data, train_hours: float, price: float) -> Optional[str]:
     """One line: what `train.packing` would save for this profile, from the counted record lengths."""
-    from launcher.profiles.profile import total_gpus
+    from launcher.profiles.schema import total_gpus
     from launcher.term.units import hours, money
 
     t = p.train

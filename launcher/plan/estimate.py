@@ -1,6 +1,10 @@
 """`launch plan`: instance, $/hour, every billed phase, dollars, GPU memory and storage - offline, before
 money is spent.
 
+One idea at ~430 lines: a profile's plan: the `Plan` and the steps that fill it (data, speed and
+memory, stages, the optimizer's choice and its spot/on-demand twin, any_of, the other node layout). The
+hours (`phases`), the dollars (`cost`), the throughput tables and storage stand apart.
+
 Every billed phase's hours and sources: launcher/plan/phases.py; the dollars and their range:
 launcher/plan/cost.py.
 """
@@ -20,7 +24,9 @@ from payload.model.memory import (
     planned_kernels,
 )
 
-from launcher.profiles.profile import REPO_ROOT, Profile, total_gpus
+from launcher.catalog import Rental
+from launcher.profiles.profile import REPO_ROOT
+from launcher.profiles.schema import Profile, total_gpus
 from launcher.profiles.render import profile_secrets
 from launcher.plan.storage import disk_needed_gb, storage_for
 from launcher.plan import cost as plan_ranges
@@ -54,14 +60,9 @@ class DataEstimate:
 
 
 @dataclass
-class Plan:
+class Plan(Rental):
+    """A profile's plan: what it rents (its choice's fields, `Rental`), then the hours and dollars."""
     profile: str
-    cloud: str
-    instance_type: str
-    region: Optional[str]
-    accelerators: str
-    num_nodes: int
-    use_spot: bool
     price_per_hour: float
     price_source: str
     train_tokens: float
@@ -101,7 +102,8 @@ class Plan:
     save_note: Optional[str] = None  # what the save cadence costs when saves are a large share (plan/cost.py)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        return {"profile": d.pop("profile"), **d}  # the profile first, then what it rents, then the rest
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -285,9 +287,7 @@ def make_plan(p: Profile, choice, alternative=None, price_source: str = "catalog
     price = choice.price_per_hour
     train_h, total_h, total_usd = plan_ranges.billed(steps, price)
     plan = Plan(
-        profile=p.name, cloud=choice.cloud, instance_type=choice.instance_type, region=choice.region,
-        accelerators=choice.accelerators, num_nodes=choice.num_nodes, use_spot=choice.use_spot,
-        price_per_hour=price, price_source=price_source, train_tokens=round(tokens),
+        profile=p.name, **choice.rental(), price_per_hour=price, price_source=price_source, train_tokens=round(tokens),
         data_source=data.source, tokens_per_s_per_gpu=round(speed.tokens_per_s_per_gpu, 1),
         throughput_source=thr.source, gpus=total_gpus(p), train_hours=round(train_h, 3),
         overhead_hours=round(total_h - train_h, 3),
@@ -344,7 +344,7 @@ def plan_profile(p: Profile, compare_layouts: bool = True, twin: bool = True) ->
     if len(p.cluster.accelerator_options) > 1 and not p.cluster.is_local:
         return plan_any_of(p, compare_layouts, twin)
     if p.cluster.is_local:
-        return make_plan(p, _LocalChoice(p), None, "profile (notional local price)")
+        return make_plan(p, local_choice(p), None, "profile (notional local price)")
     from launcher.catalog import SNAPSHOT_DATE, PlanError, fallback_choice, optimize, snapshot_warning
 
     try:
@@ -415,8 +415,12 @@ def layout_alternative(p: Profile) -> Optional[dict]:
             "total_hours": alt.total_hours, "total_usd": alt.total_usd, "price_per_hour": alt.price_per_hour}
 
 
-class _LocalChoice:
-    def __init__(self, p: Profile):
-        self.cloud, self.instance_type, self.region = "local", "this machine (CPU)", None
-        self.accelerators, self.num_nodes, self.use_spot = "CPU", p.cluster.num_nodes, False
-        self.price_per_hour = p.budget.price_per_hour or 0.0
+@dataclass
+class LocalChoice(Rental):
+    """This machine, at the profile's notional price (no catalog)."""
+    price_per_hour: float
+
+
+def local_choice(p: Profile) -> LocalChoice:
+    return LocalChoice("local", "this machine (CPU)", None, "CPU", p.cluster.num_nodes, False,
+                       p.budget.price_per_hour or 0.0)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from launcher.plan import cost as plan_ranges
 from launcher.plan.storage import checkpoint_gb, model_gb
 from launcher.plan.throughput import decode_steps_per_s, model_size_b
-from launcher.profiles.profile import Profile, total_gpus
+from launcher.profiles.schema import Profile, total_gpus
 
 PROVISION_MIN = {"RunPod": 4.0, "Azure": 8.0, "Kubernetes": 3.0}
 SETUP_MIN, DEEPSPEED_BUILD_MIN = 2.0, 5.0

@@ -24,7 +24,8 @@ from typing import Optional
 from payload.config import ConfigError
 
 from launcher.profiles.datahints import missing_file_hint
-from launcher.profiles.profile import REPO_ROOT, Profile, ProfileError, ProfileFile, read_profile, validate
+from launcher.profiles.profile import REPO_ROOT, ProfileError, ProfileFile, read_profile, validate
+from launcher.profiles.schema import Profile
 from launcher.term.units import human_size
 from launcher.profiles.uploads import repo_relative
 

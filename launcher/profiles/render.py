@@ -18,13 +18,13 @@ from payload.errors import RETRYABLE_EXIT_CODES
 from launcher.profiles.boundary import inside
 from launcher.profiles.profile import (
     REPO_ROOT,
-    Profile,
     ProfileError,
     in_clusters,
     load_profile,
     profile_names,
     resolve_profile_path,
 )
+from launcher.profiles.schema import Profile
 
 SKY_DIR = REPO_ROOT / "sky"
 CONFIG_DIR = SKY_DIR / "config"

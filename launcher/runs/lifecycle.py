@@ -171,14 +171,15 @@ def _stop_for_budget(run, spent: float) -> bool:
     extra = st.extra if st else {}
     checkpoint = extra.get("checkpoint_step") or extra.get("resumed_from")
     said = f"{run.id}: billed spend {money(spent)} reached the {money(run.budget_usd)} budget"
-    trainer = final_save.status_json(be, run).get("state")
+    report = final_save.status_json(be, run)  # read once: the question below goes on from it
+    trainer = report.get("state")
     saved = None
     if trainer == "training":
         wait = BUDGET_SAVE_TIMEOUT_S
         note("[yellow]![/] ", f"{said}: asking for a final checkpoint before tearing down "
              f"(waiting at most {duration(wait)}, {money(wait * run.price_per_hour / 3600)} "
              f"at {money(run.price_per_hour)}/h)", out=err_console())
-        saved = ask_final_checkpoint(be, run, wait, out=err_console(), by=BUDGET_STOPPER)
+        saved = ask_final_checkpoint(be, run, wait, out=err_console(), by=BUDGET_STOPPER, report=report)
     elif trainer is None:
         note("[yellow]![/] ", f"{said}: no final checkpoint was asked for (no status.json "
              "from the run: still setting up, or not readable from here)", out=err_console())

@@ -1,5 +1,10 @@
 """`launch up`: pick or resume a run, check it, render its task, ask before a run planned over its
-budget, start it on its backend, and record it (launcher/runs/lifecycle.py follows it from there)."""
+budget, start it on its backend, and record it (launcher/runs/lifecycle.py follows it from there).
+
+One idea at ~370 lines: `launch up` from the command to the run's record: pick or resume the run,
+check it, price it, render its task, ask over budget, start it, record it; each step is a function, read
+in that order.
+"""
 
 from __future__ import annotations
 
@@ -205,7 +210,7 @@ def _require_training_extras():
 
 
 def _env_option(items: tuple[str, ...]) -> dict[str, str]:
-    from launcher.profiles.profile import parse_env_items
+    from launcher.profiles.schema import parse_env_items
 
     from launcher.errors import BackendError
 

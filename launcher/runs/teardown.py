@@ -90,16 +90,17 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
         hints(f"launch status {run.id}")
 
 
-def ask_final_checkpoint(be, run, timeout_s=None, out=None, by="launch down"):
+def ask_final_checkpoint(be, run, timeout_s=None, out=None, by="launch down", report=None):
     """Ask a training run for a final checkpoint and wait for it (final_save.request: until it is saved,
     the run's processes end, its machine stops answering, or `timeout_s`), say the outcome in one line
-    and keep its last step. None: no trainer is training. `down` and status's budget teardown."""
+    and keep its last step. None: no trainer is training. `down` and status's budget teardown (which
+    has read the run's status.json to decide, and passes it on as `report`)."""
     from launcher.backends import final_save
     from launcher.term.ui import console, literal
 
     out = out or console()  # status's budget teardown says it on stderr: `status --json` stays JSON
     with out.status(f"asking {run.id}'s trainer for a final checkpoint..."):
-        saved = final_save.request(be, run, timeout_s, by=by)
+        saved = final_save.request(be, run, timeout_s, by=by, report=report)
     if saved is not None:
         out.print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
         remember(run, final_save.status_json(be, run))  # its last step, for `status` once the machine is gone

@@ -1,5 +1,8 @@
 """`launch volumes`: the volumes and buckets that keep billing after `launch down`, and deleting one.
 
+One idea at ~360 lines: what keeps billing after `launch down` (volumes and buckets): listed with
+size, age and $/month, deleted, and named by `down` itself (`still_billing_lines`).
+
 Network volumes and buckets hold the model cache and the checkpoints a `--resume` needs, so `down`
 leaves them; they bill per GB-month until deleted (prices: launcher/catalog/extract/storage_prices.csv).
 The list comes from SkyPilot (`sky.volumes.ls`, `sky.storage_ls`), joined with launch's run registry

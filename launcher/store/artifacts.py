@@ -1,5 +1,9 @@
 """One artifact contract for every backend: what `launch down --fetch-artifacts` leaves on disk.
 
+One idea at ~400 lines: the fetch, from the machine's listing to verified files in
+`{dest}/{run_id}/`: confinement, the plan from the MANIFEST or the listing, verification and the files
+derived at home are its steps, written once for every backend.
+
     {dest}/{run_id}/  adapter/ [merged/] [mlx/] training_summary.json metrics.jsonl loss.png
                       data_stats.json high_loss_samples.jsonl checkpoints.json logs/ MANIFEST.json
 

@@ -1,5 +1,9 @@
 """The local run registry: one SQLite database under the launch state dir (`$LAUNCH_HOME/runs.db`).
 
+One idea at ~440 lines: the run registry, the `Run` record and the SQLite file that keeps it,
+with the rules every write follows (a state only moves forward, billed time accrues, a damaged database
+is moved aside). Opening, migrating and writing are the one place those rules hold.
+
 SQLite gives atomic writes and safe concurrent access from two `launch` commands at once (WAL mode,
 a busy timeout, each change in its own transaction). No secret is ever stored here.
 """

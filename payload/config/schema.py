@@ -1,5 +1,8 @@
 """The sections of a run configuration: data recipe, model, method, training, outputs, runtime.
 
+One idea at ~360 lines: the sections of a run configuration as pydantic models, one class per
+section with its fields' help text and rules; cut by section they would only be read together.
+
 The shared vocabulary of payload/config/runconfig.py (which adds the stages and the whole `RunConfig`;
 payload/config/__init__.py re-exports these names: import them from there). pydantic and PyYAML only,
 never torch. Every field's docstring is its help text; cross-field rules name the keys involved.

@@ -157,19 +157,18 @@ def untrained_lines(prompts: list, of: int, cfg, how: str, exact: bool) -> tuple
     every one of the `of` records and `prompts` are exact). SFTTrainer cuts each record to max_length
     and drops the ones left without a trained token (assistant-only loss); packed, it keeps them."""
     t = cfg.train
-    lost = [n for n in prompts if n >= t.max_seq_length] if t.assistant_only_loss else []
+    lost, span = trainset.filling(prompts if t.assistant_only_loss else [], t.max_seq_length, exact)
     if not lost:
         return 0, None, None
-    span = ("" if exact else "~") + f"{int(min(lost)):,}" + \
-        (f"-{int(max(lost)):,}" if int(max(lost)) != int(min(lost)) else "")
+    longest = f"{int(max(lost)):,}"
     fate = "they stay in the packs, training nothing" if t.packing else \
         "TRL drops them (the plan counts the records left)"
     note = (f"{len(lost):,} of {of:,} train records have a prompt of {span} tokens ({how}), filling "
-            f"train.max_seq_length {t.max_seq_length} with no assistant token left to train: {fate}; set "
-            f"train.max_seq_length above {int(max(lost)):,} plus room for the answer to keep them")
+            f"train.max_seq_length {t.max_seq_length} with no assistant token left to train: {fate}; "
+            f"{trainset.raise_limit(longest)} to keep them")
     refusal = None
     if exact and len(lost) >= of:
         refusal = (f"train.max_seq_length {t.max_seq_length} leaves none of the {of:,} train records a token to "
-                   f"train: their prompts are {span} tokens ({how}); set train.max_seq_length above "
-                   f"{int(max(lost)):,} (the longest prompt) plus room for the answer, or shorten the prompts")
+                   f"train: their prompts are {span} tokens ({how}); "
+                   f"{trainset.raise_limit(longest + ' (the longest prompt)')}, or shorten the prompts")
     return len(lost), note, refusal

@@ -1,5 +1,9 @@
 """Readers: one source (local file or Hugging Face dataset id) -> a stream of (location, raw record).
 
+One idea at ~500 lines: one source read as a stream of (location, record or RecordError), whatever its
+format. The readers (JSONL, JSON array, CSV, Parquet, Hugging Face) share the capped line reading and the
+error shape, and only `open_source` calls them: apart they would be five small modules read together.
+
 A reader never raises for a bad record: it yields a `RecordError` in place of the record, with the
 location (line number, or `row N`) it came from, so the pipeline can report `file:line: what`.
 Problems that make the whole source unusable (missing file, empty file, CSV/Parquet without the

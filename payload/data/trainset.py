@@ -170,13 +170,10 @@ def check_trained_tokens(trainer, cfg, train_records: list[dict], val_records: l
     for name, (n, idx) in lost.items():
         records, packed = splits[name][1], splits[name][2]
         measured += (records if packed else [records[i] for i in idx])[:MAX_PROMPTS_MEASURED] if n else []
-    prompts = [n for n in (prompt_tokens(rec, tok, template) for rec in measured)
-               if n is not None and n >= t.max_seq_length]
-    span = "unknown" if not prompts else f"{min(prompts):,}" + (f"-{max(prompts):,}" * (min(prompts) != max(prompts)))
+    prompts, span = filling([prompt_tokens(rec, tok, template) for rec in measured], t.max_seq_length)
     why = (f"their prompt fills train.max_seq_length {t.max_seq_length} (prompt tokens: {span}), so no "
            f"assistant token is left to train")
-    fix = f"set train.max_seq_length above {f'{max(prompts):,}' if prompts else 'the longest prompt'} plus room " \
-          "for the answer"
+    fix = raise_limit(f"{max(prompts):,}" if prompts else "the longest prompt")
     left = len(train_records) - lost.get("train", (0, []))[0]
     if left == 0 or left < t.per_device_batch_size:
         raise PayloadError(f"train.max_seq_length {t.max_seq_length} leaves {'none' if left == 0 else f'only {left:,}'}"
@@ -190,6 +187,23 @@ def check_trained_tokens(trainer, cfg, train_records: list[dict], val_records: l
                         for name, (n, _) in lost.items() if n)
     log.warning("%s: %s; %s to keep them", said, why, fix)
     return {"dropped_records": {name: n for name, (n, _) in lost.items() if n}, "dropped_reason": f"{said}: {why}"}
+
+
+def filling(prompts: list, max_seq_length: int, exact: bool = True) -> tuple[list, str]:
+    """The prompts (tokens before the first trained one; None: not known) that fill max_seq_length,
+    leaving no assistant token to train, and their span as the lines about them say it: `1,024-2,048`,
+    `~` before an estimate (`exact=False`), `unknown` when none. The data step's check above and the
+    preview's and plan's count (payload/data/preview.py `untrained_lines`) build it here."""
+    lost = [n for n in prompts if n is not None and n >= max_seq_length]
+    if not lost:
+        return lost, "unknown"
+    low, high = int(min(lost)), int(max(lost))
+    return lost, ("" if exact else "~") + f"{low:,}" + (f"-{high:,}" if high != low else "")
+
+
+def raise_limit(longest: str) -> str:
+    """The fix for prompts that fill the window, `longest` the longest of them as the line says it."""
+    return f"set train.max_seq_length above {longest} plus room for the answer"
 
 
 MAX_PROMPTS_MEASURED = 2000  # dropped records whose prompt is tokenized again for the line (the longest of them)

@@ -1,5 +1,10 @@
 """GPU-memory estimate of a training run, from the model's shape: pure Python, no torch.
 
+One idea at ~440 lines: the GPU-memory estimate, from the model's shape (a config.json, the known
+shapes, the size in the name) to the per-GPU total and the gradient-checkpointing choice it implies. The
+shape lookup stays with it: nothing uses the shapes without the estimate (payload/model/dims.py finds the
+shape on the machine and hands it here).
+
 Used by the payload's preflight (before any GPU minute is spent) and by `launch plan`/`validate` on
 the user's machine (the launcher may import this module, like `payload.config`: it imports neither
 torch nor transformers).

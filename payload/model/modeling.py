@@ -1,5 +1,10 @@
 """Tokenizer/processor and model for training: Auto classes, dtype, attention fallback, LoRA/QLoRA/full.
 
+One idea at ~470 lines: the model and its tokenizer as training gets them, from `from_pretrained`
+to the parameters that train: dtype, attention, fused kernels, quantization, LoRA targets, the frozen
+vision tower, DeepSpeed's config. Each decision reads the same cfg and model; merge and inference load
+through the same functions.
+
 Everything goes through `from_pretrained`, also for the tiny demo model (materialized once into
 `{run_dir}/base_model/` by `payload.model.tiny`), so the code path on CPU is the one a GPU run takes.
 The LoRA adapter itself is created by TRL's SFTTrainer from `lora_config()`; `check_vision_frozen`

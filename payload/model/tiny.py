@@ -1,5 +1,9 @@
 """Tiny models and a tiny tokenizer built from config: the local demo and the tests need no download.
 
+One idea at ~380 lines: a tiny model built from config, with the tokenizer, processor and files that
+make it load like a real one through `from_pretrained`; the shapes the GPU checks materialize
+(`materialize_shape`) are the same builder at another size.
+
 `build_tiny_tokenizer` trains a byte-level BPE on a few KB of built-in text (deterministic), with
 Qwen's special tokens and a ChatML template that carries `{% generation %}` markers, so
 `return_assistant_tokens_mask=True` (and TRL's `assistant_only_loss`) work.

@@ -251,7 +251,7 @@ def push(cfg, folder: Path, token: str) -> str:
     repo = cfg.outputs.push_to_hub
     record, done_path = {"repo": repo, "folder": str(folder), "files": listing_fingerprint(folder)}, \
         cfg.run_dir / layout.OUTPUTS_DIR / PUSHED
-    if _read_json(done_path) == record:
+    if layout.read_json(done_path) == record:
         log.info("already pushed %s to %s", folder, repo)
         return repo
     api = HfApi(token=token)
@@ -276,10 +276,3 @@ def listing_fingerprint(folder: Path) -> str:
         st = f.stat()
         h.update(f"{f.relative_to(folder)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
-
-
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

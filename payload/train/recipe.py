@@ -1,5 +1,9 @@
 """Training stage: `python -m payload train --config RUN.yaml`, or `payload.train.recipe.main(cfg)`.
 
+One idea at ~490 lines: a training stage's phases in the order they run (setup, load_checkpoint,
+train, save, cleanup), as plain functions like one torchtune recipe, read top to bottom. The step itself
+(`trainer`) and the run's state (`run`) stand apart; what stays is the order and what joins the phases.
+
 Same entry point for one process, `torchrun --nproc_per_node N`, and several nodes. The phases are
 plain functions, in the order torchtune's recipes use (setup, load_checkpoint, train, save,
 cleanup); the work is TRL's `SFTTrainer` (assistant-only loss, packing, PEFT) on transformers'

@@ -1,6 +1,11 @@
 """Checkpoints on the volume: completion marker with checksums, verified resume, retention,
 time-based saves, SIGTERM.
 
+One idea at ~480 lines: a checkpoint's life on the volume: when it is saved (the save-time
+policy, a SIGTERM's save, the RunControl callback that makes saves happen), its marker and checksums,
+retention, and the index the launcher reads. The save-time control (~180 lines at the end) is the part
+that could stand apart; it stays while it is the only writer of the markers and rules kept here.
+
 Layout: `{run_dir}/checkpoints/checkpoint-<step>/` as the Trainer writes it, plus the resolved
 `config.yaml`, one `loss_state_<rank>.json` per rank (the loss accumulated since the last log, so
 the first loss logged after a resume is the uninterrupted run's), and a `COMPLETE` marker written

@@ -1,5 +1,9 @@
 """What a run shows while and after it trains.
 
+One idea at ~390 lines: what a run shows of itself while and after it trains: console lines,
+status.json, metrics.jsonl, the loss plot, the high-loss samples, the summary, a crash's traceback. The
+callback writes them and the launcher reads them; they share one module's names.
+
 - `metrics.jsonl`: one line per Trainer log (train: step, loss, lr, grad_norm, tokens/s, real-token
   fraction, cost_usd, epoch; eval: step, eval_loss). Lines past the resumed step are dropped on
   resume, so the file reads like one uninterrupted run.

@@ -199,6 +199,46 @@ def test_code_in_an_init_is_named_with_its_file_and_line(tmp_path):
     ]
 
 
+# A module that grew long holds two ideas (cut it where they part, each into a module named by its idea) or
+# one idea that is long: then its docstring says which, and why it stays whole (issue 38).
+LONG_MODULE = 350
+
+
+def long_modules_without_their_idea(root: Path = REPO) -> list[str]:
+    """Every module under launcher/ or payload/ over LONG_MODULE lines whose docstring does not say its
+    one idea ("One idea at ~N lines: ..."), one line each, naming the file and the fix."""
+    out = []
+    for package in ("launcher", "payload"):
+        for path in sorted((root / package).rglob("*.py")):
+            text = path.read_text()
+            n = len(text.splitlines())
+            if n > LONG_MODULE and "One idea at ~" not in (ast.get_docstring(ast.parse(text)) or ""):
+                out.append(f"{path.relative_to(root).as_posix()}: {n} lines, and its docstring does not say "
+                           f"its one idea: cut it where its ideas part (a module named by each, in the same "
+                           f"group), or add a paragraph \"One idea at ~{round(n, -1)} lines: ...\" saying the "
+                           "idea and why it stays whole")
+    return out
+
+
+def test_every_long_module_is_cut_by_idea_or_says_its_one_idea():
+    found = long_modules_without_their_idea()
+    assert not found, "\n".join(found)
+
+
+def test_a_long_module_without_its_idea_is_named_with_the_fix(tmp_path):
+    body = "x = 1\n" * LONG_MODULE
+    root = _tree(tmp_path, {
+        "launcher/__init__.py": DECLARED,
+        "launcher/low/long.py": '"""Long."""\n' + body,
+        "launcher/low/said.py": '"""Long.\n\nOne idea at ~350 lines: one table, read whole."""\n' + body,
+        "payload/short.py": '"""Short."""\n' + "x = 1\n" * (LONG_MODULE - 1),
+    })
+    assert long_modules_without_their_idea(root) == [
+        "launcher/low/long.py: 351 lines, and its docstring does not say its one idea: cut it where its ideas "
+        "part (a module named by each, in the same group), or add a paragraph \"One idea at ~350 lines: ...\" "
+        "saying the idea and why it stays whole"]
+
+
 def test_no_folder_holds_more_than_twelve_modules():
     crowded = {}
     for package in ("launcher", "payload"):

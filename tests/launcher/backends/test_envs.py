@@ -164,7 +164,7 @@ def test_every_known_token_shape_has_an_example_here():
 
 @pytest.mark.parametrize("value", TOKEN_EXAMPLES)
 def test_a_token_shaped_value_is_refused_by_env_and_envs_naming_only_the_variable(tmp_path, value):
-    from launcher.profiles.profile import parse_env_items
+    from launcher.profiles.schema import parse_env_items
 
     with pytest.raises(ValueError) as e:
         parse_env_items((f"BUILD_NOTE={value}",))
@@ -180,13 +180,13 @@ def test_a_token_shaped_value_is_refused_by_env_and_envs_naming_only_the_variabl
 @pytest.mark.parametrize("value", ["INFO", "1", "expandable_segments:True", "sk-learn", "hf_transfer",
                                    "0123456789ab", "https://huggingface.co/Qwen/Qwen3-8B", "AKIA", "/workspace/x"])
 def test_ordinary_values_pass(value):
-    from launcher.profiles.profile import parse_env_items
+    from launcher.profiles.schema import parse_env_items
 
     assert parse_env_items((f"NOTE={value}",)) == {"NOTE": value}
 
 
 def test_an_item_without_equals_is_not_echoed_when_it_is_a_token():
-    from launcher.profiles.profile import parse_env_items
+    from launcher.profiles.schema import parse_env_items
 
     token = "ghp_" + "k9L" * 12
     with pytest.raises(ValueError) as e:

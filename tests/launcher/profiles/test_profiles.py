@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.profiles.profile import ProfileError, load_profile, profile_names, total_gpus
+from launcher.profiles.profile import ProfileError, load_profile, profile_names
+from launcher.profiles.schema import total_gpus
 from launcher.catalog import plan_price
 from launcher.profiles.render import CONTROLLER_AUTOSTOP, render_all, render_profile, render_text, stale
 
