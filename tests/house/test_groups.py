@@ -265,3 +265,18 @@ DECIDED = {
 def test_where_it_is_decided(question):
     path, needle = DECIDED[question]
     assert needle in (REPO / path).read_text(), f"{question}: {path} no longer holds `{needle}`"
+
+
+def test_tests_mirror_the_groups():
+    """tests/ is laid out like the code: tests/launcher/<group>/ and tests/payload/<group>/ name groups that
+    exist, test files sit in a folder of their idea (never flat in tests/), and walks, house checks, the
+    GPU harness's test and the emulated cloud have their own folders."""
+    tests = REPO / "tests"
+    problems = [f"tests/{p.name}: a test file flat in tests/ (move it to its group's folder)"
+                for p in sorted(tests.glob("test_*.py"))]
+    for pkg in ("launcher", "payload"):
+        for folder in sorted(p for p in (tests / pkg).iterdir() if p.is_dir() and p.name != "__pycache__"):
+            if not (REPO / pkg / folder.name / "__init__.py").exists():
+                problems.append(f"tests/{pkg}/{folder.name}/: {pkg}/ has no group `{folder.name}`")
+    assert {"walks", "house", "bench", "cloud"} <= {p.name for p in tests.iterdir() if p.is_dir()}
+    assert not problems, "\n".join(problems)

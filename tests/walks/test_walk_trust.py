@@ -151,7 +151,7 @@ def test_a_w_and_b_shaped_key_is_refused_in_upper_case_and_inside_a_value(tmp_pa
 
 SITE_FAKE_SKY = '''"""SkyPilot's API server faked at its request edge in the `launch` subprocess (tests/sky_edge.py)."""
 import json, os, sys
-sys.path.insert(0, os.environ["FAKE_SKY_TESTS"])
+sys.path[:0] = [os.environ["FAKE_SKY_TESTS"], os.path.dirname(os.environ["FAKE_SKY_TESTS"])]  # tests/, the repo
 import pytest, sky, sky.volumes
 from sky_edge import FakeSky
 mp = pytest.MonkeyPatch()

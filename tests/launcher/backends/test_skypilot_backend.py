@@ -410,6 +410,7 @@ def answers(*values):
 def fast_grace(monkeypatch):
     monkeypatch.setattr(control, "POLL_S", 0.01)
     monkeypatch.setattr(control, "DOWN_GRACE_S", 0.5)
+    monkeypatch.setattr(control, "SKY_KILL_AFTER_S", 0.5)  # the bound on a trainer that never confirms (30 s)
 
 
 def test_down_gives_the_trainer_its_sigterm_checkpoint_before_the_cluster_goes(fake, fast_grace, monkeypatch):
