@@ -24,10 +24,8 @@ import pytest
 
 from launcher.store import registry
 
-try:
-    from walk import LAUNCH, REPO, assert_one_line_error, fresh_env, launch
-except ImportError:
-    from tests.walk import LAUNCH, REPO, assert_one_line_error, fresh_env, launch
+from train_fixtures import kill_marked
+from walk import LAUNCH, REPO, assert_one_line_error, fresh_env, launch
 
 ROUNDS = 20
 
@@ -41,13 +39,7 @@ def _shared() -> dict:
 def no_trainer_left(tmp_path):
     """Whatever a test started under its LAUNCH_HOME (a driver, a trainer) is killed after it."""
     yield
-    mark = f"LAUNCH_VOLUME={os.environ['LAUNCH_HOME']}".encode()
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if int(env.parent.name) != os.getpid() and any(v.startswith(mark) for v in env.read_bytes().split(b"\0")):
-                os.kill(int(env.parent.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
+    kill_marked(f"LAUNCH_VOLUME={os.environ['LAUNCH_HOME']}")
 
 
 def _together(tmp_path, *args: str, n: int = 2) -> list[tuple[subprocess.Popen, str]]:

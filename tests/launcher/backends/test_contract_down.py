@@ -82,16 +82,9 @@ def no_trainer_left(tmp_path):
     """A test that fails before its `down` leaves no stand-in trainer behind (the old-trainer one loops
     until a signal): every process whose LAUNCH_VOLUME lies under the test's tmp_path is killed."""
     yield
-    import signal
-    from pathlib import Path
+    from train_fixtures import kill_marked
 
-    mark = f"LAUNCH_VOLUME={tmp_path}".encode()
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if int(env.parent.name) != os.getpid() and any(v.startswith(mark) for v in env.read_bytes().split(b"\0")):
-                os.kill(int(env.parent.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
+    kill_marked(f"LAUNCH_VOLUME={tmp_path}")
 
 
 @pytest.fixture
