@@ -48,6 +48,16 @@ def isolated_state(tmp_path, monkeypatch):
     yield
     for cached in _UI_CONSOLES:  # the cached functions themselves, whatever a test patched in their place
         cached.cache_clear()
+    # The payload's log handler follows the first caller's choice of stream (the launcher's in-process eval
+    # sets stderr, and the payload's own setup keeps it): a process is one or the other, a test worker is
+    # both, so the next test's payload starts from no handler, as a process does.
+    import logging
+
+    from payload.volume.observe import CurrentStream
+
+    payload_log = logging.getLogger("payload")
+    for handler in [h for h in payload_log.handlers if isinstance(h, CurrentStream)]:
+        payload_log.removeHandler(handler)
     # SkyPilot's ux_utils.print_exception_no_traceback sets sys.tracebacklimit = 0 and does not
     # restore it when the body raises; don't let one test's SkyPilot error hide later tracebacks.
     if hasattr(sys, "tracebacklimit"):
