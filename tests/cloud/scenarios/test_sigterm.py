@@ -1,0 +1,47 @@
+"""SkyPilot's own cancel of a sonia-h100 run mid-training, on the emulated RunPod: the project's `sky cancel`
+has the skylet on the pod send the job's process group SIGTERM, and SIGKILL 30 s later
+(sky/skylet/subprocess_daemon.py), the path a `launch down` takes for a trainer that does not answer its
+stop request. The payload saves a checkpoint at the step boundary on that SIGTERM and ends `stopped`;
+`launch status` says so with the step; `launch down --fetch-artifacts` brings the run's outputs home,
+sha256-verified, with that checkpoint in its index, and the pod is terminated."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.cloud.scenarios import profiles
+from tests.cloud.scenarios.test_cluster import _run_id, cluster_of, status, wait_for
+
+
+@pytest.mark.timeout(1200)
+def test_skypilots_sigterm_saves_a_checkpoint_and_down_fetches_it(cloud, in_repo, report, tmp_path):
+    # No periodic save before the signal (save_steps 5000): a checkpoint after it is the SIGTERM's.
+    args = profiles.sonia(in_repo, max_steps=20000, save_steps=5000)
+    r = cloud.launch("up", "sonia-h100", *args, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = _run_id(r.stdout)
+    wait_for(lambda: (s := status(cloud, run)).get("step") and s["step"] >= 5 and s, 600, what="step 5",
+             cloud=cloud, run=run)
+
+    cancel = cloud.sky("cancel", "-y", "-a", cluster_of(run), timeout=300)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    ended = wait_for(lambda: (s := status(cloud, run))["state"] not in ("running", "starting") and s, 300,
+                     what="the run to end after SkyPilot's cancel", cloud=cloud, run=run)
+    assert ended["state"] == "stopped", ended
+    m = re.search(r"stopped by SIGTERM at step (\d+) of 20000; checkpoint-(\d+) saved", ended.get("reason") or "")
+    assert m and m.group(1) == m.group(2), ended
+    step = int(m.group(1))
+
+    down = cloud.launch("down", run, "--fetch-artifacts", "--dest", str(tmp_path / "artifacts"), timeout=900)
+    out = down.stdout + down.stderr
+    assert down.returncode == 0 and "verified" in out, out
+    index = json.loads((tmp_path / "artifacts" / run / "checkpoints.json").read_text())
+    assert [(c["name"], c["complete"]) for c in index] == [(f"checkpoint-{step}", True)], index
+    assert not cloud.api("GET", "/admin/state")["pods"], "the pod outlived `launch down`"
+    print("  what `launch down --fetch-artifacts` said:\n" + "\n".join("    " + ln for ln in out.splitlines()))
+    usd = json.loads(cloud.launch("cost", "--json", timeout=180).stdout)["total_usd"]
+    report(state=status(cloud, run)["state"], usd=usd, ledger_usd=cloud.api("GET", "/admin/state")["billed_usd"],
+           steps=step)
