@@ -51,8 +51,10 @@ $(STAMP): pyproject.toml requirements/dev.lock Makefile | $(UV)
 	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-# Two processes (pytest-xdist; a file and its module fixtures stay in one): ~5.5 min instead of ~13 on
-# 2 cores, since much of the suite waits on subprocesses. TEST_WORKERS=0 runs in this process only.
+# Two processes (pytest-xdist; a file and its module fixtures stay in one): ~8 min on 2 cores instead of
+# 13.6 in one. The suite is CPU-bound there (~15 CPU-minutes, most of it torch/transformers/peft/TRL
+# imports in the trainers' subprocesses), so more workers do not help. --durations=10: the 10 slowest.
+# TEST_WORKERS=0 runs in this process only.
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=10 --ignore=tests/cloud/scenarios tests
