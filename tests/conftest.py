@@ -97,20 +97,3 @@ def in_repo():
             except OSError:
                 pass  # another test's data is there
 
-
-# Files that train several whole runs (minutes of CPU each on 2 cores), measured with `make test`'s
-# --durations. pytest-xdist (--dist loadfile) hands out files in collection order as workers free up:
-# these go first, so the two workers end together instead of one finishing a long file alone.
-HEAVY_FIRST = ("launcher/backends/test_local_backend.py", "walks/test_walk_state.py", "bench/test_gpu_check.py",
-               "launcher/backends/test_ssh_backend.py", "launcher/results/test_experiment.py",
-               "launcher/backends/test_skypilot_backend.py", "walks/test_walk_trust.py",
-               "walks/test_walk_watch.py", "payload/train/test_distributed.py", "payload/train/test_seqlen.py",
-               "launcher/backends/test_contract_down.py", "payload/train/test_stages.py")
-
-
-def pytest_collection_modifyitems(items):
-    moved = [rel for rel in HEAVY_FIRST if not (REPO / "tests" / rel).exists()]
-    if moved:
-        raise pytest.UsageError(f"tests/conftest.py HEAVY_FIRST names files that are not there: {moved}")
-    rank = {REPO / "tests" / rel: i for i, rel in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(str(item.path)), len(rank)))  # stable: the rest keep their order

@@ -290,7 +290,9 @@ def observe(run_id: str, state: str, reason: Optional[str] = None, billing: Opti
     - a live run whose machine no longer bills closes its bill at the backend's `ended_at` when it
       knows one (a spot pod RunPod reports interrupted while SkyPilot still says RUNNING), else now;
     - a run that ends now bills on only while its backend says so itself (`billing` True: its
-      cluster idles before autostop); a run that had ended never bills again (nothing accrues after
+      cluster idles before autostop, or until `launch down` tears it down), at this refresh and every
+      later one: RunPod bills the pod until it is gone, whoever looks meanwhile; once its bill is
+      closed (the backend says nothing bills, or `down`) it never opens again (nothing accrues after
       `down`): a refresh only closes what is open, at the backend's `ended_at` when it knows one.
     """
     now = time.time()
@@ -306,7 +308,7 @@ def observe(run_id: str, state: str, reason: Optional[str] = None, billing: Opti
             if reason and reason != run.reason:
                 run.reason = reason
         if not was_live:
-            bills = False
+            bills = billing is True and run.billing_since is not None
         elif run.state not in ACTIVE_STATES:
             bills = billing is True
         elif not known:

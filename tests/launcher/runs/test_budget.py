@@ -100,6 +100,27 @@ def test_billed_time_counts_setup_but_not_recovery_nor_the_time_down_before_resu
     assert d["total_usd"] == pytest.approx(1.7) and d["runs"][0]["elapsed_s"] == 3300
 
 
+def test_an_ended_runs_cluster_bills_until_it_is_gone_whoever_looks_meanwhile(clock, backend):
+    """The job ended, its cluster idles until autostop or `launch down` tears it down, and RunPod bills the
+    pod all that time: every refresh meanwhile bills on, not only the first one that saw the end. Found on
+    the emulated RunPod (tests/cloud/scenarios/test_sigterm.py: `sky cancel`, then `launch down
+    --fetch-artifacts`): launch said $0.2262, RunPod billed $0.2609, the fetch and teardown unbilled."""
+    registry.save(Run(id="r", profile="sonia-h100", backend="skypilot", started_at=1000.0, state="running",
+                      price_per_hour=PRICE, billed_s=0.0, billed_usd=0.0, billing_since=1000.0))
+    backend.reply = RemoteStatus(state="stopped", reason="stopped by SIGTERM at step 9 of 20", billing=True)
+    clock.t = 2000.0
+    assert status("r")["state"] == "stopped" and status("r")["billed_s"] == 1000
+    clock.t = 2600.0  # seen again: its cluster still idles, and bills
+    assert status("r")["billed_s"] == 1600
+    backend.reply = RemoteStatus(state="stopped", billing=False, ended_at=2900.0)  # autostopped at 2900
+    clock.t = 4000.0
+    assert status("r")["billed_s"] == 1900
+    backend.reply = RemoteStatus(state="running", billing=True)  # a cluster of the same name, up by hand
+    clock.t = 5000.0
+    row = status("r")
+    assert (row["state"], row["billed_s"]) == ("stopped", 1900)  # a closed bill never opens again
+
+
 def test_resume_stores_the_budget_override_and_shows_cents(clock, backend):
     from launcher.profiles.render import config_path, task_path
 
