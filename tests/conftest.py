@@ -2,6 +2,7 @@
 test reads or writes the user's ~/.launch or ~/.sky. SkyPilot fixes its runtime dir at import, so
 one session-wide SKY_RUNTIME_DIR is set here, before anything imports `sky`."""
 
+import logging
 import os
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from launcher.term import ui  # noqa: E402  (light: rich is imported when a cons
 
 _UI_CONSOLES = (ui.console, ui.err_console)
 
-from payload.volume.observe import library_deprecations  # noqa: E402  (the payload's own warning filters)
+from payload.volume.observe import CurrentStream, library_deprecations  # noqa: E402  (the payload's logs, warning filters)
 
 
 @pytest.fixture(autouse=True)
@@ -51,10 +52,6 @@ def isolated_state(tmp_path, monkeypatch):
     # The payload's log handler follows the first caller's choice of stream (the launcher's in-process eval
     # sets stderr, and the payload's own setup keeps it): a process is one or the other, a test worker is
     # both, so the next test's payload starts from no handler, as a process does.
-    import logging
-
-    from payload.volume.observe import CurrentStream
-
     payload_log = logging.getLogger("payload")
     for handler in [h for h in payload_log.handlers if isinstance(h, CurrentStream)]:
         payload_log.removeHandler(handler)

@@ -4,13 +4,10 @@ config recorded in its run directory is refused before anything trains; cadence 
 changes allowed with LAUNCH_ALLOW_CHANGE are accepted and appended to `config_history.jsonl`."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import make_config, train_env, train_in_process  # noqa: E402
 
 from payload import layout  # noqa: E402

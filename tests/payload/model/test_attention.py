@@ -9,12 +9,9 @@ Run: .venv/bin/python -m pytest -x -q tests/payload/model/test_attention.py
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import make_config, train_env  # noqa: E402
 
 from payload.model.attention import (  # noqa: E402

@@ -19,7 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     REPO, adapter_tensors, logged_losses, make_config, subprocess_env, train_env, train_in_process,
     write_config, write_text_data,

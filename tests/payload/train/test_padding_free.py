@@ -11,12 +11,9 @@ Run: .venv/bin/python -m pytest -x -q tests/payload/train/test_padding_free.py
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     VL_MODEL, make_config, text_records, train_env, train_in_process, vl_records, write_text_data,
 )

@@ -7,10 +7,7 @@ Run: .venv/bin/python -m pytest -x -q tests/payload/train/test_seqlen.py
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     _write_jsonl, make_config, run_payload, text_records, train_env, train_in_process, write_config,
 )

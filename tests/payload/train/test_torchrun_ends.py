@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import REPO, make_config, subprocess_env, write_config  # noqa: E402
 
 from payload import layout  # noqa: E402

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     VL_MODEL, make_config, metrics, train_env, train_in_process, write_text_data, write_vl_data,
 )

@@ -16,13 +16,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     adapter_tensors, logged_losses, make_config, metrics, reference_run, train_env, train_in_process,
     write_config, write_text_data,

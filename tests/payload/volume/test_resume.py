@@ -13,13 +13,11 @@ import math
 import random
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     adapter_tensors, logged_losses, make_config, metrics, reference_run, start_payload, train_env,
     train_in_process, wait_for, write_config, write_text_data, KILL_TIMEOUT,

@@ -6,12 +6,10 @@ it fetches instead of checking sizes. (A one-stage run stopped by SIGTERM: tests
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from stage_fixtures import stage_config, write_stage_data  # noqa: E402
 from train_fixtures import KILL_TIMEOUT, start_payload, train_env, wait_for, write_config  # noqa: E402
 

@@ -6,12 +6,9 @@ session removes the old request and resumes from that checkpoint to the uninterr
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from train_fixtures import (  # noqa: E402
     KILL_TIMEOUT, adapter_tensors, make_config, reference_run, start_payload, train_env, train_in_process,
     wait_for, write_config, write_text_data,
