@@ -52,8 +52,9 @@ $(STAMP): pyproject.toml requirements/dev.lock Makefile | $(UV)
 	touch $(STAMP)
 
 # Two processes (pytest-xdist; a file and its module fixtures stay in one): ~8 min on 2 cores instead of
-# 13.6 in one. The suite is CPU-bound there (~15 CPU-minutes, most of it torch/transformers/peft/TRL
-# imports in the trainers' subprocesses), so more workers do not help. --durations=10: the 10 slowest.
+# 13.6 in one. The suite is CPU-bound there (~13 CPU-minutes, most of it torch/transformers/peft/TRL
+# imports in the trainers' subprocesses: `python scripts/suite_census.py` counts them), so more workers
+# do not help (3: 8 min 7 s, 2: 8 min 15 s). --durations=10: the 10 slowest.
 # TEST_WORKERS=0 runs in this process only.
 TEST_WORKERS ?= 2
 test: install

@@ -70,11 +70,6 @@ def planning_task(p, use_spot: Optional[bool] = None) -> dict:
     return d
 
 
-def task_from_profile(p, use_spot: Optional[bool] = None):
-    """A sky.Task built from the rendered task YAML (SkyPilot's own parser)."""
-    return sky_task(planning_task(p, use_spot))
-
-
 def about(p) -> dict:
     """What the optimizer's answer and its refusal name besides the task: the profile's name, its
     accelerators as the profile lists them, its node count."""
