@@ -56,6 +56,8 @@ def text_data(dest: Path, n: int = 60) -> list[str]:
                      "instruction_as: system, split: {train: 0.9, val: 0.1}}]"]
 
 
+SONIA_PRICE = 6.58  # $/h, RunPod 2x_H100-SXM_SECURE in the shipped catalog snapshot
+
 TINY = "hidden_size: 64, num_layers: 2, vocab_size: 1024"
 
 

@@ -5,56 +5,19 @@ skylet on the pod) does every step; the pods are namespaces of this machine (tes
 from __future__ import annotations
 
 import json
-import re
-import time
 
 import pytest
 
 from tests.cloud.scenarios import profiles
+from tests.cloud.scenarios.steps import cluster_of, run_id_of, status, up, wait_ended, wait_step
 
-PRICE = 6.58  # RunPod 2x_H100-SXM_SECURE, the shipped catalog snapshot
-
-
-def _run_id(out: str) -> str:
-    m = re.search(r"✓ started (\S+)", out)
-    assert m, out
-    return m.group(1)
-
-
-def cluster_of(run: str) -> str:
-    from launcher.backends.skypilot import cluster_name
-
-    return cluster_name(run)
-
-
-def wait_for(pred, timeout: float, every: float = 5.0, what: str = "", cloud=None, run: str = ""):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(every)
-    said = ""
-    if cloud is not None and run:  # what the user would look at
-        for cmd in (("status", run), ("logs", run, "--tail", "40")):
-            r = cloud.launch(*cmd, timeout=300)
-            said += f"\n$ launch {' '.join(cmd)}\n{r.stdout[-4000:]}{r.stderr[-2000:]}"
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}: {last!r}{said}")
-
-
-def status(cloud, run: str) -> dict:
-    r = cloud.launch("status", run, "--json", timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout)
+PRICE = profiles.SONIA_PRICE
 
 
 @pytest.mark.timeout(1500)
 def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report, tmp_path):
     args = profiles.sonia(in_repo, max_steps=5000, save_steps=10)
-    r = cloud.launch("up", "sonia-h100", *args, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    run = _run_id(r.stdout)
+    run = up(cloud, "sonia-h100", *args)
 
     # One pod on the emulated RunPod, on demand, priced from the catalog.
     pods = cloud.api("GET", "/admin/state")["pods"]
@@ -67,8 +30,7 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report, tmp_pat
                     env={"HF_TOKEN": "hf_emulated"}, timeout=300)
     assert dry.returncode == 0 and "2x_H100-SXM_SECURE" in dry.stdout, dry.stdout + dry.stderr
 
-    st = wait_for(lambda: (s := status(cloud, run)).get("step") and s["step"] >= 12 and s, 600, what="step 12",
-                  cloud=cloud, run=run)
+    st = wait_step(cloud, run, 12)
     assert st["state"] == "running", st
     assert st.get("loss") is not None, st
 
@@ -91,10 +53,9 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report, tmp_pat
     # A rehearsal of the same profile: 10 steps on a new cluster, followed to its end, then down.
     reh = cloud.launch("up", "sonia-h100", "--rehearse", *args, "--follow", timeout=900)
     assert reh.returncode == 0, reh.stdout[-3000:] + reh.stderr[-3000:]
-    rehearsal = _run_id(reh.stdout)
+    rehearsal = run_id_of(reh.stdout)
     assert "rehearsal" in rehearsal, rehearsal
-    done = wait_for(lambda: (s := status(cloud, rehearsal))["state"] not in ("running", "starting") and s, 300,
-                    what="the rehearsal to end", cloud=cloud, run=rehearsal)
+    done = wait_ended(cloud, rehearsal, 300, what="the rehearsal to end")
     assert done["state"] == "completed" and done["step"] == 10, done
     gone = cloud.launch("down", rehearsal, timeout=600)
     assert gone.returncode == 0, gone.stdout + gone.stderr

@@ -13,23 +13,19 @@ import re
 import pytest
 
 from tests.cloud.scenarios import profiles
-from tests.cloud.scenarios.test_cluster import PRICE, _run_id, cluster_of, status, wait_for
+from tests.cloud.scenarios.steps import cluster_of, status, up, wait_ended, wait_step
 
 
 @pytest.mark.timeout(1200)
 def test_skypilots_sigterm_saves_a_checkpoint_and_down_fetches_it(cloud, in_repo, report, tmp_path):
     # No periodic save before the signal (save_steps 5000): a checkpoint after it is the SIGTERM's.
     args = profiles.sonia(in_repo, max_steps=20000, save_steps=5000)
-    r = cloud.launch("up", "sonia-h100", *args, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    run = _run_id(r.stdout)
-    wait_for(lambda: (s := status(cloud, run)).get("step") and s["step"] >= 5 and s, 600, what="step 5",
-             cloud=cloud, run=run)
+    run = up(cloud, "sonia-h100", *args)
+    wait_step(cloud, run, 5)
 
     cancel = cloud.sky("cancel", "-y", "-a", cluster_of(run), timeout=300)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
-    ended = wait_for(lambda: (s := status(cloud, run))["state"] not in ("running", "starting") and s, 300,
-                     what="the run to end after SkyPilot's cancel", cloud=cloud, run=run)
+    ended = wait_ended(cloud, run, 300, what="the run to end after SkyPilot's cancel")
     assert ended["state"] == "stopped", ended
     m = re.search(r"stopped by SIGTERM at step (\d+) of 20000; checkpoint-(\d+) saved", ended.get("reason") or "")
     assert m and m.group(1) == m.group(2), ended
@@ -48,5 +44,5 @@ def test_skypilots_sigterm_saves_a_checkpoint_and_down_fetches_it(cloud, in_repo
     usd = json.loads(cloud.launch("cost", "--json", timeout=180).stdout)["total_usd"]
     ledger = cloud.api("GET", "/admin/state")["billed_usd"]
     print(f"  launch billed ${usd:.4f}; RunPod billed the pod ${ledger:.4f}")
-    assert ledger - PRICE * 3 / 3600 <= usd <= ledger + PRICE * 180 / 3600, (usd, ledger)
+    assert ledger - profiles.SONIA_PRICE * 3 / 3600 <= usd <= ledger + profiles.SONIA_PRICE * 180 / 3600, (usd, ledger)
     report(state=status(cloud, run)["state"], usd=usd, ledger_usd=ledger, steps=step)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.cloud.scenarios import profiles
-from tests.cloud.scenarios.test_cluster import status, wait_for
+from tests.cloud.scenarios.steps import run_id_of, up, wait_ended, wait_for
 
 PRICE = 1.59  # RunPod 1x_A100-80GB-SXM_SECURE spot in the shipped catalog snapshot (SpotPrice = Price there)
 STEPS, SAVE = 120, 20
@@ -46,9 +46,7 @@ def _adapter(dest: Path) -> bytes:
 def test_spot_job_recovers_from_a_preemption_and_resumes_at_the_saved_step(cloud, in_repo, report, tmp_path):
     args = profiles.lovecraft(in_repo, max_steps=STEPS, save_steps=SAVE)
     up_at = time.time()
-    r = cloud.launch("up", "lovecraft-a100-spot", *args, timeout=1200)
-    assert r.returncode == 0, r.stdout + r.stderr
-    run = re.search(r"✓ started (\S+)", r.stdout).group(1)
+    run = up(cloud, "lovecraft-a100-spot", *args, timeout=1200)
     # The user watches it in another terminal (`watch launch status`): launch bills what it sees.
     watching, seen = threading.Event(), []
     watcher = threading.Thread(target=_watch, args=(cloud, run, watching, seen), daemon=True)
@@ -69,8 +67,7 @@ def test_spot_job_recovers_from_a_preemption_and_resumes_at_the_saved_step(cloud
 
     # SkyPilot's controller notices, launches a new spot pod, and the job runs there again.
     wait_for(lambda: [p for p in _job_pods(cloud) if p["id"] != pods[0]["id"]], 600, what="a new spot pod", cloud=cloud, run=run)
-    done = wait_for(lambda: (s := status(cloud, run))["state"] not in ("running", "starting", "recovering") and s,
-                    900, every=10, what="the run to end", cloud=cloud, run=run)
+    done = wait_ended(cloud, run, 900, every=10, what="the run to end")
     assert done["state"] == "completed", done
     assert done["step"] == STEPS, done  # read by `launch status` through RunPod's S3 API (a managed job)
 
@@ -105,7 +102,7 @@ def test_spot_job_recovers_from_a_preemption_and_resumes_at_the_saved_step(cloud
     # The same run, uninterrupted, on the local backend: the same adapter.
     local = cloud.launch("up", "lovecraft-a100-spot", "--backend", "local", "--follow", *args, timeout=900)
     assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
-    local_run = re.search(r"✓ started (\S+)", local.stdout).group(1)
+    local_run = run_id_of(local.stdout)
     fetched = cloud.launch("down", local_run, "--fetch-artifacts", "--dest", str(tmp_path / "artifacts"), timeout=300)
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     same = _adapter(tmp_path / "artifacts" / local_run) == cloud_adapter
