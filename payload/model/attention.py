@@ -42,12 +42,26 @@ class Machine:
     flash_attn: bool = False
 
 
+def cpu_build_of_torch() -> bool:
+    """The installed torch is a CPU build (`2.13.0+cpu`, the local and test lock): it can use no CUDA
+    GPU, whatever the host has, and saying so needs no `import torch` (~1.5 s of CPU)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch").endswith("+cpu")
+    except PackageNotFoundError:
+        return False
+
+
 def this_machine() -> Machine:
+    flash = importlib.util.find_spec("flash_attn") is not None
+    if cpu_build_of_torch():
+        return Machine(False, None, flash)
     import torch
 
     cuda = torch.cuda.is_available()
     capability = tuple(torch.cuda.get_device_capability()) if cuda else None
-    return Machine(cuda, capability, importlib.util.find_spec("flash_attn") is not None)
+    return Machine(cuda, capability, flash)
 
 
 def batch_kind(packing: bool, padding_free: bool) -> str:

@@ -19,10 +19,9 @@ from payload.model.memory import ModelDims, dims_from_config, dims_from_name
 def model_dims(cfg, env=None) -> Optional[ModelDims]:
     """The base model's shape: tiny config, local/cached config.json, or the name (see module doc)."""
     if cfg.model.tiny is not None:
-        from payload.model.tiny import build_tiny_tokenizer, tiny_config
+        from payload.model.tiny import tiny_dims
 
-        tok = build_tiny_tokenizer(None, vocab_size=cfg.model.tiny.vocab_size)
-        return dims_from_config(tiny_config(cfg.model.tiny, tok).to_dict(), "tiny config")
+        return tiny_dims(cfg.model.tiny)
     for path in _config_paths(cfg, env):
         try:
             return dims_from_config(json.loads(path.read_text()), str(path))

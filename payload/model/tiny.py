@@ -135,11 +135,9 @@ def _head_dims(hidden_size: int) -> tuple[int, int, int]:
     return heads, kv, hidden_size // heads
 
 
-def _text_config(tiny_cfg, tokenizer) -> dict:
+def _text_shape(tiny_cfg) -> dict:
+    """The decoder's shape: what the model's size and memory follow from (no token ids: no tokenizer)."""
     heads, kv, head_dim = _head_dims(tiny_cfg.hidden_size)
-    if len(tokenizer) > tiny_cfg.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than model.tiny.vocab_size "
-                         f"{tiny_cfg.vocab_size}")
     return dict(
         vocab_size=tiny_cfg.vocab_size,
         hidden_size=tiny_cfg.hidden_size,
@@ -150,11 +148,40 @@ def _text_config(tiny_cfg, tokenizer) -> dict:
         head_dim=head_dim,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
+    )
+
+
+def _text_config(tiny_cfg, tokenizer) -> dict:
+    if len(tokenizer) > tiny_cfg.vocab_size:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than model.tiny.vocab_size "
+                         f"{tiny_cfg.vocab_size}")
+    return dict(
+        _text_shape(tiny_cfg),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         initializer_range=0.1,  # 0.02 (default) leaves a frozen random model near-uniform: LoRA barely moves it
     )
+
+
+def _vision_shape(tiny_cfg) -> dict:
+    return dict(
+        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
+        temporal_patch_size=2, out_hidden_size=tiny_cfg.hidden_size, num_position_embeddings=64,
+        deepstack_visual_indexes=[0],
+    )
+
+
+def tiny_dims(tiny_cfg):
+    """The tiny model's ModelDims from its shape alone: what preflight and the memory estimate need,
+    without building the tokenizer or importing transformers (and torch with it: ~2 s of CPU)."""
+    from payload.model.memory import dims_from_config
+
+    text = _text_shape(tiny_cfg)
+    if tiny_cfg.arch == "qwen3":
+        return dims_from_config({**text, "model_type": "qwen3"}, "tiny config")
+    return dims_from_config({"model_type": "qwen3_vl", "text_config": {**text, "model_type": "qwen3_vl_text"},
+                             "vision_config": _vision_shape(tiny_cfg), "tie_word_embeddings": True}, "tiny config")
 
 
 def _mrope_section(head_dim: int) -> list[int]:
@@ -178,14 +205,9 @@ def tiny_config(tiny_cfg, tokenizer):
         "mrope_interleaved": True,
     }
     ids = tokenizer.convert_tokens_to_ids
-    vision = dict(
-        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
-        temporal_patch_size=2, out_hidden_size=tiny_cfg.hidden_size, num_position_embeddings=64,
-        deepstack_visual_indexes=[0],
-    )
     return Qwen3VLConfig(
         text_config=text,
-        vision_config=vision,
+        vision_config=_vision_shape(tiny_cfg),
         image_token_id=ids("<|image_pad|>"),
         video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"),

@@ -157,6 +157,8 @@ def gpu_info(env) -> tuple[Optional[float], int, str]:
     count = int(env.get("WORLD_SIZE") or 0) or (int(per_node) * nodes if per_node else 0)
     if env.get("LAUNCH_GPU_MEMORY_GB"):
         return float(env["LAUNCH_GPU_MEMORY_GB"]), count or 1, "LAUNCH_GPU_MEMORY_GB"
+    if attention.cpu_build_of_torch():
+        return None, count or 1, "no GPU"
     try:
         import torch
 

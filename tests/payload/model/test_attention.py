@@ -115,3 +115,24 @@ def test_launch_status_says_which_attention_ran_and_why(capsys):
     assert row["attention"] == said
     experiment.print_differences(row)
     assert f"attention: {said}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_cpu_build_of_torch_is_a_machine_without_cuda_and_torch_is_not_imported_to_say_so(monkeypatch):
+    """The local and test lock's torch is `+cpu`: no CUDA GPU whatever the host has, so preflight (which
+    asks on every `launch up`) and the attention choice say so without importing torch. Any other build
+    is asked through torch, as before."""
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    from payload.model import attention
+
+    code = ("import sys; from payload.model.attention import this_machine; from payload.preflight import gpu_info; "
+            "m = this_machine(); g = gpu_info({}); print(m.cuda, m.capability, g, 'torch' in sys.modules)")
+    if metadata.version("torch").endswith("+cpu"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        assert out.split() == ["False", "None", "(None,", "1,", "'no", "GPU')", "False"], out
+    monkeypatch.setattr(metadata, "version", lambda name: "2.13.0+cu128")
+    assert not attention.cpu_build_of_torch()
+    monkeypatch.setattr(metadata, "version", lambda name: "2.13.0+cpu")
+    assert attention.cpu_build_of_torch()

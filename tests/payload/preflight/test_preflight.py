@@ -129,6 +129,21 @@ def test_model_shapes_by_name_and_from_config():
     assert model_dims(cfg).params == pytest.approx(real, rel=0.01)
 
 
+@pytest.mark.parametrize("arch, hidden, layers", [("qwen3", 64, 2), ("qwen3", 48, 3), ("qwen3_vl", 64, 2),
+                                                   ("qwen3_vl", 96, 4)])
+def test_tiny_dims_from_the_shape_alone_equal_those_of_the_transformers_config(arch, hidden, layers):
+    """Preflight reads a tiny model's size from its shape, without the tokenizer or transformers: the
+    same ModelDims as the config the model is built from."""
+    from types import SimpleNamespace
+
+    from payload.model.memory import dims_from_config
+    from payload.model.tiny import build_tiny_tokenizer, tiny_config, tiny_dims
+
+    spec = SimpleNamespace(arch=arch, hidden_size=hidden, num_layers=layers, vocab_size=1024)
+    built = tiny_config(spec, build_tiny_tokenizer(None, vocab_size=1024)).to_dict()
+    assert tiny_dims(spec) == dims_from_config(built, "tiny config")
+
+
 def test_gpu_count_and_memory_from_the_environment():
     env = {"SKYPILOT_NUM_GPUS_PER_NODE": "4", "SKYPILOT_NUM_NODES": "4", "LAUNCH_GPU_MEMORY_GB": "80"}
     assert preflight.gpu_info(env) == (80.0, 16, "LAUNCH_GPU_MEMORY_GB")
