@@ -29,6 +29,16 @@ def test_sonia_up_logs_status_down_fetch_volumes(cloud, in_repo, report, tmp_pat
     dry = cloud.sky("launch", "-y", "--dryrun", "--secret", "HF_TOKEN", "sky/sonia-h100.yaml",
                     env={"HF_TOKEN": "hf_emulated"}, timeout=300)
     assert dry.returncode == 0 and "2x_H100-SXM_SECURE" in dry.stdout, dry.stdout + dry.stderr
+    # Two nodes (runbook 004) cannot run here: SkyPilot's RunPod has no multi-node (sky/clouds/runpod.py:30),
+    # as its own dry run of a two-node task on this cloud says; `launch up` refuses such a profile first.
+    two = tmp_path / "two-nodes.yaml"
+    two.write_text("resources:\n  infra: runpod\n  accelerators: H100-SXM:2\nnum_nodes: 2\nrun: hostname\n")
+    nodes = cloud.sky("launch", "-y", "--dryrun", str(two), timeout=300)
+    said = nodes.stdout + nodes.stderr
+    assert nodes.returncode != 0 and "Multi-node not supported" in said, said
+    refused = cloud.launch("up", "qwen3-32b-4x4-a100", "--set", "cluster.infra=[runpod]", timeout=180)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "runpod cannot run multi-node tasks" in said and "Traceback" not in said, said
 
     st = wait_step(cloud, run, 12)
     assert st["state"] == "running", st
