@@ -182,7 +182,8 @@ class TinyModel(Strict):
     arch: Literal["qwen3", "qwen3_vl"] = "qwen3"
     hidden_size: int = 64
     num_layers: int = 2
-    vocab_size: int = 1024
+    vocab_size: int = Field(default=1024, ge=265)
+    """At least the tiny tokenizer's 256 byte tokens and Qwen's 9 special ones."""
 
 
 class ModelConfig(Strict):

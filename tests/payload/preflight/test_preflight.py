@@ -144,6 +144,20 @@ def test_tiny_dims_from_the_shape_alone_equal_those_of_the_transformers_config(a
     assert tiny_dims(spec) == dims_from_config(built, "tiny config")
 
 
+def test_a_tiny_vocab_smaller_than_the_tiny_tokenizer_is_refused_by_the_config():
+    """The tokenizer always has 265 tokens at least (256 bytes, 9 special): a smaller `model.tiny.vocab_size`
+    is refused where the config is read, naming the key (preflight reads the shape without the tokenizer)."""
+    from pydantic import ValidationError
+
+    from payload.config import TinyModel
+    from payload.model.tiny import build_tiny_tokenizer
+
+    assert len(build_tiny_tokenizer(None, vocab_size=10)) == 265
+    TinyModel(vocab_size=265)
+    with pytest.raises(ValidationError, match="vocab_size"):
+        TinyModel(vocab_size=264)
+
+
 def test_gpu_count_and_memory_from_the_environment():
     env = {"SKYPILOT_NUM_GPUS_PER_NODE": "4", "SKYPILOT_NUM_NODES": "4", "LAUNCH_GPU_MEMORY_GB": "80"}
     assert preflight.gpu_info(env) == (80.0, 16, "LAUNCH_GPU_MEMORY_GB")
