@@ -38,7 +38,7 @@ def _census_record():
         t = os.times()
         rec = {"pid": os.getpid(), "argv": [str(a) for a in sys.argv[:3]], "cpu": t.user + t.system,
                "wall": time.time() - _T0, "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
-               "heavy": [m for m in %(heavy)r if m in sys.modules]}
+               "heavy": [m for m in %(heavy)r if m in sys.modules], "pytest": "_pytest" in sys.modules}
         with open(os.path.join(%(out)r, "%%d.end" %% os.getpid()), "w") as f:
             json.dump(rec, f)
     except Exception:
@@ -58,15 +58,15 @@ def site_packages() -> Path:
 
 
 def kind(rec: dict) -> str:
-    """A process by what it ran: `payload train`, `launch up`, `torchrun`, `pytest worker`, a script."""
+    """A process by what it ran: `payload train`, `launch up`, `torchrun`, `pytest (in-process tests)`, a script."""
     argv = rec["argv"] or [""]
     first = argv[0]
     if first.endswith("payload/__main__.py"):
         what = "payload " + (argv[1] if len(argv) > 1 else "")
     elif first.endswith("bin/launch"):
         what = "launch " + (argv[1] if len(argv) > 1 else "")
-    elif first == "-c" and "xdist" in " ".join(argv) or first.endswith("pytest/__main__.py"):
-        what = "pytest"
+    elif rec.get("pytest"):
+        what = "pytest (in-process tests)"
     elif "torch/distributed/run.py" in first or first.endswith("torchrun.py"):
         what = "torchrun"
     else:
