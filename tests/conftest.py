@@ -20,6 +20,12 @@ for _secret in ("HF_TOKEN", "WANDB_API_KEY", "RUNPOD_API_KEY", "LAUNCH_DEBUG"):
 # No network in tests: the payload's preflight skips its Hub/W&B calls (tests/payload/preflight/test_preflight_remote.py
 # removes this and fakes those calls).
 os.environ["LAUNCH_PREFLIGHT_OFFLINE"] = "1"
+# One OpenMP thread for torch in every process the suite starts (workers, trainers, gpu-check's children):
+# the machine's cores are shared by the test workers and the trainers they start, and OpenMP threads that
+# outnumber free cores spin-wait. Measured on 2 cores, a trainer beside another busy one: 13.5 CPU-s with
+# torch's default 2 threads, 7.7 with one; gpu-check's smoke test beside a busy core 106 s -> 54 s.
+# (The local backend already sets it for its runs; the test sshd sets it for the runs it serves.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # SkyPilot downloads a catalog it does not have (no network here): give the session's runtime dir
 # the shipped snapshot, so any test that parses or validates a task works alone and in any order.

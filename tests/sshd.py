@@ -1,8 +1,9 @@
 """A real OpenSSH server on 127.0.0.1 for the SSH backend tests (not a conftest: import explicitly).
 
 `SSHServer` runs `/usr/sbin/sshd -D -f CONF -E LOG` on a free loopback port with a throwaway host
-key and a throwaway client key (FIELD-NOTES "An SSH server for tests"). When sshd is missing it is
-installed with apt (`openssh-server rsync`, as root); if that is impossible the tests are skipped
+key and a throwaway client key (FIELD-NOTES "An SSH server for tests"). Its sessions get
+OMP_NUM_THREADS=1, as the suite's own processes do (tests/conftest.py says why). When sshd is missing it
+is installed with apt (`openssh-server rsync`, as root); if that is impossible the tests are skipped
 with the reason. Helpers kill the per-connection sshd processes or restart the listener, so a test
 can drop a live connection.
 """
@@ -40,6 +41,9 @@ PrintMotd no
 MaxStartups 50
 LogLevel VERBOSE
 """
+# What every session gets (tests/conftest.py says why), added to a test's own `SetEnv` line: sshd takes
+# the first SetEnv line only.
+SESSION_ENV = "OMP_NUM_THREADS=1"
 
 
 def ensure_sshd() -> None:
@@ -111,6 +115,7 @@ class SSHServer:
     # ------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> "SSHServer":
+        self._set_session_env()
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
         check = subprocess.run([str(SSHD), "-t", "-f", str(self.conf)], capture_output=True, text=True,
@@ -121,6 +126,15 @@ class SSHServer:
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self._wait_ready()
         return self
+
+    def _set_session_env(self) -> None:
+        lines = self.conf.read_text().splitlines()
+        at = next((i for i, line in enumerate(lines) if line.startswith("SetEnv ")), None)
+        if at is None:
+            lines.append(f"SetEnv {SESSION_ENV}")
+        elif SESSION_ENV.split("=")[0] + "=" not in lines[at]:
+            lines[at] += f" {SESSION_ENV}"
+        self.conf.write_text("\n".join(lines) + "\n")
 
     def _wait_ready(self, timeout: float = 15) -> None:
         deadline = time.monotonic() + timeout
