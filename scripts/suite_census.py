@@ -7,6 +7,7 @@ starts (a trainer pays ~5 s of CPU importing torch, transformers and TRL before 
 
     python scripts/suite_census.py                       # the whole suite, as `make test` runs it
     python scripts/suite_census.py tests/walks -n 0      # or any pytest arguments
+    CENSUS_RECORDS=FILE python scripts/suite_census.py   # and every process's record in FILE (JSON lines)
 
 While it runs, a `.pth` hook in the project's own .venv (removed after, also on ^C) makes every Python
 process of that interpreter (the pytest workers, `launch`, the payload's stages, torchrun, the bench
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -116,6 +118,10 @@ def main(argv: list[str]) -> int:
             pth.unlink(missing_ok=True)
             hook.unlink(missing_ok=True)
         report(Path(out), time.monotonic() - t0)
+        if os.environ.get("CENSUS_RECORDS"):  # every record, one JSON object a line, for a closer look
+            with open(os.environ["CENSUS_RECORDS"], "w") as f:
+                for rec in sorted(Path(out).glob("*.end")):
+                    f.write(rec.read_text().strip() + "\n")
     return code
 
 
