@@ -48,7 +48,7 @@ def count_local(p, base_dir: Path) -> Counted:
     """Prepare the profile's local data into a temporary directory and count the train split."""
     from payload.data.pipeline import prepare
 
-    tok, how = _tokenizer(p.model.name_or_path)
+    tok, how = _tokenizer(p.model.name_or_path) if p.model.tiny is None else (None, ESTIMATED)
     with tempfile.TemporaryDirectory(prefix="launch-plan-data-") as d:
         stats = prepare(p.data, d, base_dir=base_dir, log=lambda line: None)
         lengths, prompts, long = [], [], []
@@ -160,8 +160,13 @@ def image_tokens(ref: Any, where: Path, p) -> float:
     return min(pixels, limit) / (2 * patch) ** 2
 
 
+ESTIMATED = f"~{CHARS_PER_TOKEN:g} characters/token (estimate; the model's tokenizer is not cached here)"
+
+
 def _tokenizer(model: str):
-    """(tokenizers.Tokenizer or None, how the text is counted): the model's, from the local HF cache."""
+    """(tokenizers.Tokenizer or None, how the text is counted): the model's, from the local HF cache.
+    Not asked for a tiny model (built from config: no hub tokenizer to find, and the lookup imports
+    huggingface_hub, ~0.1 s of every `launch up` / `plan` / `validate` of local-demo)."""
     try:
         from huggingface_hub import try_to_load_from_cache
         from tokenizers import Tokenizer
@@ -171,7 +176,7 @@ def _tokenizer(model: str):
             return Tokenizer.from_file(path), f"{model}'s tokenizer"
     except Exception:  # noqa: BLE001 - no cache, an odd model id: the estimate is used and labelled
         pass
-    return None, f"~{CHARS_PER_TOKEN:g} characters/token (estimate; the model's tokenizer is not cached here)"
+    return None, ESTIMATED
 
 
 _COUNTED: dict = {}  # (profile, base dir, its files' sizes and mtimes) -> Counted: counted once per command

@@ -26,7 +26,7 @@ HIGHER_IS_BETTER = {"exact_match"}
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 class EvalConfig(_Strict):

@@ -52,7 +52,7 @@ class Strict(BaseModel):
     means anything at infinity, and JSON cannot carry one; and so is a boolean where a number belongs
     (`max_steps: true` would be 1: pydantic takes a bool as an int)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

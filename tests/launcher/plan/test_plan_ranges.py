@@ -181,12 +181,16 @@ def test_text_is_counted_with_the_models_tokenizer_when_it_is_cached(tmp_path, m
     data = tmp_path / "chat.jsonl"
     data.write_text(_chat(0, 100))
     p = _profile_with_data(tmp_path, data)
-    p = p.model_copy(update={"model": p.model.model_copy(update={"name_or_path": "acme/tiny-chat"})})
-    est = estimate_data(p)
+    hub = p.model_copy(update={"model": p.model.model_copy(update={"name_or_path": "acme/tiny-chat", "tiny": None})})
+    est = estimate_data(hub)
     assert "acme/tiny-chat's tokenizer" in est.source
     # split on words and punctuation: "What is 000001 plus one ?" 6, "It is 000002 , one more ." 7, the
     # system prompt the data step injects ("You are Demo , a concise ... sentences .") 15, 3 messages x 5
     assert est.tokens_per_record == pytest.approx(6 + 7 + 15 + 3 * 5)
+    # A tiny model is built from config: its name is a label, and the hub tokenizer of that name, cached or
+    # not, is not the one it trains with: the estimate is used and said
+    tiny = p.model_copy(update={"model": p.model.model_copy(update={"name_or_path": "acme/tiny-chat"})})
+    assert "characters/token (estimate" in estimate_data(tiny).source
 
 
 def test_compare_lists_options_that_fit_ranked_by_total_dollars_at_80_columns():
