@@ -172,6 +172,26 @@ def test_multi_node_task_runs_as_two_local_nodes(tmp_path, in_repo):
     assert (home / "exit_code").read_text().strip() == "0"
 
 
+def test_the_first_node_that_fails_ends_the_others(tmp_path):
+    """SkyPilot's job driver cancels the other nodes when one fails (get_or_fail); the local driver does
+    too: a node that dies before the rendezvous does not leave the others waiting there (torchrun's own
+    rendezvous timeout is 15 min), and the run's code is the failed node's."""
+    import subprocess
+
+    from launcher.backends.local import DRIVER
+
+    home = tmp_path / "run"
+    (home / "workdir").mkdir(parents=True)
+    (home / "driver.sh").write_text(DRIVER)
+    (home / "node.sh").write_text('set -e\nif [ "$SKYPILOT_NODE_RANK" = 1 ]; then echo "node 1 fails"; exit 3; fi\n'
+                                  'sleep 45  # node 0: at the rendezvous\necho "node 0 went on"\n')
+    t0 = time.monotonic()
+    subprocess.run(["bash", str(home / "driver.sh")], env={**os.environ, "NUM_NODES": "2"}, timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert (home / "exit_code").read_text() == "3\n"
+    assert (home / "node1.log").read_text() == "node 1 fails\n" and "went on" not in (home / "run.log").read_text()
+
+
 def test_down_stops_every_process_of_the_run(monkeypatch, tmp_path):
     from launcher.backends.local import run_processes
 
