@@ -48,7 +48,7 @@ def count_local(p, base_dir: Path) -> Counted:
     """Prepare the profile's local data into a temporary directory and count the train split."""
     from payload.data.pipeline import prepare
 
-    tok, how = _tokenizer(p.model.name_or_path) if p.model.tiny is None else (None, ESTIMATED)
+    tok, how = _tokenizer(p.model)
     with tempfile.TemporaryDirectory(prefix="launch-plan-data-") as d:
         stats = prepare(p.data, d, base_dir=base_dir, log=lambda line: None)
         lengths, prompts, long = [], [], []
@@ -163,17 +163,21 @@ def image_tokens(ref: Any, where: Path, p) -> float:
 ESTIMATED = f"~{CHARS_PER_TOKEN:g} characters/token (estimate; the model's tokenizer is not cached here)"
 
 
-def _tokenizer(model: str):
+def _tokenizer(model):
     """(tokenizers.Tokenizer or None, how the text is counted): the model's, from the local HF cache.
-    Not asked for a tiny model (built from config: no hub tokenizer to find, and the lookup imports
-    huggingface_hub, ~0.1 s of every `launch up` / `plan` / `validate` of local-demo)."""
+    A tiny model is built from config: its name is a label, no hub tokenizer of that name is the one it
+    trains with, so none is looked up (the lookup imports huggingface_hub: ~0.1 s of every `launch up`,
+    `plan` or `validate` of local-demo)."""
+    if model.tiny is not None:
+        return None, ESTIMATED
+    name = model.name_or_path
     try:
         from huggingface_hub import try_to_load_from_cache
         from tokenizers import Tokenizer
 
-        path = try_to_load_from_cache(model, "tokenizer.json")
+        path = try_to_load_from_cache(name, "tokenizer.json")
         if isinstance(path, str):
-            return Tokenizer.from_file(path), f"{model}'s tokenizer"
+            return Tokenizer.from_file(path), f"{name}'s tokenizer"
     except Exception:  # noqa: BLE001 - no cache, an odd model id: the estimate is used and labelled
         pass
     return None, ESTIMATED
