@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import os
 import sys
 import textwrap
@@ -14,6 +15,10 @@ import textwrap
 import click
 
 from . import __version__
+
+# Fewer cyclic-GC passes while a command imports what it needs (a `plan` that counts tokens through TRL
+# imports torch and transformers: 3.1 -> 2.7 CPU-s); the payload's reason: payload/__main__.py.
+gc.set_threshold(10_000)
 
 
 class LaunchGroup(click.Group):

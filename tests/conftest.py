@@ -2,6 +2,7 @@
 test reads or writes the user's ~/.launch or ~/.sky. SkyPilot fixes its runtime dir at import, so
 one session-wide SKY_RUNTIME_DIR is set here, before anything imports `sky`."""
 
+import gc
 import logging
 import os
 import sys
@@ -26,6 +27,9 @@ os.environ["LAUNCH_PREFLIGHT_OFFLINE"] = "1"
 # torch's default 2 threads, 7.7 with one; gpu-check's smoke test beside a busy core 106 s -> 54 s.
 # (The local backend already sets it for its runs; the test sshd sets it for the runs it serves.)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A worker imports torch, transformers, peft and TRL and keeps ~1,000 test modules' objects: fewer cyclic-GC
+# passes over that heap, as the payload's and launch's own processes (payload/__main__.py).
+gc.set_threshold(10_000)
 
 # SkyPilot downloads a catalog it does not have (no network here): give the session's runtime dir
 # the shipped snapshot, so any test that parses or validates a task works alone and in any order.

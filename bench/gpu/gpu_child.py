@@ -9,6 +9,7 @@ and the memory peaks reached so far; the parent handles a kill or a timeout the 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
+gc.set_threshold(10_000)  # as the payload's own processes (payload/__main__.py), for every role alike
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -23,11 +23,14 @@ exit code: its table names the rank and the error file, which is what a crash ne
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from typing import Optional
 
 from payload.errors import EXIT_CRASH, EXIT_OK, EXIT_STATE
+
+gc.set_threshold(10_000)  # before torch's import: fewer collections while it loads (payload/__main__.py)
 
 DELIBERATE = frozenset(EXIT_STATE) - {EXIT_OK, EXIT_CRASH}
 AGENT_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # logs "failed (exitcode: N)" for any end
