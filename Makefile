@@ -54,14 +54,15 @@ $(STAMP): pyproject.toml requirements/dev.lock Makefile | $(UV)
 	$(BIN)/python -m compileall -q launcher payload
 	touch $(STAMP)
 
-# Two processes (pytest-xdist; a file and its module fixtures stay in one): ~8 min on 2 cores instead of
-# 13.6 in one. The suite is CPU-bound there (~13 CPU-minutes, most of it torch/transformers/peft/TRL
-# imports in the trainers' subprocesses: `python scripts/suite_census.py` counts them), so more workers
-# do not help (3: 8 min 7 s, 2: 8 min 15 s). --durations=10: the 10 slowest.
+# Three processes (pytest-xdist; a file and its module fixtures stay in one). The suite is CPU-bound
+# (~720 CPU-s, most of it torch/transformers/peft/TRL imports in the ~150 trainers and other processes its
+# tests start: `python scripts/suite_census.py` counts them), but a test also waits on its processes
+# (a poll, a signal, a checkpoint): with 2 workers on 2 cores, 117 CPU-s of the cores were idle (7 min 1 s);
+# a third worker fills them (idle 28 CPU-s, 6 min 30 s). --durations=10: the 10 slowest.
 # TEST_WORKERS=0 runs in this process only. PYTHONDONTWRITEBYTECODE is cleared for the suite: each local
 # run's copy of payload/ and each test module (pytest's rewrite) is compiled once, not in every process
 # (~0.1 s of CPU each for ~450 processes; the project's own modules are compiled by `make install`).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: install
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=10 --ignore=tests/cloud/scenarios tests
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_PY = ROOT / ".venv" / "bin" / "python"
-MAKE_TEST_ARGS = ["-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "--durations=10",
+MAKE_TEST_ARGS = ["-q", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadfile", "--durations=10",
                   "--ignore=tests/cloud/scenarios", "tests"]
 HEAVY = ("torch", "transformers", "trl")
 
