@@ -320,6 +320,12 @@ def run_processes(run_id: str, volume: Optional[Path] = None) -> list[int]:
     return [p for p in pids if p != os.getpid() and _carries(p, run_id, volume)]
 
 
+def processes_of(run: Run) -> list[int]:
+    """Pids of this local run's processes: its id within its own volume (another LAUNCH_HOME's run
+    may carry the same id: ids are made of the second a run started)."""
+    return run_processes(run.id, LocalBackend.volume(run))
+
+
 def _signal_run_processes(run_id: str, volume: Path, sig) -> None:
     for pid in run_processes(run_id, volume):
         try:

@@ -123,9 +123,9 @@ def _started(r) -> str:
 
 
 def _leave_nothing(run_id):
-    from launcher.backends.local import run_processes
+    from launcher.backends.local import processes_of
 
-    for pid in run_processes(run_id):
+    for pid in processes_of(registry.get(run_id)):
         os.kill(pid, signal.SIGKILL)
 
 

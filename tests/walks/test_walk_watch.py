@@ -40,9 +40,9 @@ def _kill_after_first_checkpoint(rid: str) -> str:
         assert time.time() < deadline, "checkpoint-4 never appeared"
         time.sleep(0.3)
     os.killpg(run.handle["pgid"], signal.SIGKILL)
-    from launcher.backends.local import run_processes
+    from launcher.backends.local import processes_of
 
-    while run_processes(rid):
+    while processes_of(run):
         assert time.time() < deadline, "the run's processes outlived SIGKILL"
         time.sleep(0.2)
     return (Path(run.handle["home"]) / "run.log").read_text()

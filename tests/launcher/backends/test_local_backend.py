@@ -116,11 +116,12 @@ def _cmdline(pid: int) -> str:
 
 
 def wait_gone(run_id, timeout=20):
-    from launcher.backends.local import run_processes
+    from launcher.backends.local import processes_of
 
+    run = registry.get(run_id)
     deadline = time.time() + timeout
-    while run_processes(run_id):
-        assert time.time() < deadline, f"processes of {run_id} still alive: {run_processes(run_id)}"
+    while processes_of(run):
+        assert time.time() < deadline, f"processes of {run_id} still alive: {processes_of(run)}"
         time.sleep(0.2)
 
 
@@ -191,20 +192,21 @@ def test_the_first_node_that_fails_ends_the_others(tmp_path):
 
 
 def test_down_stops_every_process_of_the_run(monkeypatch, tmp_path):
-    from launcher.backends.local import run_processes
+    from launcher.backends.local import processes_of
 
-    secret = "hf_local_secret_value_4711"
+    # joined here, so that the run's provenance (code.diff: this file, when edited) does not hold it
+    secret = "_".join(("hf", "local", "secret", "value", "4711"))
     monkeypatch.setenv("HF_TOKEN", secret)
     rid = started_id(launch("up", "local-demo", "--set", "train.max_steps=500", "--set", "outputs.merge=false"))
     deadline = time.time() + 120
     status_json = run_dir(rid) / "status.json"
-    while not run_processes(rid) or not status_json.exists() or \
+    while not processes_of(registry.get(rid)) or not status_json.exists() or \
             json.loads(status_json.read_text() or "{}").get("state") != "training":
         assert time.time() < deadline, "training never started"
         time.sleep(0.5)
     r = launch("down", rid)
     assert r.exit_code == 0 and f"{rid} is down (stopped)" in r.output
-    left = {pid: _cmdline(pid) for pid in run_processes(rid)}
+    left = {pid: _cmdline(pid) for pid in processes_of(registry.get(rid))}
     assert left == {}, f"{left}\n--- down said\n{r.output}"
     assert registry.get(rid).state == "stopped"
     d = json.loads(launch("status", rid, "--json").output)

@@ -50,9 +50,9 @@ def run_dir(run_id) -> Path:
 
 
 def _processes(run_id):
-    from launcher.backends.local import run_processes
+    from launcher.backends.local import processes_of
 
-    return run_processes(run_id)
+    return processes_of(registry.get(run_id))
 
 
 @pytest.fixture(scope="module")
