@@ -81,15 +81,23 @@ def is_transient(exc: BaseException) -> bool:
     return "NCCL" in text and "out of memory" not in text.lower()
 
 
+def transient_cause(exc: BaseException) -> bool:
+    """Whether `exc` or one of its causes (explicit or implicit, up to 10 deep) is the network's or
+    the machine's (`is_transient`): worth another try."""
+    seen, e = 0, exc
+    while e is not None and seen < 10:
+        if is_transient(e):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 def edge_error(message: str, exc: BaseException) -> PayloadError:
     """The one-line error for a failure at a network edge (a Hub dataset, a model download): a
     TransientError (exit 75, retried) when `exc` or a cause of it is the network's, else a
     PayloadError (exit 2: the input is wrong). `message` says what failed and the fix either way."""
-    seen, e = 0, exc
-    while e is not None and seen < 10:
-        if is_transient(e):
-            return TransientError(f"{message} (network: retried on a fresh machine)")
-        e, seen = e.__cause__ or e.__context__, seen + 1
+    if transient_cause(exc):
+        return TransientError(f"{message} (network: retried on a fresh machine)")
     return PayloadError(message)
 
 
@@ -100,12 +108,7 @@ def exit_code_for(exc: BaseException) -> int:
         return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
-    seen, e = 0, exc
-    while e is not None and seen < 10:
-        if is_transient(e):
-            return EXIT_TRANSIENT
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return EXIT_CRASH
+    return EXIT_TRANSIENT if transient_cause(exc) else EXIT_CRASH
 
 
 def one_line(exc: BaseException) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
 log = logging.getLogger("payload.retry")
 
@@ -21,12 +21,18 @@ BASE_DELAY_S = 2.0
 
 
 def with_retries(what: str, fn: Callable[[], T], *, tries: int = TRIES, base_delay_s: float = BASE_DELAY_S,
-                 retry_on: tuple[type[BaseException], ...] = (Exception,), sleep=time.sleep) -> T:
-    """`fn()`, tried up to `tries` times with waits of base, 2x base, ... between tries."""
+                 retry_on: tuple[type[BaseException], ...] = (Exception,),
+                 retry_if: Optional[Callable[[BaseException], bool]] = None, sleep=time.sleep) -> T:
+    """`fn()`, tried up to `tries` times with waits of base, 2x base, ... between tries. With
+    `retry_if`, a failure it says no to is raised at once: a definite answer (a dataset that is not
+    there) does not wait out the backoff."""
     for attempt in range(1, tries + 1):
         try:
             return fn()
         except retry_on as e:
+            if retry_if is not None and not retry_if(e):
+                log.error("%s failed: %s; not retried (not a network failure)", what, first_line(e))
+                raise
             if attempt == tries:
                 log.error("%s failed %d times; giving up: %s", what, tries, first_line(e))
                 raise

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from payload.config import SourceConfig
-from payload.errors import PayloadError, edge_error
+from payload.errors import PayloadError, edge_error, transient_cause
 
 from .images import ImageChecker, ImageContext, file_digest
 from .records import RecordError, first_required
@@ -465,8 +465,9 @@ def _iter_hf(src: Source) -> Iterator[tuple[Any, Any]]:
 
         from payload.retry import with_retries
 
+        # retried only when the network failed: a dataset, config or split that is not there is an answer
         ds = with_retries(f"loading dataset {c.hf_dataset}[{c.hf_split}]", lambda: datasets.load_dataset(
-            c.hf_dataset, name=c.hf_config, split=c.hf_split, streaming=True))
+            c.hf_dataset, name=c.hf_config, split=c.hf_split, streaming=True), retry_if=transient_cause)
     except Exception as e:  # network edge: anything `datasets` raises becomes one line with the fix
         raise edge_error(
             f"{c.name}: cannot load Hugging Face dataset {c.hf_dataset!r} (config {c.hf_config}, split "

@@ -197,10 +197,11 @@ def test_unwritable_output_is_one_line(tmp_path):
                             f"free space on the volume holding {tmp_path / 'occupied'}")
 
 
-def test_missing_hf_dataset_is_one_line(tmp_path):
+def test_missing_hf_dataset_is_one_line(tmp_path, caplog):
     cfg = DataConfig.model_validate({"sources": [{"name": "hub", "hf_dataset": str(tmp_path / "absent")}]})
     with pytest.raises(PayloadError) as e:
         run(tmp_path, cfg, [])
+    assert "not retried" in caplog.text and "try 1 of 3" not in caplog.text  # an answer: no backoff to wait out
     assert str(e.value).startswith(f"hub: cannot load Hugging Face dataset '{tmp_path / 'absent'}' (config None, "
                                    "split train): FileNotFoundError")
     assert str(e.value).endswith("check data.sources[0].hf_dataset/hf_config/hf_split, HF_TOKEN for private "

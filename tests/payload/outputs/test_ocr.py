@@ -63,6 +63,27 @@ def test_retry_backs_off_then_gives_up(caplog):
     assert "wandb.init failed 3 times" in caplog.text
 
 
+def test_retry_if_ends_at_a_definite_answer_and_retries_the_networks_failure(caplog):
+    from payload.errors import transient_cause
+    from payload.retry import with_retries
+
+    waits = []
+    with pytest.raises(FileNotFoundError):  # `datasets`' DatasetNotFoundError is one
+        with_retries("loading dataset x", lambda: (_ for _ in ()).throw(FileNotFoundError("no such dataset")),
+                     retry_if=transient_cause, sleep=waits.append)
+    assert waits == [] and "not retried (not a network failure)" in caplog.text
+
+    def wrapped():  # a network failure under another exception (as `datasets` re-raises): retried
+        try:
+            raise ConnectionError("hub unreachable")
+        except ConnectionError as e:
+            raise FileNotFoundError("could not list the files") from e
+
+    with pytest.raises(FileNotFoundError):
+        with_retries("loading dataset y", wrapped, retry_if=transient_cause, sleep=waits.append)
+    assert waits == [2.0, 4.0] and "loading dataset y failed 3 times" in caplog.text
+
+
 # ----------------------------------------------------------------------------------------- data
 
 WORDS = ["DEPTH", "WELL", "FT", "GR", "API", "ACME", "LOG", "UNIT", "NPHI", "RHOB"]
