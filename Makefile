@@ -55,8 +55,8 @@ $(STAMP): pyproject.toml requirements/dev.lock Makefile | $(UV)
 	touch $(STAMP)
 
 # Three processes (pytest-xdist; a file and its module fixtures stay in one). The suite is CPU-bound
-# (~720 CPU-s, most of it torch/transformers/peft/TRL imports in the ~150 trainers and other processes its
-# tests start: `python scripts/suite_census.py` counts them), but a test also waits on its processes
+# (~720 CPU-s, most of it torch/transformers/peft/TRL imports in the ~100 processes its tests start that
+# load them - trainers, torchrun, gpu-check's children: `python scripts/suite_census.py` counts them), but a test also waits on its processes
 # (a poll, a signal, a checkpoint): with 2 workers on 2 cores, 117 CPU-s of the cores were idle (7 min 1 s);
 # a third worker fills them (idle 28 CPU-s, 6 min 30 s). --durations=10: the 10 slowest.
 # TEST_WORKERS=0 runs in this process only. PYTHONDONTWRITEBYTECODE is cleared for the suite: each local

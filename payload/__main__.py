@@ -36,8 +36,7 @@ from payload.errors import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_STOP_REQUESTED
 # modules, millions of objects) then costs ~1,000 collections: measured 4.8 -> 4.0 CPU-s for those imports
 # with 10,000, and nothing else changes (collections still run, in larger steps). Set before any stage
 # imports them; payload/train/torchrun.py and bench/gpu/gpu_child.py do the same.
-GC_THRESHOLD = 10_000
-gc.set_threshold(GC_THRESHOLD)
+gc.set_threshold(10_000)
 
 LEASED = ("post", "merge", "export", "eval")  # `train` takes the lease itself (rank 0 only)
 QUIET = ("post", "merge", "export", "eval")  # stages that load models: progress bars off (train does it itself)

@@ -51,11 +51,10 @@ def _together(tmp_path, *args: str, n: int = 2) -> list[tuple[subprocess.Popen, 
 
 
 def _processes(run_id: str) -> list[int]:
-    """This run's processes: its id and its volume under this test's LAUNCH_HOME (run ids are unique
-    per LAUNCH_HOME only: another test session may run one of the same name at the same second)."""
-    from launcher.backends.local import run_processes
+    """This run's processes (its id within its own volume: another test may run one of the same name)."""
+    from launcher.backends.local import processes_of
 
-    return run_processes(run_id, Path(os.environ["LAUNCH_HOME"]) / "volumes" / "local-demo")
+    return processes_of(registry.get(run_id))
 
 
 def _drivers(run_id: str) -> list[int]:
