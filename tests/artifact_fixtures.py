@@ -43,6 +43,7 @@ RD="$LAUNCH_VOLUME/runs/$LAUNCH_RUN_ID"
 mkdir -p "$RD"
 cp -a "$CONTRACT_TEMPLATE/." "$RD/"
 echo "contract job: node $SKYPILOT_NODE_RANK wrote $RD"
+echo "contract job: temp $(mktemp -d)"  # where the machine's temporary files go (the run's own on local/ssh)
 python -m payload manifest --config "$LAUNCH_CONFIG"
 """
 

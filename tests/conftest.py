@@ -2,9 +2,11 @@
 test reads or writes the user's ~/.launch or ~/.sky. SkyPilot fixes its runtime dir at import, so
 one session-wide SKY_RUNTIME_DIR is set here, before anything imports `sky`."""
 
+import atexit
 import gc
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -13,7 +15,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 _SESSION = Path(tempfile.mkdtemp(prefix="launch-tests-"))
+atexit.register(shutil.rmtree, _SESSION, ignore_errors=True)  # this process's session folder goes with it
 os.environ["SKY_RUNTIME_DIR"] = str(_SESSION / "sky-runtime")
+# The temporary files of the processes the suite starts (torchrun's torchelastic_*, W&B's, pip's: ~100 folders a
+# run that nothing removed) and of the tests themselves (isolated_state) go to the session folder, not the machine's
+# /tmp. pytest's own tmp_path stays where it was: the mkdtemp above has already fixed this process's gettempdir().
+SESSION_TMP = _SESSION / "tmp"
+SESSION_TMP.mkdir()
+os.environ["TMPDIR"] = str(SESSION_TMP)
 os.environ["SKYPILOT_DISABLE_USAGE_COLLECTION"] = "1"
 os.environ["SKYPILOT_DISABLE_LOCAL_API_SERVER"] = "1"
 for _secret in ("HF_TOKEN", "WANDB_API_KEY", "RUNPOD_API_KEY", "LAUNCH_DEBUG"):
@@ -51,6 +60,7 @@ def isolated_state(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "launch-home"))
     monkeypatch.chdir(REPO)
+    monkeypatch.setattr(tempfile, "tempdir", str(SESSION_TMP))  # after tmp_path: pytest's base is made by then
     library_deprecations()  # tests call the libraries as a run does (pytest resets filters per test)
     # rich's Console reads COLUMNS once, when it is made, and ui caches it: a console made while a test
     # had COLUMNS=200 set must not print the next test's output (in any order, in any worker).

@@ -100,11 +100,11 @@ class LocalBackend(Backend):
         volume = self.volume(run)
         num_nodes = self.num_nodes or int(task.get("num_nodes") or 1)
         _check_disk(home.parent)
-        home.mkdir(parents=True, exist_ok=True)
+        (home / "tmp").mkdir(parents=True, exist_ok=True)  # the run's TMPDIR: torchrun's and W&B's temp dirs
         volume.mkdir(parents=True, exist_ok=True)
         _copy_workdir(home / "workdir", spec.profile, spec.config_yaml, (task.get("envs") or {}).get("LAUNCH_CONFIG"))
         overrides = {
-            **spec.envs,
+            "TMPDIR": str(home / "tmp"), **spec.envs,
             "LAUNCH_LOCAL": "1",
             "LAUNCH_RUN_ID": run.id,
             "LAUNCH_VOLUME": str(volume),

@@ -176,7 +176,8 @@ class SSHBackend(Backend):
         """The node's env on top of the task's: defaults, then `spec.envs`, then what this backend
         owns (the run id and volume, which status/fetch rely on). LAUNCH_LOCAL stays unset unless
         `spec.envs` sets it (tests do, to skip installing the GPU stack)."""
-        base = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": workdir, "HF_HOME": f"{volume}/.hf"}
+        base = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": workdir, "HF_HOME": f"{volume}/.hf",
+                "TMPDIR": f"{PurePosixPath(workdir).parent}/tmp"}  # torchrun's and W&B's temp dirs: the run's (the driver makes it)
         return {**base, **spec.envs, "LAUNCH_RUN_ID": run.id, "LAUNCH_VOLUME": volume}
 
     def _write_files(self, conn: Connection, directory: str, files: dict[str, str]) -> None:

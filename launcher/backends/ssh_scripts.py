@@ -16,7 +16,7 @@ DRIVER = """\
 #!/usr/bin/env bash
 # launch ssh driver: run the node script (log on the volume), record its exit code last.
 cd "$(dirname "$0")"
-mkdir -p {log_dir}
+mkdir -p {log_dir} tmp  # tmp: the run's TMPDIR (node.sh), so what torchrun and W&B leave in it stays the run's
 if [ -s {log} ]; then  # a restart: say where it begins (base.restart_line) before start.sh sees the pid
   {{ [ -n "$(tail -c1 {log})" ] && echo; echo {mark}; }} >> {log}
 fi

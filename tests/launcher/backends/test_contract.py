@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -181,6 +182,10 @@ def test_contract_up_fetch_verify_down(kind, tmp_path, template, sshd, monkeypat
     assert "merged/" in r.output and "add --merged" in r.output
     assert f"{run.id} is down" in r.output and "adapter/ mlx/" in r.output
     assert registry.get(run.id).artifacts == str(home.resolve())
+    if kind in ("local", "ssh"):  # a machine of the user's own: the run's temporary files stay in the run's place
+        [temp] = re.findall(r"contract job: temp (\S+)", (home / "logs" / "run.log").read_text())
+        own = run.handle["home"] if kind == "local" else run.handle["run_root"]
+        assert Path(temp).resolve().parent == (Path(own) / "tmp").resolve(), (temp, own)
     check_down()
 
     # Again, with the merged model: the same layout plus merged/, files replaced, nothing else.
