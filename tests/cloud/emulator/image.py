@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,13 @@ def ensure_image(log=print) -> tuple[Path, Path]:
 
 
 def _uv_cache(uv: str) -> str:
-    return subprocess.run([uv, "cache", "dir"], check=True, capture_output=True, text=True).stdout.strip()
+    """The host's uv cache (where `make install` left the lock's wheels), made if missing: the bake binds it
+    into the image. Asked with the user's own HOME: a test's HOME is a fresh folder with no cache in it, and
+    binding a path that does not exist failed every bake on a machine without a baked image."""
+    env = {**os.environ, "HOME": pwd.getpwuid(os.getuid()).pw_dir}
+    path = subprocess.run([uv, "cache", "dir"], env=env, check=True, capture_output=True, text=True).stdout.strip()
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return path
 
 
 if __name__ == "__main__":
