@@ -176,8 +176,9 @@ class SSHBackend(Backend):
         """The node's env on top of the task's: defaults, then `spec.envs`, then what this backend
         owns (the run id and volume, which status/fetch rely on). LAUNCH_LOCAL stays unset unless
         `spec.envs` sets it (tests do, to skip installing the GPU stack)."""
+        # TMPDIR: what torchrun (torchelastic_*) and W&B leave in temp dirs stays the run's (the driver makes it)
         base = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": workdir, "HF_HOME": f"{volume}/.hf",
-                "TMPDIR": f"{PurePosixPath(workdir).parent}/tmp"}  # torchrun's and W&B's temp dirs: the run's (the driver makes it)
+                "TMPDIR": f"{PurePosixPath(workdir).parent}/tmp"}
         return {**base, **spec.envs, "LAUNCH_RUN_ID": run.id, "LAUNCH_VOLUME": volume}
 
     def _write_files(self, conn: Connection, directory: str, files: dict[str, str]) -> None:
