@@ -13,7 +13,8 @@
 #
 # What the layer holds, on top of this machine's root:
 # - /root, /tmp, /work, /home, /var/tmp as empty opaque directories: a pod never sees the host's.
-# - openssh-server, rsync (SkyPilot's RunPod init script apt-installs them; pods have no network).
+# - openssh-server, rsync (SkyPilot's RunPod init script apt-installs them; pods have no network);
+#   slurm-wlm and munge for the emulated Slurm site (tests/cloud/slurm/: its nodes run this layer too).
 # - ~/skypilot-runtime (SkyPilot's remote venv, skipped by SkyPilot when it exists) with every
 #   dependency of the SkyPilot wheel, and uv's cache, so the on-pod `uv pip install wheel[runpod,remote]`
 #   (sky/skylet/constants.py:484) resolves offline (/etc/uv/uv.toml: offline = true).
@@ -58,13 +59,14 @@ chroot "$m" /usr/bin/env -i HOME=/root PATH=/root/.local/bin:/usr/local/bin:/usr
   DEBIAN_FRONTEND=noninteractive UV_LINK_MODE=copy PY310="$PY310" TORCH_FLAGS="${TORCH_FLAGS:-}" \
   SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt bash -euc '
   apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends openssh-server rsync curl patch >/dev/null
+  apt-get install -y -qq --no-install-recommends openssh-server rsync curl patch slurm-wlm munge >/dev/null
   export UV_CACHE_DIR=/root/.cache/uv
   uv venv -q --seed /root/skypilot-runtime --python "$PY310/bin/python3.10"
   export VIRTUAL_ENV=/root/skypilot-runtime
-  # SkyPilot pins for its remote runtime (sky/skylet/constants.py), then the wheel it will install.
-  uv pip install -q "setuptools<70" "click<8.3.0" "ray[default]==2.9.3" "skypilot[runpod,remote]==0.14.1"
-  for w in /opt/sky-wheel/*.whl; do uv pip install -q "$w[runpod,remote]"; uv pip uninstall -q skypilot; done
+  # SkyPilot pins for its remote runtime (sky/skylet/constants.py), then the wheel it will install
+  # (its `slurm` extra, python-hostlist, is in the cache for the offline runtime install on Slurm nodes).
+  uv pip install -q "setuptools<70" "click<8.3.0" "ray[default]==2.9.3" "skypilot[runpod,slurm,remote]==0.14.1"
+  for w in /opt/sky-wheel/*.whl; do uv pip install -q "$w[runpod,slurm,remote]"; uv pip uninstall -q skypilot; done
   uv pip install -q "click<8.3.0"
   uv venv -q --seed --relocatable --system-site-packages --python /usr/bin/python3 /root/sky-user-env
   unset VIRTUAL_ENV

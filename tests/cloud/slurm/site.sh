@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The emulated Slurm site's machines, as one process (site.py starts it as
+#   ip netns exec SITE_NS unshare --mount --propagation private bash site.sh IMAGE SITE_DIR PY310 NODES -- HIDE...
+# so every mount it and its nodes make lives only in namespaces of their own). It loop-mounts the baked
+# image read-only, starts each node (NODES: `name:role:netns ...`) in its network namespace, writes
+# SITE_DIR/ready and waits; on SIGTERM it SIGKILLs the nodes (each node's PID 1 takes its pid namespace,
+# and with it every process of the node, along) and exits; its mounts go with it.
+set -euo pipefail
+image=$1 site=$2 py310=$3 nodes=$4
+shift 4
+[ "${1:-}" != "--" ] || shift
+here=$(dirname "$(readlink -f "$0")")
+mkdir -p "$site/image" "$site/nodes"
+mount -o loop,ro "$image" "$site/image"
+pids=()
+stop() { for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done; exit 0; }
+trap stop TERM INT
+for spec in $nodes; do
+  IFS=: read -r name role ns <<<"$spec"
+  mkdir -p "$site/nodes/$name"
+  setsid ip netns exec "$ns" unshare --mount --uts --pid --fork --propagation private --kill-child=SIGKILL \
+    bash "$here/node_init.sh" "$name" "$role" "$site/image/image" "$site/nodes/$name" "$site" "$py310" -- "$@" \
+    >"$site/nodes/$name.log" 2>&1 </dev/null &
+  pids+=("$!")
+  echo "$!" >"$site/nodes/$name.pid"
+done
+touch "$site/ready"
+while :; do sleep 1 & wait $! || true; done
