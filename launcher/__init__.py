@@ -28,7 +28,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 FACES: dict[str, tuple[str, ...]] = {
     "launcher": ("",),
     "errors": ("",),
-    "term": ("ui", "tables", "units", "logtext"),
+    "term": ("ui", "tables", "units", "logtext", "completion"),
     "store": ("state", "registry", "artifacts", "claims"),
     "profiles": ("profile", "schema", "checks", "data_count", "render", "uploads", "preview", "scaffold"),
     "catalog": ("",),

@@ -329,6 +329,26 @@ from launcher.results.compare import compare  # noqa: E402  (runs side by side; 
 
 cli.add_command(compare)
 
+from launcher.term.completion import attach, completion  # noqa: E402  (click only)
+
+
+def _profile_names():
+    from launcher.profiles.profile import profile_names
+
+    return profile_names()
+
+
+def _run_choices():
+    """(id, state and backend) of the runs this machine knows, newest first; a TAB creates no registry."""
+    from launcher.store import registry
+
+    runs = registry.all_runs() if registry.db_path().is_file() else []
+    return [(r.id, f"{r.state}, {r.backend}") for r in runs]
+
+
+cli.add_command(completion)
+attach(cli, _profile_names, _run_choices)  # last: every command above completes profiles and run ids
+
 
 def main():
     cli(prog_name="launch")
