@@ -43,6 +43,7 @@ from launcher.plan.throughput import (
     effective_speed,
     link_for,
     model_size_b,
+    slurm_link,
 )
 
 BYTES_PER_TOKEN = 4.0  # ~4 bytes of UTF-8 JSON per token for English chat data (documented guess)
@@ -192,7 +193,8 @@ def training_speed(p: Profile, data: DataEstimate, instance_type: Optional[str],
     cross = cross_node_bytes_per_microstep(p.train.method, ds.zero_stage if ds else None, params, trainable,
                                            p.train.gradient_accumulation_steps)
     micro = p.train.per_device_batch_size * max(tokens_per_sequence(p, data), 1.0)
-    return effective_speed(tps, micro, p.cluster.num_nodes, link_for(instance_type), cross)
+    link = slurm_link(p.cluster.slurm) if p.cluster.on_slurm else link_for(instance_type)
+    return effective_speed(tps, micro, p.cluster.num_nodes, link, cross)
 
 
 def memory_verdict(p: Profile, stage_cfg=None) -> dict:
@@ -345,6 +347,8 @@ def plan_profile(p: Profile, compare_layouts: bool = True, twin: bool = True) ->
         return plan_any_of(p, compare_layouts, twin)
     if p.cluster.is_local:
         return make_plan(p, local_choice(p), None, "profile (notional local price)")
+    if p.cluster.on_slurm:  # your own cluster: its price and network are the profile's (cluster.slurm)
+        return make_plan(p, *slurm_choice(p))
     from launcher.catalog import SNAPSHOT_DATE, PlanError, fallback_choice, optimize, snapshot_warning
 
     try:
@@ -419,6 +423,17 @@ def layout_alternative(p: Profile) -> Optional[dict]:
 class LocalChoice(Rental):
     """This machine, at the profile's notional price (no catalog)."""
     price_per_hour: float
+
+
+def slurm_choice(p: Profile) -> tuple[LocalChoice, None, str]:
+    """(the profile's Slurm nodes at its own price, no alternative, where the price came from)."""
+    from launcher.backends.skypilot.price import slurm_price
+
+    price, source = slurm_price(p)
+    name = p.cluster.infra_list[0].split("/", 1)[1]
+    rental = LocalChoice("slurm", f"cluster {name}", None, p.cluster.accelerators_label, p.cluster.num_nodes,
+                         False, price)
+    return rental, None, source
 
 
 def local_choice(p: Profile) -> LocalChoice:

@@ -90,7 +90,7 @@ def disk_needed_gb(p) -> int:
     c = p.cluster
     if c.is_local:
         return 0
-    if c.volume:
+    if c.volume or c.on_slurm:  # on Slurm, everything big is on the shared filesystem
         extra = 0.0
     elif c.bucket:
         extra = model_gb(p) + checkpoint_gb(p) / max(c.num_nodes, 1)

@@ -112,6 +112,12 @@ def model_size_b(name: str, tiny: bool = False) -> Optional[float]:
     return float(m.group(1)) if m else None
 
 
+def slurm_link(slurm) -> Link:
+    """A Slurm cluster's network, as its profile states it (cluster.slurm): no catalog knows it."""
+    return Link("InfiniBand" if slurm.infiniband else "Ethernet", slurm.network_gbps,
+                "the profile's cluster.slurm.network_gbps")
+
+
 def link_for(instance_type: Optional[str]) -> Link:
     return LINKS.get(instance_type or "", DEFAULT_LINK)
 

@@ -69,6 +69,29 @@ class BucketConfig(Strict):
     _name = field_validator("name")(cloud_name_rule("store", "s3", bucket_name_problem, "bucket rules"))
 
 
+class SlurmConfig(Strict):
+    """Your own Slurm cluster, used when `cluster.infra` is `slurm/<name>` (the `Host` of SkyPilot's
+    `~/.slurm/config`); ignored on every other infra, so a profile can carry it beside its clouds."""
+
+    shared_dir: str = "/shared/launch"
+    """A directory every node sees (the cluster's shared filesystem): the run's checkpoints, outputs
+    and GPU environment live under it, as on a volume, so a run resumes on any node. An absolute
+    path, not `~/...`: SkyPilot runs each job with HOME set to a per-cluster directory that `sky down`
+    removes (sky/provision/slurm/instance.py:723, :1256)."""
+    price_per_gpu_hour: Optional[float] = Field(default=None, ge=0)
+    """What one GPU-hour of your cluster costs you (your centre's rate, or hardware and power
+    amortized): `launch plan`, the budget and `launch cost` bill it x the run's GPUs. No catalog
+    knows your cluster's price; unset, the run is billed at budget.price_per_hour, else $0."""
+
+    network_gbps: float = Field(default=25, gt=0)
+    """Each node's link to the others, all NICs together (8 x 200 Gb/s HDR InfiniBand: 1600): the plan's
+    network time per step comes from it (ZeRO-3 moves ~3 x the model's bf16 weights per micro-step)."""
+    infiniband: bool = False
+    """The nodes talk over InfiniBand (RDMA: NCCL's IB transport), not Ethernet."""
+
+    _dir = field_validator("shared_dir")(mount_point)
+
+
 class ClusterConfig(Strict):
     infra: Union[str, list[str]] = "runpod"
     """Where to run: `runpod`, `azure`, `kubernetes`, ... or an ordered list to try in turn.
@@ -89,6 +112,8 @@ class ClusterConfig(Strict):
     region: Optional[str] = None
     volume: Optional[VolumeConfig] = None
     bucket: Optional[BucketConfig] = None
+    slurm: Optional[SlurmConfig] = None
+    """Where runs keep their files on a Slurm cluster and what its GPU-hour costs (`infra: slurm/...`)."""
     autostop_minutes: int = Field(default=10, ge=1)
     """Clusters (on-demand) tear themselves down after this many idle minutes after the job."""
     max_restarts_on_errors: int = Field(default=2, ge=0)
@@ -107,6 +132,7 @@ class ClusterConfig(Strict):
                     "SkyPilot 0.14 (no cluster networking between pods); use infra that can, e.g. "
                     "`infra: [kubernetes, azure]`, or set num_nodes: 1"
                 )
+        self._slurm_rules()
         options = self.accelerator_options
         if len(options) != len(set(options)):
             raise ValueError(f"cluster.accelerators lists one accelerator twice: {options}")
@@ -123,9 +149,34 @@ class ClusterConfig(Strict):
             )
         return self
 
+    def _slurm_rules(self) -> None:
+        """On a Slurm cluster the run's files live on its shared filesystem (cluster.slurm.shared_dir):
+        a profile's bucket or volume, there for its clouds, is not mounted."""
+        slurm = [i for i in self.infra_list if i.split("/")[0].lower() == "slurm"]
+        if not slurm:
+            return
+        if len(slurm) != len(self.infra_list):
+            raise ValueError(f"{slurm[0]} cannot be listed with other infra: a run on Slurm keeps its files on "
+                             "the cluster's shared filesystem, elsewhere on a volume or bucket; give one")
+        if "/" not in slurm[0] or not slurm[0].split("/", 1)[1]:
+            raise ValueError(f"infra {slurm[0]!r}: name the cluster, `slurm/<name>` (a `Host` of ~/.slurm/config)")
+        if self.use_spot:
+            raise ValueError("use_spot on Slurm: a Slurm cluster has no spot machines "
+                             "(sky/clouds/slurm.py); set use_spot: false")
+        if self.volume is not None:
+            raise ValueError(f"a {self.volume.type} volume cannot be mounted on a Slurm cluster: drop cluster.volume "
+                             "(runs keep their files in cluster.slurm.shared_dir)")
+        self.slurm = self.slurm or SlurmConfig()
+        self.bucket = None
+
     @property
     def infra_list(self) -> list[str]:
         return [self.infra] if isinstance(self.infra, str) else list(self.infra)
+
+    @property
+    def on_slurm(self) -> bool:
+        """Every infra is a Slurm cluster (`slurm/<name>`): the run's files are on its shared filesystem."""
+        return all(i.split("/")[0].lower() == "slurm" for i in self.infra_list)
 
     @property
     def is_local(self) -> bool:
@@ -237,6 +288,8 @@ class Profile(RunConfig):
 
     def runtime_volume(self) -> str:
         c = self.cluster
+        if c.on_slurm:
+            return c.slurm.shared_dir
         if c.volume:
             return c.volume.mount
         if c.bucket:

@@ -10,6 +10,8 @@ def hourly_price(profile, live: bool = True) -> tuple[float, str]:
     """($/h for the whole cluster, where it came from): RunPod's API (unless `live` is False), else
     the catalog snapshot through SkyPilot's optimizer, else the profile's budget.price_per_hour."""
     c = profile.cluster
+    if c.on_slurm:  # your own cluster: no catalog or API knows its price
+        return slurm_price(profile)
     if live and os.environ.get("RUNPOD_API_KEY") and any(i.split("/")[0] == "runpod" for i in c.infra_list):
         try:
             return _runpod_api_price(profile, picked_accelerator(profile)), "runpod-api"
@@ -22,6 +24,18 @@ def hourly_price(profile, live: bool = True) -> tuple[float, str]:
             return _catalog_choice(profile)[0], f"catalog {SNAPSHOT_DATE}"
         except Exception:  # noqa: BLE001
             pass
+    if profile.budget.price_per_hour is not None:
+        return float(profile.budget.price_per_hour), "profile"
+    return 0.0, "unknown"
+
+
+def slurm_price(profile) -> tuple[float, str]:
+    """A Slurm cluster's $/h for the run: the profile's cluster.slurm.price_per_gpu_hour x its GPUs, else
+    budget.price_per_hour (the whole cluster), else 0."""
+    c = profile.cluster
+    if c.slurm.price_per_gpu_hour is not None:
+        gpus = max(1, c.gpus_per_node) * c.num_nodes
+        return round(c.slurm.price_per_gpu_hour * gpus, 4), "profile cluster.slurm.price_per_gpu_hour"
     if profile.budget.price_per_hour is not None:
         return float(profile.budget.price_per_hour), "profile"
     return 0.0, "unknown"
