@@ -9,6 +9,7 @@ import contextlib
 import errno
 import gc
 import os
+import signal
 import sys
 import textwrap
 
@@ -39,9 +40,12 @@ class LaunchGroup(click.Group):
                 raise
             from launcher.term.ui import err_console, literal
 
-            mark, line = interrupted_line(ctx.invoked_subcommand)
-            err_console().print(literal(mark, line), highlight=False, soft_wrap=True)
-            ctx.exit(130)
+            e = sys.exc_info()[1]
+            how = _how(e)
+            mark, line = interrupted_line(ctx.invoked_subcommand, how, getattr(e, "run_id", None))
+            with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+                err_console().print(literal(mark, line), highlight=False, soft_wrap=True)
+            ctx.exit(128 + int(getattr(signal, how)) if how in INTERRUPTING else 130)  # as the shell reports it
         except Exception as e:  # noqa: BLE001 - mapped below, re-raised when unknown or debugging
             if os.environ.get("LAUNCH_DEBUG"):
                 # SkyPilot's print_exception_no_traceback leaks sys.tracebacklimit = 0 on errors.
@@ -114,19 +118,45 @@ def command_example(cmd) -> str:
     return ""
 
 
-def interrupted_line(command) -> tuple[str, str]:
-    """(mark, line) for a command stopped by Ctrl-C: a run started or followed goes on, a `down` may
-    not have happened; either way the user is told what still bills and the command that stops it."""
+def interrupted_line(command, how: str = "Ctrl-C", run_id=None) -> tuple[str, str]:
+    """(mark, line) for a command stopped by Ctrl-C (or SIGTERM/SIGHUP, `how`): a run started or followed
+    goes on, a `down` may not have happened; either way the user is told what still bills and the
+    command that stops it (`run_id`: the run `up` had recorded when it was stopped)."""
     goes_on = ("the run goes on on its machine and bills until it ends or is stopped: `launch status` shows "
                "it, `launch down` stops it")
     if command == "logs":
-        return "[yellow]![/] ", f"stopped following (Ctrl-C); {goes_on}"
+        return "[yellow]![/] ", f"stopped following ({how}); {goes_on}"
+    if command == "up" and run_id:
+        return "[yellow]![/] ", (f"interrupted ({how}) once {run_id} was recorded: it may be running and billing; "
+                                 f"`launch status {run_id}` shows it, `launch down {run_id}` stops it")
     if command == "up":
-        return "[yellow]![/] ", f"interrupted (Ctrl-C); if it started, {goes_on}"
+        return "[yellow]![/] ", f"interrupted ({how}) before anything started: nothing runs or bills"
     if command == "down":
-        return "[red]✗[/] ", ("interrupted (Ctrl-C) before the run was down: it may still run and bill; run the "
+        return "[red]✗[/] ", (f"interrupted ({how}) before the run was down: it may still run and bill; run the "
                               "same `launch down` again (`launch status` shows it)")
-    return "[red]✗[/] ", "interrupted (Ctrl-C)"
+    return "[red]✗[/] ", f"interrupted ({how})"
+
+
+def _how(e) -> str:
+    """What interrupted: Ctrl-C, or the signal `interrupt_on_signals` raised KeyboardInterrupt for."""
+    name = e.args[0] if e is not None and e.args else None
+    return name if name in INTERRUPTING else "Ctrl-C"
+
+
+INTERRUPTING = ("SIGTERM", "SIGHUP")
+
+
+def interrupt_on_signals() -> None:
+    """SIGTERM and SIGHUP (a closed terminal, a dropped ssh session, a CI timeout) stop launch as Ctrl-C
+    does: as a KeyboardInterrupt, so each command's own Ctrl-C handling runs (`up` keeps the run's
+    record and names it, `down` says to run again) instead of the process dying mid-write. A second
+    signal of the same kind ends the process at once (its default action)."""
+    def interrupt(signum, frame):
+        signal.signal(signum, signal.SIG_DFL)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for name in INTERRUPTING:
+        signal.signal(getattr(signal, name), interrupt)
 
 
 def user_error_lines(e: Exception):
@@ -135,13 +165,14 @@ def user_error_lines(e: Exception):
 
     from .errors import BackendError, StateError
     from .catalog import PlanError
+    from .project import NoProject
     from launcher.store.registry import RegistryError, RunNotFound
 
     if isinstance(e, ConfigError):
         n = len(e.problems)
         head = [f"{n} problem{'s' if n > 1 else ''} in the profile:"] if n > 1 else []
         return head + list(e.problems)
-    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError, PayloadError, StateError)):
+    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError, PayloadError, StateError, NoProject)):
         return [str(e)]
     if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
         return [f"disk full: {e.filename or ''} - free space or set LAUNCH_HOME to a larger disk"]
@@ -150,14 +181,24 @@ def user_error_lines(e: Exception):
     return None
 
 
+def _use_project(value) -> None:
+    """`--project DIR`: the project for this command and for every process it starts (LAUNCH_PROJECT)."""
+    if value:
+        os.environ["LAUNCH_PROJECT"] = os.path.abspath(os.path.expanduser(value))
+
+
 # A path the user named that cannot be written: read-only, no permission, a file in the way.
 UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
 
 
 @click.group(cls=LaunchGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="launch")
+@click.option("--project", type=click.Path(file_okay=False), metavar="DIR", expose_value=False, is_eager=True,
+              callback=lambda ctx, param, value: _use_project(value),
+              help="The project (a directory with clusters/); default: the nearest one from here up "
+                   "(env LAUNCH_PROJECT).")
 def cli():
-    """Fine-tune LLMs on rented GPUs, from a profile in clusters/.
+    """Fine-tune LLMs on rented GPUs, from a profile in your project's clusters/.
 
     \b
       launch plan sonia-h100          what runs where, how long, at what cost
@@ -281,7 +322,7 @@ def plan(profile, as_json, rehearse=False, compare=False, sets=()):
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
 def profiles(as_json):
-    """List the profiles in clusters/ with GPUs, nodes, spot and estimated cost.
+    """List the project's profiles (clusters/) with GPUs, spot, $ and estimated cost; then the examples.
 
     Example: launch profiles
     """
@@ -351,6 +392,7 @@ attach(cli, _profile_names, _run_choices)  # last: every command above completes
 
 
 def main():
+    interrupt_on_signals()
     cli(prog_name="launch")
 
 

@@ -28,7 +28,8 @@ from launcher.catalog.snapshot import (
     sky_task,
 )
 
-REPO = Path(__file__).resolve().parents[2]  # the child process runs from here (`-m launcher.catalog.child`)
+# the child process runs from the directory holding this install's `launcher` (`-m launcher.catalog.child`)
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -207,7 +208,7 @@ def choice_apart(p) -> Choice:
         _CHOICES[key] = optimize(p)
         return _CHOICES[key]
     done = subprocess.run([sys.executable, "-m", "launcher.catalog.child"], input=child_input(p), text=True,
-                          capture_output=True, timeout=CHILD_TIMEOUT_S, cwd=REPO)
+                          capture_output=True, timeout=CHILD_TIMEOUT_S, cwd=PACKAGE_ROOT)
     answer = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
     if answer is None:
         raise RuntimeError(done.stderr.strip()[-300:] or f"the optimizer's process exited {done.returncode}")

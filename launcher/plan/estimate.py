@@ -24,8 +24,8 @@ from payload.model.memory import (
     planned_kernels,
 )
 
+from launcher import project
 from launcher.catalog import Rental
-from launcher.profiles.profile import REPO_ROOT
 from launcher.profiles.schema import Profile, total_gpus
 from launcher.profiles.render import profile_secrets
 from launcher.plan.storage import disk_needed_gb, storage_for
@@ -117,7 +117,7 @@ def estimate_data(p: Profile) -> DataEstimate:
     if all(paths):
         from launcher.profiles.data_count import estimate_from_files
 
-        counted = estimate_from_files(p, REPO_ROOT)
+        counted = estimate_from_files(p, project.root())
         if counted is not None and counted.records:
             kept = counted.records - (0 if p.train.packing else counted.untrained)  # TRL drops them unpacked
             return DataEstimate(max(kept, 0), counted.tokens / counted.records, counted.how,
@@ -153,7 +153,7 @@ def _share(source, name: str) -> float:
 
 def _local_path(rel: str) -> Optional[Path]:
     """A source path as the payload will see it (relative to the workdir = repo root), if it exists."""
-    for path in (REPO_ROOT / rel, Path(rel)):
+    for path in (project.root() / rel, Path(rel)):
         if path.exists():
             return path
     return None

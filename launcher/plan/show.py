@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from launcher.term.tables import Column
 from launcher.term.ui import cell, console, esc, hints, note
 from launcher.term.units import hours, money
@@ -152,11 +154,29 @@ def print_profiles(as_json: bool) -> None:
             rows.append({"profile": name, "error": str(e).splitlines()[0]})
     from launcher.term.tables import print_table
 
-    print_table(rows, PROFILE_COLUMNS, as_json, console=console())
+    from launcher import project
+
+    if rows or as_json or project.find() is not None:
+        print_table(rows, PROFILE_COLUMNS, as_json, console=console())
     for r in rows if not as_json else ():  # the error is a sentence with a path: whole, on a line of its own
         if r["error"]:
             note("[red]✗[/] ", f"{r['profile']}: {r['error']} (`launch validate {r['profile']}` "
                  "says every problem)")
+    if not as_json:
+        print_examples(project)
+
+
+def print_examples(project) -> None:
+    """The examples this install ships, apart from the project's own profiles (in launch's own checkout
+    they are its profiles: nothing more to say), with the `launch init` that copies one."""
+    found = project.find()
+    if found is not None and project.examples_dir().resolve() == (found / project.MARKER).resolve():
+        return
+    names = project.example_names()
+    where = "" if found is not None else f"no launch project in {Path.cwd()} or above it; "
+    note("  ", f"{where}shipped examples: {', '.join(names)}")
+    first = "local-demo" if "local-demo" in names else (names[0] if names else "EXAMPLE")
+    note("  → ", f"launch init my-{first.removeprefix('local-')} --from {first}")
 
 
 def _gpus(r: dict):

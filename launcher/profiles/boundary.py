@@ -8,15 +8,15 @@
   task, the run registry or the terminal: they stay in the user's environment and are passed by name.
 
 One rule on every backend, the local one included: a path a profile names for a run (a data file, an
-image root, a reward module) is used only when it is inside the repo, and it is written from the repo
+image root, a reward module) is used only when it is inside the project, and it is written from the repo
 root. An absolute path is refused everywhere (naming the file, line and key, and the fix: its path from
-the repo root when it is in the repo, else a copy under data/ or a Hub dataset), `plan` included. Why
+the repo root when it is in the project, else a copy under data/ or a Hub dataset), `plan` included. Why
 not let the local backend read `/home/me/data.jsonl` where it lies: (1) a run reads its files from the
 repo's copy by their repo path on every backend, so a profile that runs locally runs unchanged on a
 cloud, and the local backend stays the rehearsal of a cloud run rather than a backend with its own
 rules; (2) the same file is already refused when reached through a link or `..` (the side door of
 issue 32): letting its absolute path through would reopen that door under another spelling; (3) a run's
-provenance records its data files' sha256 only for files in the repo (launcher/runs/experiment.py). `launch data
+provenance records its data files' sha256 only for files in the project (launcher/runs/experiment.py). `launch data
 preview` loads profiles the same way and refuses the same paths.
 
 A leaf module (standard library only), so the profile loader, the checks, the upload list and the

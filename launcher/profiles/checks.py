@@ -23,8 +23,9 @@ from typing import Optional
 
 from payload.config import ConfigError
 
+from launcher import project
 from launcher.profiles.datahints import missing_file_hint
-from launcher.profiles.profile import REPO_ROOT, ProfileError, ProfileFile, read_profile, validate
+from launcher.profiles.profile import ProfileError, ProfileFile, read_profile, validate
 from launcher.profiles.schema import Profile
 from launcher.term.units import human_size
 from launcher.profiles.uploads import repo_relative
@@ -32,32 +33,32 @@ from launcher.profiles.uploads import repo_relative
 
 def outside_problem(rel: str, what: str = "file") -> Optional[str]:
     """Why a local path a profile names (a data file, an image root, a reward file) cannot be used,
-    by the boundary rule (launcher/profiles/boundary.py `inside`: inside the repo by every route, links
+    by the boundary rule (launcher/profiles/boundary.py `inside`: inside the project by every route, links
     included), else None. The same rule on every backend, local included (launcher/profiles/boundary.py
-    says why): a run reads its files from the repo's copy, by their path from the repo root. `~` is
+    says why): a run reads its files from the project's copy, by their path from the project root. `~` is
     expanded first, as the boundary rule expands it: `~/x.jsonl` is a path in the user's home."""
     p = PurePosixPath(os.path.expanduser(rel))
     if p.is_absolute():
         inner = repo_relative(rel)
         if inner is not None:
             kind = "an absolute path" if PurePosixPath(rel).is_absolute() else "a path from your home directory"
-            return (f"{rel} is {kind}: a run reads its {what} by its path from the repo root, on "
+            return (f"{rel} is {kind}: a run reads its {what} by its path from the project root, on "
                     f"every backend; write it as {inner}")
         hub = ", or use a Hub dataset (`hf_dataset:` instead of `path:`)" if what == "file" else ""
-        return (f"{rel} is outside the repo, and a run (on every backend, local included) gets only the "
-                f"repo's files: put the {what} under data/ in the repo and give its path from the repo root, "
+        return (f"{rel} is outside the project, and a run (on every backend, local included) gets only the "
+                f"repo's files: put the {what} under data/ in the project and give its path from the project root, "
                 f"e.g. data/{p.name}{hub}")
     if not p.parts or ".." in p.parts:
-        return f"{rel} is outside the repo, which is all that is uploaded to the machine; move it under data/"
+        return f"{rel} is outside the project, which is all that is uploaded to the machine; move it under data/"
     if repo_relative(rel) is None:
-        return (f"{rel} leads out of the repo through a symbolic link (to {(REPO_ROOT / rel).resolve()}); a link "
-                f"out of the repo is never followed or uploaded: copy the {what} under data/ instead of linking it")
+        return (f"{rel} leads out of the project through a symbolic link (to {(project.root() / rel).resolve()}); a link "
+                f"out of the project is never followed or uploaded: copy the {what} under data/ instead of linking it")
     return None
 
 
 def _check_file(rel: str) -> tuple[Optional[str], Optional[int]]:
-    """(problem, size) of one data.sources[].path inside the repo, as the run will read it."""
-    target = REPO_ROOT / rel
+    """(problem, size) of one data.sources[].path inside the project, as the run will read it."""
+    target = project.root() / rel
     if not target.exists():
         return f"{rel} not found (looked for {target}); put the file there or fix the path", None
     if not target.is_file():
@@ -73,14 +74,14 @@ def _check_file(rel: str) -> tuple[Optional[str], Optional[int]]:
 def data_file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """(problems, present) for the local data files a profile names (`source`: its file as read, a
     ProfileFile, or its path; after `--set` overrides): problems as `file:line: key: what; fix`,
-    present as `path (size)`. A path outside the repo (`outside_problem`) is among the problems."""
+    present as `path (size)`. A path outside the project (`outside_problem`) is among the problems."""
     problems, _, present = _file_report(source, overrides)
     return problems, present
 
 
 def _file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], list[str], list[str]]:
-    """(problems, those of them that are paths outside the repo, present) of `data_file_report`: a path
-    outside the repo can never reach a run, whereas a missing file can still be put in place before `up`."""
+    """(problems, those of them that are paths outside the project, present) of `data_file_report`: a path
+    outside the project can never reach a run, whereas a missing file can still be put in place before `up`."""
     try:
         file = source if isinstance(source, ProfileFile) else read_profile(str(source))
         data, where = file.overridden(overrides)
@@ -117,9 +118,9 @@ def _file_report(source, overrides: tuple[str, ...] = ()) -> tuple[list[str], li
         problem = outside_problem(file, "reward file")
         if problem:
             refuse(loc, problem)
-        elif not (REPO_ROOT / file).is_file():
+        elif not (project.root() / file).is_file():
             problems.append(f"{where(loc)}: {file} not found "
-                            f"(looked for {REPO_ROOT / file}); put the reward module there or fix the path")
+                            f"(looked for {project.root() / file}); put the reward module there or fix the path")
             hints.append("")
     if problems and present:
         problems[-1] += f" (present: {', '.join(present)})"
@@ -174,7 +175,7 @@ class ResolvedProfile:
 def resolve(source, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
     """The profile (`source`: a name, a path or a ProfileFile already read) with `overrides`,
     validated and its local data checked: config problems (and data problems with them, so the user
-    sees everything at once) raise one ProfileError, and so does a path outside the repo (`plan`
+    sees everything at once) raise one ProfileError, and so does a path outside the project (`plan`
     included: no backend can read it; the data rule is the same for every backend, `outside_problem`)."""
     file = source if isinstance(source, ProfileFile) else read_profile(str(source))
     problems: list[str] = []
@@ -184,7 +185,7 @@ def resolve(source, overrides: tuple[str, ...] = ()) -> ResolvedProfile:
     except ProfileError as e:
         problems = list(e.problems)
     data_problems, outside, present = _file_report(file, overrides)
-    if problems or outside:  # a path outside the repo never reaches a run: refused even by `plan`
+    if problems or outside:  # a path outside the project never reaches a run: refused even by `plan`
         raise ProfileError(problems + data_problems)
     if not data_problems:  # every file is there: its records, as the data stage will read them
         record_problems, present = record_report(file, profile, overrides)
@@ -199,10 +200,10 @@ def count_refusal(p: Profile) -> None:
     it refuses (no record keeps a token to train at train.max_seq_length, a record the data step refuses
     past the sample read above) is refused here, so no backend starts what `plan` refuses. Hub datasets
     are counted on the machine."""
-    if p.data.sources and all(s.path and (REPO_ROOT / s.path).is_file() for s in p.data.sources):
+    if p.data.sources and all(s.path and (project.root() / s.path).is_file() for s in p.data.sources):
         from launcher.profiles.data_count import estimate_from_files
 
-        estimate_from_files(p, REPO_ROOT)
+        estimate_from_files(p, project.root())
 
 
 def check_profile(name_or_path: str, overrides: tuple[str, ...] = ()) -> tuple[Profile, list[str], list[str]]:
@@ -227,7 +228,7 @@ def record_report(file: ProfileFile, p: Profile, overrides: tuple[str, ...] = ()
     problems, checked = [], []
     for prefix, block in blocks:
         with tempfile.TemporaryDirectory(prefix="launch-data-check-") as tmp:
-            stats, found = check_sample(block, tmp, base_dir=REPO_ROOT)
+            stats, found = check_sample(block, tmp, base_dir=project.root())
         for i, line in found:
             loc = (*prefix, "data", "sources") + ((i, "path") if i is not None else ())
             first = f" (the first {SAMPLE_RECORDS:,} records were read)" if i is not None and \
@@ -243,7 +244,7 @@ def record_report(file: ProfileFile, p: Profile, overrides: tuple[str, ...] = ()
 def _checked_line(rel: str, st: dict, limit: int) -> str:
     """`path (size): N records read like the data step, D dropped (first: file:line: why)`."""
     size = ""
-    for target in (REPO_ROOT / rel, Path(rel)):
+    for target in (project.root() / rel, Path(rel)):
         if target.is_file():
             size = f" ({human_size(target.stat().st_size)})"
             break

@@ -41,7 +41,7 @@ def preview(ctx, profile, sets, n):
     from payload.errors import PayloadError
 
     from launcher.profiles.checks import load_checked
-    from launcher.profiles.profile import REPO_ROOT
+    from launcher import project
     from launcher.profiles.render import resolved_run_config
 
     p = load_checked(profile, overrides=tuple(sets))[0]
@@ -50,7 +50,7 @@ def preview(ctx, profile, sets, n):
         cfg.runtime.volume = tmp  # the data check writes its sample here; nothing else is written
         tokenizer, why = pv.load_cached_tokenizer(cfg)
         try:
-            records = pv.first_examples(cfg, None, Path(tmp), REPO_ROOT, tokenizer=tokenizer)
+            records = pv.first_examples(cfg, None, Path(tmp), project.root(), tokenizer=tokenizer)
             template = pv.training_template(tokenizer, cfg.train.assistant_only_loss) if tokenizer else None
             _show(cfg, records[:n], tokenizer, template)
             refusal = _untrained(cfg, records, tokenizer, template)

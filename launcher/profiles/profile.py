@@ -18,13 +18,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from launcher import project
 from launcher.profiles.boundary import inside
 from launcher.profiles.schema import Profile
 from payload.config import ConfigError, format_validation_errors, load_yaml_with_lines, place
 from payload.config.yamlio import YamlProblem, parse_yaml, read_bounded
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CLUSTERS_DIR = REPO_ROOT / "clusters"
 CATALOG_DIR = Path(__file__).resolve().parents[1] / "catalog" / "v8"
 
 
@@ -33,30 +32,49 @@ class ProfileError(ConfigError):
 
 
 def profile_names() -> list[str]:
-    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml") if in_clusters(p))
+    """The project's profiles (none outside a project)."""
+    if project.find() is None:
+        return []
+    return sorted(p.stem for p in project.clusters_dir().glob("*.yaml") if in_clusters(p))
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
-    """A profile's file: a path to a .yaml file as given, else `clusters/<name>.yaml`, where the name
-    must stay inside clusters/ (the boundary rule: `../x` or a link out of clusters/ is no profile name)."""
+    """A profile's file: a path to a .yaml file as given, else the project's `clusters/<name>.yaml`, where
+    the name must stay inside clusters/ (the boundary rule: `../x` or a link out of clusters/ is no
+    profile name). A shipped example's name outside it is answered with the `launch init` that copies it."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
-    candidate = CLUSTERS_DIR / f"{name_or_path}.yaml"
+    examples = project.example_names()
+    if project.find() is None:
+        if name_or_path in examples:
+            raise ProfileError([f"`{name_or_path}` is a shipped example, and there is no launch project here: "
+                                f"`launch init {name_or_path} --from {name_or_path}` copies it into a new "
+                                f"project in {Path.cwd()}"])
+        project.root()  # raises NoProject with its one line
+    clusters = project.clusters_dir()
+    candidate = clusters / f"{name_or_path}.yaml"
     if candidate.exists() and in_clusters(candidate):
         return candidate
     names = profile_names()
+    if name_or_path in examples:
+        raise ProfileError([f"no profile `{name_or_path}` in {clusters}; it is a shipped example: "
+                            f"`launch init {name_or_path} --from {name_or_path}` copies it into this project"])
     close = difflib.get_close_matches(name_or_path, names, n=1, cutoff=0.5)
     hint = f"did you mean `{close[0]}`? " if close else ""
-    raise ProfileError([f"no profile `{name_or_path}`: {hint}known profiles: {', '.join(names)} "
-                        f"(or give a path to a .yaml file)"])
+    known = f"known profiles: {', '.join(names)}" if names else f"{clusters} has no profiles yet"
+    raise ProfileError([f"no profile `{name_or_path}`: {hint}{known} (or give a path to a .yaml file; "
+                        f"`launch init NAME --from EXAMPLE` starts one)"])
 
 
 def in_clusters(path: Path) -> bool:
     """Whether a profile file is one of clusters/ by the boundary rule (launcher/profiles/boundary.py: directly
     in clusters/, and no link leads out of it). Only those render into the committed sky/; a profile
     from anywhere else is rendered for its run, never over a committed render."""
-    rel = inside(CLUSTERS_DIR, Path(path).absolute())
+    found = project.find()
+    if found is None:
+        return False
+    rel = inside(found / project.MARKER, Path(path).absolute())
     return rel is not None and "/" not in rel and Path(path).is_file()
 
 

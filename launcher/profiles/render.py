@@ -15,9 +15,9 @@ import yaml
 from payload.config import dump_run_config
 from payload.errors import RETRYABLE_EXIT_CODES
 
+from launcher import project
 from launcher.profiles.boundary import inside
 from launcher.profiles.profile import (
-    REPO_ROOT,
     ProfileError,
     in_clusters,
     load_profile,
@@ -26,8 +26,6 @@ from launcher.profiles.profile import (
 )
 from launcher.profiles.schema import Profile
 
-SKY_DIR = REPO_ROOT / "sky"
-CONFIG_DIR = SKY_DIR / "config"
 SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
 MASTER_PORT = 29500
 
@@ -78,11 +76,13 @@ fi
 
 
 def config_path(name: str) -> Path:
-    return CONFIG_DIR / f"{name}.yaml"
+    """The project's `sky/config/<name>.yaml`."""
+    return project.sky_dir() / "config" / f"{name}.yaml"
 
 
 def task_path(name: str) -> Path:
-    return SKY_DIR / f"{name}.yaml"
+    """The project's `sky/<name>.yaml`."""
+    return project.sky_dir() / f"{name}.yaml"
 
 
 def resolved_run_config(p: Profile, price_per_hour: Optional[float] = None):
@@ -248,6 +248,9 @@ def render_all(names: Optional[list[str]], price_of: Callable[[Profile], float])
     out: dict[Path, str] = {}
     for n in names or profile_names():
         out.update(render_profile(n, price_of))
+    from launcher.profiles.schema_json import schema_path, schema_text
+
+    out[schema_path()] = schema_text()  # the editors' schema each profile names (schema_json.py)
     return out
 
 
@@ -257,7 +260,7 @@ def stale(rendered: dict[Path, str]) -> list[tuple[Path, str]]:
     for path, text in rendered.items():
         old = path.read_text() if path.exists() else ""
         if old != text:
-            rel = path.relative_to(REPO_ROOT)
+            rel = path.relative_to(project.root())
             diff = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
                                                 f"a/{rel}", f"b/{rel}"))
             out.append((path, diff))
@@ -269,9 +272,10 @@ def write(rendered: dict[Path, str]) -> list[Path]:
     or sky/config/ that is a link out of the repo is refused, not written through)."""
     written = []
     for path, text in rendered.items():
-        if inside(SKY_DIR, path) is None:
-            raise ProfileError([f"{path}: outside sky/ (a link out of the repo?); launch render writes only "
-                                f"into {SKY_DIR}: make sky/ and sky/config/ plain directories"])
+        sky_dir = project.sky_dir()
+        if inside(sky_dir, path) is None:
+            raise ProfileError([f"{path}: outside sky/ (a link out of the project?); launch render writes only "
+                                f"into {sky_dir}: make sky/ and sky/config/ plain directories"])
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             tmp = path.with_suffix(".tmp")

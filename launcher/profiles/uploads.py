@@ -1,8 +1,9 @@
 """What goes to the GPU machine: an allowlist, not a denylist.
 
-Exactly these files are uploaded as the task's workdir, at their repo-relative paths, each inside the
-repo by the boundary rule (launcher/profiles/boundary.py: no `..`, no link out of the repo at any level):
-- the payload's code: `payload/**/{*.py, *.sh, *.txt, *.lock, *.jinja}` (no caches, dotfiles or symlinks);
+Exactly these files are uploaded as the task's workdir, at their project-relative paths, each inside the
+project by the boundary rule (launcher/profiles/boundary.py: no `..`, no link out of it at any level):
+- the payload's code, from this install of launch (not the project): `payload/**/{*.py, *.sh, *.txt,
+  *.lock, *.jinja}` (no caches, dotfiles or symlinks);
 - the resolved run config, at the path the task's LAUNCH_CONFIG names (`sky/config/<profile>.yaml`);
 - the local data files the profile names (`data.sources[].path`), plus the image files under a
   source's `image_root` (or beside the data file, for vision-language models);
@@ -25,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
+from launcher import project
 from launcher.profiles.boundary import inside
-from launcher.profiles.profile import REPO_ROOT
 
 PAYLOAD_DIR = "payload"
 PAYLOAD_SUFFIXES = (".py", ".sh", ".txt", ".lock", ".jinja")
@@ -50,7 +51,8 @@ class Upload:
 def upload_plan(profile, config_yaml: Path, config_rel: str) -> Upload:
     """The allowlist for one run (`profile` may be None: payload and config only)."""
     up = Upload()
-    up.files.update(_tree(REPO_ROOT / PAYLOAD_DIR, PAYLOAD_SUFFIXES))
+    # the payload this install ships (site-packages, or the checkout), at payload/ in the workdir
+    up.files.update(_tree(project.payload_dir(), PAYLOAD_SUFFIXES, base=project.PACKAGE_ROOT))
     for source in getattr(getattr(profile, "data", None), "sources", None) or []:
         if source.path:
             _add_data(up, source, profile)
@@ -69,13 +71,14 @@ def _add_file(up: Upload, named: str, what: str) -> Optional[str]:
     rule; its repo path, or None (said in `not_uploaded`)."""
     rel = repo_relative(named)
     if rel is None:
-        up.not_uploaded.append((named, " ".join(filter(None, (what, "outside the repo: the machine must have it "
-                                                                      "at that path")))))
+        up.not_uploaded.append((named, " ".join(filter(None, (what, "outside the project: the machine must have "
+                                                                      "it at that path")))))
         return None
-    if not (REPO_ROOT / rel).is_file():
+    root = project.root()
+    if not (root / rel).is_file():
         up.not_uploaded.append((named, "not found here"))
         return None
-    up.files[rel] = REPO_ROOT / rel
+    up.files[rel] = root / rel
     return rel
 
 
@@ -89,20 +92,21 @@ def _add_data(up: Upload, source, profile) -> None:
     if images is not None:
         root = repo_relative(images) if images not in ("", ".") else None
         if root is None:
-            up.not_uploaded.append((images, "image root outside the repo (or the repo root itself)"))
+            up.not_uploaded.append((images, "image root outside the project (or the project root itself)"))
         else:
-            up.files.update(_tree(REPO_ROOT / root, IMAGE_SUFFIXES))
+            up.files.update(_tree(project.root() / root, IMAGE_SUFFIXES, base=project.root()))
 
 
 def repo_relative(value: str) -> Optional[str]:
-    """`value` as a clean path inside the repo (relative paths are relative to it), else None: the
-    boundary rule (launcher/profiles/boundary.py `inside`: `..`, absolute paths and links out of the repo, at
-    any level, are outside) with the repo as its root."""
-    return inside(REPO_ROOT, value)
+    """`value` as a clean path inside the project (relative paths are relative to its root), else None:
+    the boundary rule (launcher/profiles/boundary.py `inside`: `..`, absolute paths and links out of the
+    project, at any level, are outside) with the project's root as its root."""
+    return inside(project.root(), value)
 
 
-def _tree(top: Path, suffixes: tuple[str, ...]) -> dict[str, Path]:
-    """Regular files under `top` with one of `suffixes`; no dot/cache directories, never a symlink."""
+def _tree(top: Path, suffixes: tuple[str, ...], base: Path) -> dict[str, Path]:
+    """Regular files under `top` with one of `suffixes`, by their path from `base`; no dot/cache
+    directories, never a symlink."""
     found: dict[str, Path] = {}
     if not top.is_dir() or top.is_symlink():
         return found
@@ -111,7 +115,7 @@ def _tree(top: Path, suffixes: tuple[str, ...]) -> dict[str, Path]:
         for name in filenames:
             p = Path(dirpath) / name
             if not name.startswith(".") and p.suffix.lower() in suffixes and not p.is_symlink() and p.is_file():
-                found[p.relative_to(REPO_ROOT).as_posix()] = p
+                found[p.relative_to(base).as_posix()] = p
     return found
 
 

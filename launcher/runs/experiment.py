@@ -137,10 +137,11 @@ def allow_env(allow: tuple) -> dict:
 
 
 def _git(*args: str) -> Optional[str]:
-    from launcher.profiles.profile import REPO_ROOT
+    """git in the project (the user's repository, when the project is one), or None."""
+    from launcher import project
 
     try:
-        done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20)
+        done = subprocess.run(["git", "-C", str(project.root()), *args], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -156,7 +157,7 @@ def _sha256(path: Path) -> Optional[str]:
 def provenance(resolved, run_id: str) -> dict:
     """What produced the run: code (commit, dirty + stored diff), profile (the bytes `launch up` read,
     launcher/profiles/checks.py ResolvedProfile), payload lock, data, version."""
-    from launcher.profiles.profile import REPO_ROOT
+    from launcher import project
     from launcher.store.state import private_dir, state_dir, write_private
     from launcher.profiles.uploads import repo_relative
 
@@ -172,11 +173,11 @@ def provenance(resolved, run_id: str) -> dict:
     data = {}
     for s in resolved.profile.data.sources:
         rel = repo_relative(s.path) if s.path else None
-        data[s.name] = (_sha256(REPO_ROOT / rel) if rel else None) if s.path else \
+        data[s.name] = (_sha256(project.root() / rel) if rel else None) if s.path else \
             f"hf:{s.hf_dataset}" + (f"@{s.revision}" if getattr(s, "revision", None) else "")
     return {"commit": commit, "dirty": dirty, "diff": diff_path, "untracked": untracked[:50],
             "profile_sha256": resolved.file.sha256, "profile_path": str(Path(resolved.file.path).resolve()),
-            "payload_lock_sha256": _sha256(REPO_ROOT / PAYLOAD_LOCK), "launch_version": __version__,
+            "payload_lock_sha256": _sha256(project.PACKAGE_ROOT / PAYLOAD_LOCK), "launch_version": __version__,
             "data_sha256": data}
 
 

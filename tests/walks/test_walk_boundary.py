@@ -1,7 +1,7 @@
 """The boundaries, walked as the user walks them (tests/walk.py: the installed `launch` in a subprocess,
 fresh HOME and LAUNCH_HOME, no credentials, stdin not a terminal, 80 columns).
 
-- A data path that leads out of the repo (a symlinked file, a symlinked directory, `..`), in the
+- A data path that leads out of the project (a symlinked file, a symlinked directory, `..`), in the
   profile or through `--set`, is refused with one line naming the file:line and key; nothing is
   listed, uploaded or started (issue 32, item 3).
 - A token-shaped value in `--env` or a profile's `envs:` is refused with one line naming the
@@ -70,8 +70,8 @@ def test_a_data_path_leading_out_of_the_repo_is_refused_and_nothing_starts(tmp_p
     profile = demo_copy(tmp_path, "payload/samples/demo_alpaca.jsonl", rel)
     line_no = next(i for i, ln in enumerate(profile.read_text().splitlines(), 1) if rel in ln)
     r = launch(tmp_path, "validate", str(profile))
-    line = assert_one_line_error(r, f"{profile}:{line_no}: data.sources.1.path: {rel}", "outside the repo"
-                                 if kind == "dot-dot" else "leads out of the repo through a symbolic link")
+    line = assert_one_line_error(r, f"{profile}:{line_no}: data.sources.1.path: {rel}", "outside the project"
+                                 if kind == "dot-dot" else "leads out of the project through a symbolic link")
     assert "copy the file under data/" in line or "move it under data/" in line
     r = launch(tmp_path, "up", str(profile), "--dry-run")
     assert_one_line_error(r, "data.sources.1.path")
@@ -90,7 +90,7 @@ def test_a_linked_data_path_through_set_is_refused_before_anything_starts(tmp_pa
 def test_an_image_root_out_of_the_repo_is_refused(tmp_path):
     profile = demo_copy(tmp_path, "      format: alpaca\n", "      format: alpaca\n      image_root: ../elsewhere\n")
     assert_one_line_error(launch(tmp_path, "validate", str(profile)),
-                          f"{profile}:", "data.sources.1.image_root: ../elsewhere is outside the repo")
+                          f"{profile}:", "data.sources.1.image_root: ../elsewhere is outside the project")
 
 
 def test_a_reward_module_out_of_the_repo_is_refused(tmp_path, in_repo, outside):
@@ -103,8 +103,8 @@ def test_a_reward_module_out_of_the_repo_is_refused(tmp_path, in_repo, outside):
     profile = tmp_path / "spatial.yaml"
     profile.write_text(text.replace(old, f"rewards: [number_match, {rel}:score, ../r.py:score]"))
     r = launch(tmp_path, "validate", str(profile))
-    assert_one_line_error(r, f"stages.2.grpo.rewards.1: {rel} leads out of the repo through a symbolic link",
-                          "stages.2.grpo.rewards.2: ../r.py is outside the repo")
+    assert_one_line_error(r, f"stages.2.grpo.rewards.1: {rel} leads out of the project through a symbolic link",
+                          "stages.2.grpo.rewards.2: ../r.py is outside the project")
 
 
 # ------------------------------------------------------------------------------------------- secrets

@@ -8,7 +8,7 @@
 - `launch compare` after a resume reads a run's latest state: its newest fetch only when that fetch is
   from the last attempt, else the machine's numbers (or, machine gone, the older fetch), with one line
   per run saying the fetch is older than the last attempt and how to refresh it.
-- A data path outside the repo (an absolute `/home/me/data.jsonl`) is refused by validate, plan, up and
+- A data path outside the project (an absolute `/home/me/data.jsonl`) is refused by validate, plan, up and
   data preview on every backend, local included, in one line naming file:line, key and the fix
   (launcher/profiles/boundary.py says why the local backend follows the same rule).
 """
@@ -152,11 +152,11 @@ def with_source(tmp_path: Path, profile: str, old: str, path: str) -> tuple[Path
 
 
 def test_an_absolute_data_path_is_refused_on_every_backend_by_validate_plan_and_up(tmp_path):
-    data = tmp_path / "me" / "data.jsonl"  # the user's own file, outside the repo
+    data = tmp_path / "me" / "data.jsonl"  # the user's own file, outside the project
     data.parent.mkdir()
     data.write_text((REPO / "payload/samples/demo_chat.jsonl").read_text())
-    fix = ("is outside the repo, and a run (on every backend, local included) gets only the repo's files: put "
-           "the file under data/ in the repo and give its path from the repo root, e.g. data/data.jsonl, or use a "
+    fix = ("is outside the project, and a run (on every backend, local included) gets only the project's files: put "
+           "the file under data/ in the project and give its path from the project root, e.g. data/data.jsonl, or use a "
            "Hub dataset (`hf_dataset:` instead of `path:`)")
     cloud, line = with_source(tmp_path, "sonia-h100", SONIA_SOURCE, str(data))
     for args in (("validate", str(cloud)), ("plan", str(cloud))):  # plan used to plan it (0 tokens) with a warning
@@ -168,11 +168,11 @@ def test_an_absolute_data_path_is_refused_on_every_backend_by_validate_plan_and_
                  ("data", "preview", str(local))):  # the local backend reads it where it lies no more
         assert_one_line_error(launch(tmp_path, *args), f"✗ {local}:{line}: data.sources.0.path: {data} {fix}")
     assert not (tmp_path / "user-launch-home" / "runs").exists()
-    inner = REPO / "payload/samples/demo_chat.jsonl"  # in the repo, spelled absolute: the one edit is named
+    inner = REPO / "payload/samples/demo_chat.jsonl"  # in the project, spelled absolute: the one edit is named
     local, line = with_source(tmp_path, "local-demo", "      path: payload/samples/demo_chat.jsonl", str(inner))
     assert_one_line_error(launch(tmp_path, "validate", str(local)),
                           f"✗ {local}:{line}: data.sources.0.path: {inner} is an absolute path: a run reads its "
-                          "file by its path from the repo root, on every backend; write it as "
+                          "file by its path from the project root, on every backend; write it as "
                           "payload/samples/demo_chat.jsonl")
 
 

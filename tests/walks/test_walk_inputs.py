@@ -53,7 +53,7 @@ def test_a_path_through_a_link_to_the_repo_is_inside_the_repo(tmp_path, linked_r
                f"data.sources.0.path={linked_repo}/payload/samples/demo_chat.jsonl", cwd=linked_repo)
     line = assert_one_line_error(r, f"--set data.sources.0.path: {linked_repo}/payload/samples/demo_chat.jsonl "
                                     "is an absolute path", "write it as payload/samples/demo_chat.jsonl")
-    assert "outside the repo" not in line
+    assert "outside the project" not in line
     r = launch(tmp_path, "render", f"{linked_repo}/clusters/local-demo.yaml", "--check", cwd=linked_repo)
     assert r.returncode == 0 and "up to date" in r.stdout, r.stdout + r.stderr
 
@@ -63,10 +63,10 @@ def test_a_link_out_of_the_repo_is_refused_through_the_linked_repo(tmp_path, lin
     (in_repo / "train.jsonl").symlink_to(tmp_path / "secret.jsonl")
     rel = f"{in_repo.relative_to(REPO)}/train.jsonl"
     r = launch(tmp_path, "validate", "local-demo", "--set", f"data.sources.0.path={rel}", cwd=linked_repo)
-    assert_one_line_error(r, f"--set data.sources.0.path: {rel} leads out of the repo through a symbolic link")
+    assert_one_line_error(r, f"--set data.sources.0.path: {rel} leads out of the project through a symbolic link")
     r = launch(tmp_path, "validate", "local-demo", "--set", f"data.sources.0.path={linked_repo}/{rel}",
                cwd=linked_repo)
-    assert_one_line_error(r, f"{linked_repo}/{rel} is outside the repo")
+    assert_one_line_error(r, f"{linked_repo}/{rel} is outside the project")
     assert "secret below" not in r.stdout + r.stderr
 
 

@@ -67,15 +67,15 @@ def test_up_dry_run_says_a_plan_over_its_budget_and_starts_nothing(tmp_path):
 
 
 def test_a_home_path_is_said_to_be_outside_the_repo_not_a_link(tmp_path):
-    """`~/x.jsonl` was reported as leading out of the repo "through a symbolic link (to <repo>/~/x.jsonl)":
+    """`~/x.jsonl` was reported as leading out of the project "through a symbolic link (to <repo>/~/x.jsonl)":
     `~` is expanded before the path is judged, as the boundary rule expands it."""
     (tmp_path / "user-home" / "x.jsonl").parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / "user-home" / "x.jsonl").write_text('{"messages": []}\n')
     source = "data.sources=[{name: s, path: ~/x.jsonl, format: messages}]"
     r = launch(tmp_path, "validate", "local-demo", "--set", source)
-    line = assert_one_line_error(r, "~/x.jsonl is outside the repo", "put the file under data/", "e.g. data/x.jsonl")
+    line = assert_one_line_error(r, "~/x.jsonl is outside the project", "put the file under data/", "e.g. data/x.jsonl")
     assert "symbolic link" not in line, line
-    # a home that holds the repo: the path from the repo root is named
+    # a home that holds the repo: the path from the project root is named
     inner = f"~/{REPO.name}/payload/samples/demo_chat.jsonl"
     r = launch(tmp_path, "validate", "local-demo", "--set", f"data.sources=[{{name: s, path: {inner}, format: messages}}]",
                env={"HOME": str(REPO.parent)})

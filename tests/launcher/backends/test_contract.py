@@ -26,7 +26,8 @@ from click.testing import CliRunner
 from launcher.store import registry
 from launcher.backends import LaunchSpec
 from launcher.cli import cli
-from launcher.profiles.profile import REPO_ROOT, load_profile
+from launcher.project import PACKAGE_ROOT as REPO_ROOT
+from launcher.profiles.profile import load_profile
 from launcher.store.registry import Run
 from launcher.profiles.render import render_text
 

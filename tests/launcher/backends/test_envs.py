@@ -24,7 +24,8 @@ from launcher.backends import LaunchSpec  # noqa: E402
 from launcher.backends.local import LocalBackend  # noqa: E402
 from launcher.backends.ssh import SSHBackend  # noqa: E402
 from launcher.cli import cli  # noqa: E402
-from launcher.profiles.profile import REPO_ROOT, ProfileError, load_profile  # noqa: E402
+from launcher.project import PACKAGE_ROOT as REPO_ROOT
+from launcher.profiles.profile import ProfileError, load_profile  # noqa: E402
 from launcher.store.registry import Run  # noqa: E402
 from test_skypilot_backend import FakeSky  # noqa: E402
 

@@ -34,7 +34,8 @@ from launcher.backends import BackendError, LaunchSpec  # noqa: E402
 from launcher.backends import skypilot as sp  # noqa: E402
 from launcher.backends.skypilot import control  # noqa: E402
 from launcher.backends.skypilot.sdk import MANAGED_JOB_FIELDS  # noqa: E402
-from launcher.profiles.profile import REPO_ROOT, Profile, load_profile  # noqa: E402
+from launcher.project import PACKAGE_ROOT as REPO_ROOT
+from launcher.profiles.profile import Profile, load_profile  # noqa: E402
 from launcher.store.registry import Run  # noqa: E402
 
 HF, WANDB = "hf_test_secret_value_1234", "wandb_test_secret_value_5678"

@@ -22,7 +22,7 @@ import yaml
 
 from launcher.backends import BackendError, LaunchSpec
 from launcher.backends.ssh import SSHBackend, _state
-from launcher.profiles.profile import REPO_ROOT
+from launcher.project import PACKAGE_ROOT as REPO_ROOT
 from launcher.store.registry import Run
 from payload import layout
 

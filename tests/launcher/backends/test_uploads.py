@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from launcher.profiles import uploads
 from launcher.cli import cli
-from launcher.profiles.profile import REPO_ROOT, load_profile, profile_names
+from launcher.project import PACKAGE_ROOT as REPO_ROOT
+from launcher.profiles.profile import load_profile, profile_names
 from launcher.profiles.render import render_text
 
 
@@ -46,7 +47,10 @@ def repo(tmp_path, monkeypatch):
     (tmp_path / "outside.jsonl").write_text("{}\n")
     (tmp_path / "home-secret").write_text("KEY")
     (root / "payload" / "linked.py").symlink_to(tmp_path / "home-secret")
-    monkeypatch.setattr(uploads, "REPO_ROOT", root)
+    from launcher import project
+
+    monkeypatch.setattr(project, "PACKAGE_ROOT", root)  # this "install" ships root/payload
+    monkeypatch.setenv("LAUNCH_PROJECT", str(root))  # and root is the project
     return root
 
 
@@ -59,7 +63,7 @@ def test_only_payload_code_the_config_and_named_data_travel(repo, tmp_path):
                              "data/vl/img/1.png", "sky/config/mine.yaml"}
     assert up.bytes == sum(p.stat().st_size for p in up.files.values())
     assert [why.split(":")[0] for _, why in up.not_uploaded] == [
-        "outside the repo", "outside the repo", "not found here"]
+        "outside the project", "outside the project", "not found here"]
     # Without a profile (the ssh tests' scripted task): code and config only.
     bare = uploads.upload_plan(None, repo / "sky/config/mine.yaml", "sky/config/mine.yaml")
     assert set(bare.files) == {f for f in up.files if f.startswith("payload/")} | {"sky/config/mine.yaml"}
@@ -145,7 +149,7 @@ def test_a_data_path_that_leads_out_of_the_repo_by_any_route_is_not_uploaded(rep
     """A link to a file outside, a path through a linked directory, `..`: each stays home."""
     (repo / "data" / "link.jsonl").symlink_to(tmp_path / "outside.jsonl")
     (repo / "data" / "linkdir").symlink_to(tmp_path, target_is_directory=True)
-    (repo / "data" / "inner.jsonl").symlink_to(repo / "data" / "a.jsonl")  # a link inside the repo is fine
+    (repo / "data" / "inner.jsonl").symlink_to(repo / "data" / "a.jsonl")  # a link inside the project is fine
     p = _profile(("data/link.jsonl", None), ("data/linkdir/outside.jsonl", None), ("data/../../outside.jsonl", None),
                  ("data/inner.jsonl", None), ("data/a.jsonl", "data/linkdir"))
     up = uploads.upload_plan(p, repo / "sky/config/mine.yaml", "sky/config/mine.yaml")
@@ -182,6 +186,6 @@ def test_a_user_reward_module_travels_when_it_is_inside_the_repo(repo, tmp_path)
     p.stages = [SimpleNamespace(grpo=None), SimpleNamespace(grpo=grpo)]
     up = uploads.upload_plan(p, repo / "sky/config/mine.yaml", "sky/config/mine.yaml")
     assert {f for f in up.files if f.startswith("data/")} == {"data/a.jsonl", "data/reward.py"}
-    assert up.not_uploaded == [("data/linked.py", "reward module outside the repo: the machine must have it at "
+    assert up.not_uploaded == [("data/linked.py", "reward module outside the project: the machine must have it at "
                                                   "that path"),
-                               ("../x.py", "reward module outside the repo: the machine must have it at that path")]
+                               ("../x.py", "reward module outside the project: the machine must have it at that path")]

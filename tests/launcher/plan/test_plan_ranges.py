@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from launcher.cli import cli
 from launcher.plan.estimate import estimate_data, plan_profile, train_tokens
-from launcher.profiles.profile import REPO_ROOT as REPO, load_profile, profile_names
+from launcher.project import PACKAGE_ROOT as REPO
+from launcher.profiles.profile import load_profile, profile_names
 from launcher.plan.speed import estimate
 
 

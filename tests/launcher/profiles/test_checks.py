@@ -71,9 +71,9 @@ def test_config_and_data_problems_come_in_one_report(tmp_path):
     assert lines[0] == "✗ 4 problems in the profile:"
     assert "train.max_stepz: unknown key; did you mean `train.max_steps`?" in lines[1]
     assert "data.sources.1.path: data/none.jsonl not found" in lines[2]
-    assert "data.sources.2.path: /etc/hostname is outside the repo, and a run (on every backend, local included)" \
+    assert "data.sources.2.path: /etc/hostname is outside the project, and a run (on every backend, local included)" \
         in lines[3]
-    assert re.search(r"data.sources.3.path: ../outside.jsonl is outside the repo, which is all that is "
+    assert re.search(r"data.sources.3.path: ../outside.jsonl is outside the project, which is all that is "
                      r"uploaded to the machine; move it under data/ \(present: "
                      r"payload/samples/demo_alpaca.jsonl \(13.4 KB\)\)$", lines[4]), lines[4]
 
@@ -83,22 +83,23 @@ def test_an_empty_data_file_is_a_problem(tmp_path, monkeypatch):
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.jsonl").write_text("")
-    monkeypatch.setattr(checks, "REPO_ROOT", tmp_path)
+    (tmp_path / "clusters").mkdir()
+    monkeypatch.setenv("LAUNCH_PROJECT", str(tmp_path))
     problems, present = checks.data_file_report(profile_copy(tmp_path, x="data/x.jsonl"))
     assert present == [] and problems[0].endswith(f"data/x.jsonl is empty ({tmp_path}/data/x.jsonl)")
 
 
 def test_an_absolute_path_is_refused_on_every_backend_local_included(tmp_path, in_repo):
-    """launcher/profiles/boundary.py: a run reads only repo files, by their path from the repo root."""
+    """launcher/profiles/boundary.py: a run reads only repo files, by their path from the project root."""
     from launcher.profiles import checks
 
     data = tmp_path / "mine.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n')
     problems, present = checks.data_file_report(profile_copy(tmp_path, "local-demo", mine=str(data)))
-    assert present == [] and f"{data} is outside the repo" in problems[0] and "e.g. data/mine.jsonl" in problems[0]
+    assert present == [] and f"{data} is outside the project" in problems[0] and "e.g. data/mine.jsonl" in problems[0]
     (in_repo / "mine.jsonl").write_text(data.read_text())
     problems, _ = checks.data_file_report(profile_copy(tmp_path, "local-demo", mine=str(in_repo / "mine.jsonl")))
-    assert problems[0].endswith(f"is an absolute path: a run reads its file by its path from the repo root, on "
+    assert problems[0].endswith(f"is an absolute path: a run reads its file by its path from the project root, on "
                                 f"every backend; write it as {in_repo.relative_to(REPO)}/mine.jsonl")
     rel = f"{in_repo.relative_to(REPO)}/mine.jsonl"
     assert checks.data_file_report(profile_copy(tmp_path, "local-demo", mine=rel)) == ([], [f"{rel} (36 B)"])

@@ -7,6 +7,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from launcher import project
 from launcher.profiles import profile as profiles
 from launcher.cli import cli
 
@@ -16,8 +17,8 @@ def clusters(tmp_path, monkeypatch):
     d = tmp_path / "clusters"
     d.mkdir()
     for name in ("sonia-h100", "local-demo"):
-        shutil.copy(profiles.REPO_ROOT / "clusters" / f"{name}.yaml", d)
-    monkeypatch.setattr(profiles, "CLUSTERS_DIR", d)
+        shutil.copy(project.examples_dir() / f"{name}.yaml", d)
+    monkeypatch.setenv("LAUNCH_PROJECT", str(tmp_path))
     return d
 
 

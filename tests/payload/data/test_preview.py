@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.profiles.profile import REPO_ROOT as REPO
+from launcher.project import PACKAGE_ROOT as REPO
 from payload.data.records import from_alpaca
 
 RECORDS = [

@@ -107,7 +107,8 @@ def test_data_preview_says_it_in_one_line(tmp_path):
 
 def test_without_the_tokenizer_the_count_is_an_estimate_that_warns_and_never_refuses():
     from launcher.profiles.data_count import count_local
-    from launcher.profiles.profile import REPO_ROOT, read_profile, validate
+    from launcher.project import PACKAGE_ROOT as REPO_ROOT
+    from launcher.profiles.profile import read_profile, validate
 
     p = validate(read_profile("local-demo"), ("train.max_seq_length=8",))
     p = p.model_copy(update={"model": p.model.model_copy(update={"name_or_path": "nobody/not-cached", "tiny": None})})
@@ -127,7 +128,8 @@ def test_up_refuses_before_renting_when_the_cached_tokenizer_says_no_prompt_fits
     from launcher.plan.budget_gate import confirm_over_budget
     from launcher.profiles.checks import load_checked
     from launcher import catalog
-    from launcher.profiles.profile import REPO_ROOT, ProfileError, read_profile, validate
+    from launcher.project import PACKAGE_ROOT as REPO_ROOT
+    from launcher.profiles.profile import ProfileError, read_profile, validate
 
     def no_instance(p):  # SkyPilot's optimizer (a child process, seconds) is the edge: its price is the profile's
         raise catalog.PlanError("not in the snapshot")
