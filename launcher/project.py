@@ -90,3 +90,8 @@ def example_names() -> list[str]:
 def is_checkout() -> bool:
     """Whether this install runs from the launch checkout (an editable install) rather than a wheel."""
     return (PACKAGE_ROOT / "pyproject.toml").is_file() and (PACKAGE_ROOT / MARKER).is_dir()
+
+
+def artifacts_default() -> str:
+    """`--dest`'s default (click calls it when the option is not given)."""
+    return str(artifacts_dir())

@@ -27,6 +27,8 @@ from typing import Optional
 
 import click
 
+from launcher import project
+
 from payload import layout
 
 from launcher.errors import BackendError
@@ -246,7 +248,8 @@ def plot_path(dest: Path, ids: list[str]) -> Path:
 
 @click.command()
 @click.argument("run_ids", nargs=-1, required=True, metavar="RUN RUN [RUN...]")
-@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True,
+@click.option("--dest", type=click.Path(file_okay=False), default=project.artifacts_default,
+              show_default="the project's artifacts/",
               help="Where `launch down --fetch-artifacts` put the runs' artifacts; the plot goes to DEST/compare/.")
 @click.option("--plot", "plot_to", type=click.Path(dir_okay=False), help="Write the overlay PNG here instead.")
 @click.option("--json", "as_json", is_flag=True)

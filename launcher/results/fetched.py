@@ -20,6 +20,8 @@ from typing import Optional
 
 import click
 
+from launcher import project
+
 from payload import layout
 
 DEST_HELP = "Where `launch down --fetch-artifacts` put the run's artifacts."
@@ -91,7 +93,8 @@ def _live_index(run) -> tuple[Optional[list], Optional[str]]:
 
 @click.command()
 @click.argument("run_id", required=False)
-@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True, help=DEST_HELP)
+@click.option("--dest", type=click.Path(file_okay=False), default=project.artifacts_default,
+              show_default="the project's artifacts/", help=DEST_HELP)
 @click.option("--json", "as_json", is_flag=True)
 def checkpoints(run_id, dest, as_json):
     """List a run's checkpoints: step, eval loss, CER/WER, size, verified.
@@ -202,7 +205,8 @@ def _config_for(run) -> Path:
 @click.argument("run_id", required=False)
 @click.option("--split", type=click.Choice(["val", "test"]), default=None,
               help="Split to score (default: the profile's evaluation.final_split).")
-@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True, help=DEST_HELP)
+@click.option("--dest", type=click.Path(file_okay=False), default=project.artifacts_default,
+              show_default="the project's artifacts/", help=DEST_HELP)
 @click.option("--json", "as_json", is_flag=True)
 def eval_(run_id, split, dest, as_json):
     """Score a run's adapter here (CER/WER/exact match, greedy: the same numbers as on the machine).
@@ -235,7 +239,8 @@ def eval_(run_id, split, dest, as_json):
 @click.option("--prompt", help="Answer this one prompt and exit (default: a prompt loop).")
 @click.option("--image", type=click.Path(exists=True, dir_okay=False), help="An image for vision-language models.")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True)
-@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True, help=DEST_HELP)
+@click.option("--dest", type=click.Path(file_okay=False), default=project.artifacts_default,
+              show_default="the project's artifacts/", help=DEST_HELP)
 def chat(run_id, prompt, image, max_new_tokens, dest):
     """Talk to a run's fine-tuned adapter on this machine (base model + adapter, CPU is fine).
 

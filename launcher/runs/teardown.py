@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from launcher import project
 from launcher.runs.refresh import backend_for, refresh, remember
 
 @click.command()
@@ -18,7 +19,8 @@ from launcher.runs.refresh import backend_for, refresh, remember
               help="First bring the adapter, MLX adapter, summary, metrics, plot, data stats, high-loss "
                    "samples, checkpoint listing and logs home, verified; refuse to tear down if that fails.")
 @click.option("--merged", is_flag=True, help="With --fetch-artifacts: also the merged model (large: 65 GB for 32B).")
-@click.option("--dest", type=click.Path(file_okay=False), default="artifacts", show_default=True,
+@click.option("--dest", type=click.Path(file_okay=False), default=project.artifacts_default,
+              show_default="the project's artifacts/",
               help="Artifacts go to DEST/<run>/.")
 @click.option("--forget", is_flag=True,
               help="For a live run whose machine is gone for good (deleted at its provider): end it here only, "
