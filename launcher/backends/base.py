@@ -12,7 +12,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import Callable, Optional, TextIO
 
 from ..errors import BackendError
 from launcher.store.registry import Run
@@ -31,6 +31,13 @@ class LaunchSpec:
     secrets: dict[str, str] = field(default_factory=dict)
     """Secret values from the user's environment; passed through, never written to disk."""
     resume: bool = False
+    placed: Optional[Callable[[Run], None]] = None
+    """Called with the run once the backend knows where it lives (host, directories, cluster name), before
+    it starts anything there that bills: the run's record then holds what `status` and `down` need."""
+
+    def place(self, run: Run) -> None:
+        if self.placed is not None:
+            self.placed(run)
 
 
 @dataclass

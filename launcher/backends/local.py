@@ -65,6 +65,7 @@ echo "$rc" > ../exit_code.tmp && mv ../exit_code.tmp ../exit_code
 
 
 COPY_BLOCK = 8 << 20
+NEVER_STARTED = "launch up was stopped before the run's driver started: nothing of it ran"
 
 
 def free_port() -> int:
@@ -219,6 +220,10 @@ class LocalBackend(Backend):
         code_file = self.home(run) / "exit_code"  # the driver's last word: its pid may be reused after it
         if not code_file.exists() and self._alive(run):
             return RemoteStatus.from_report("running", reported)
+        if not run.handle.get("pid") and not code_file.exists():  # `launch up` stopped before it recorded one
+            if processes_of(run):  # its driver started all the same: the run's processes carry its id
+                return RemoteStatus.from_report("running", reported)
+            return RemoteStatus.from_report("failed", reported, NEVER_STARTED)
         try:
             code = int(code_file.read_text().strip() or 1)
         except (OSError, ValueError):
@@ -235,14 +240,14 @@ class LocalBackend(Backend):
         group is gone and the number may be another program's by now: only processes carrying the
         run's id are signalled then."""
         pgid = run.handle.get("pgid")
-        if not pgid:
+        if not pgid and not processes_of(run):  # a `launch up` stopped before its driver, or before its pid
             return
         ended = not run.active or (self.home(run) / "exit_code").exists()
         if self.home(run).is_dir() and not ended:
             (self.home(run) / "stopped").touch()
         # The process group only while its leader is still this run's driver: a pgid whose driver died
         # without an exit code may lead another program's group by now (pid numbers are reused).
-        ours = not ended and _carries(pgid, run.id, self.volume(run)) is True
+        ours = bool(pgid) and not ended and _carries(pgid, run.id, self.volume(run)) is True
         if ours:
             _signal_group(pgid, signal.SIGTERM)
         _signal_run_processes(run.id, self.volume(run), signal.SIGTERM)  # torchrun workers live in their own sessions

@@ -151,6 +151,11 @@ class SSHBackend(Backend):
             raise BackendError(f"run {run.id} ran on {was} and its checkpoints are there, not in {conn.target}:"
                                f"{run_dir}: resume it there (--resume without --host), or copy that run directory "
                                "over first (else it would train again from step 0); a fresh run: --new")
+        run.cluster = conn.target.hostname
+        run.handle = {**run.handle, "host": str(conn.target), "known_hosts": str(conn.known_hosts),
+                      "identity_file": conn.identity, "remote_root": root, "run_root": run_root,
+                      "volume": volume, "run_dir": str(run_dir), "log": log}
+        spec.place(run)  # before the upload: `status` and `down` find it there whenever `up` stops
         config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
         self.last_upload = self._sync(conn, root, f"{run_root}/workdir", workdir_files(spec.profile, spec.config_yaml, config_rel))
         gpus = getattr(getattr(spec.profile, "cluster", None), "gpus_per_node", 0) or info["gpus"]
@@ -165,10 +170,7 @@ class SSHBackend(Backend):
             "node.sh": node, "driver.sh": driver, "start.sh": START}))
         pid = self._start(conn, run_root, spec.secrets)
         run.state, run.cluster, run.job_id = "running", conn.target.hostname, str(pid)
-        run.handle = {**run.handle, "host": str(conn.target), "known_hosts": str(conn.known_hosts),
-                      "identity_file": conn.identity, "remote_root": root, "run_root": run_root,
-                      "volume": volume, "run_dir": str(run_dir), "log": log, "pid": pid, "pgid": pid,
-                      "gpus_per_node": gpus, "upload": self.last_upload}
+        run.handle = {**run.handle, "pid": pid, "pgid": pid, "gpus_per_node": gpus, "upload": self.last_upload}
         return run
 
     @staticmethod
@@ -345,8 +347,9 @@ class SSHBackend(Backend):
         """Never raises for an unreachable host: the last known state comes back with the reason
         and `extra["unreachable"]`. Host-key and authentication problems do raise (user fixes)."""
         conn, h = self._conn(run), run.handle
-        if not h.get("run_root"):
-            return RemoteStatus(state="unknown", reason=run.reason or "never started on the host")
+        if not h.get("run_root"):  # a live one: `launch up` stopped before it reached the host
+            return RemoteStatus(state="failed" if run.active else "unknown",
+                                reason=run.reason or "never started on the host")
         command = STATUS_CMD.format(root=shlex.quote(h["run_root"]),
                                     status=shlex.quote(f"{h['run_dir']}/{layout.STATUS}"))
         try:
@@ -490,7 +493,8 @@ def _why(e: Optional[BaseException]) -> str:
 def _state(facts: dict, reported: dict, run: Run) -> tuple[str, Optional[str]]:
     """(state, reason) from the driver's files and the run's own status.json (backends.end_state)."""
     if facts.get("nodir"):
-        return "failed", "the run's directory is gone from the host"
+        return "failed", ("the run's directory is gone from the host" if run.handle.get("pid") else
+                          "never started on the host (`launch up` stopped before its upload)")
     code, stopped = facts.get("exit", ""), facts.get("stopped") == "1" or run.state == "stopped"
     if facts.get("alive") == "1" and not code:
         return "running", None

@@ -56,20 +56,26 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
 
     from launcher.term.ui import hints
 
-    # The claims taken (launcher/store/claims.py) are held from the first check to the run's record, and
-    # let go before following: one `up` starts or resumes a run, a second one says who holds it.
-    with ExitStack() as held:
-        started = _up(held, profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes,
-                      sets, env_items, dry_run, rehearse, allow)
-    if started is None:  # a dry run
-        return
-    if follow:
-        return follow_run(started, progress=False)
-    hints(f"launch logs {started.id} --follow", f"launch status {started.id}",
-          f"launch down {started.id} --fetch-artifacts")
+    recorded: list[str] = []  # the run's id once it is in the registry: an interrupt from then on names it
+    try:
+        # The claims taken (launcher/store/claims.py) are held from the first check to the run's record, and
+        # let go before following: one `up` starts or resumes a run, a second one says who holds it.
+        with ExitStack() as held:
+            started = _up(held, recorded, profile, backend, host, identity_file, accept_new_host_key, resume,
+                          force_new, nodes, sets, env_items, dry_run, rehearse, allow)
+        if started is None:  # a dry run
+            return
+        if follow:
+            return follow_run(started, progress=False)
+        hints(f"launch logs {started.id} --follow", f"launch status {started.id}",
+              f"launch down {started.id} --fetch-artifacts")
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP (launcher/cli.py says it)
+        if recorded:
+            e.run_id = recorded[0]
+        raise
 
 
-def _up(held, profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, env_items,
+def _up(held, recorded, profile, backend, host, identity_file, accept_new_host_key, resume, force_new, nodes, sets, env_items,
         dry_run, rehearse, allow):
     """`launch up` up to the run's record (None: a dry run), its claims entered into `held`."""
     from launcher.store import claims, registry
@@ -77,7 +83,7 @@ def _up(held, profile, backend, host, identity_file, accept_new_host_key, resume
     from launcher.errors import BackendError
     from launcher.profiles.checks import checked
     from launcher.profiles.profile import in_clusters, read_profile, validate
-    from launcher.term.ui import console, esc, money
+    from launcher.term.ui import money, note
 
     if allow and not resume:
         raise click.BadParameter("--allow-change goes with --resume (a new run takes any config)",
@@ -167,21 +173,66 @@ def _up(held, profile, backend, host, identity_file, accept_new_host_key, resume
     envs = {**extra_env, **experiment.allow_env(allow), "LAUNCH_RUN_ID": run.id,
             "LAUNCH_PRICE_PER_HOUR": f"{run.price_per_hour:.4f}",
             "LAUNCH_BUDGET_USD": f"{p.budget.max_usd:g}"}
+    before = registry.get(run.id) if resuming else None  # a resume that fails to start is put back as it was
+    # The run is in the registry, `starting`, before anything that can bill starts: a signal, a closed
+    # terminal or an error from here on leaves a record that `status`, `cost` and `down` find. What
+    # produced it (git, data hashes: work that can fail) is taken first and never stops the start.
+    run.state, run.ended_at = "starting", None
+    provenance = None if resuming else _provenance(resolved, run.id)
+    run.handle = experiment.recorded(run, p, (*sets, *rehearsal), extra_env, entry, provenance)
+    recorded.append(run.id)  # first: an interrupt as the record is written names the run all the same
+    registry.save(run)
     spec = LaunchSpec(run=run, profile=p, task_yaml=task_yaml, config_yaml=config_yaml, envs=envs,
-                      secrets=secrets, resume=resuming)
-    with console().status(f"starting {esc(run.id)} on {backend}..."):
-        started = be.up(spec)
-    started.state = "running"
-    started.ended_at = None
-    # What this start differs from its profile by (values only: secrets are never --env or --set).
-    provenance = None if resuming else experiment.provenance(resolved, run.id)
-    started.handle = experiment.recorded(started, p, (*sets, *rehearsal), extra_env, entry, provenance)
-    registry.save(started)
+                      secrets=secrets, resume=resuming, placed=_placed)
+    started = _start(be, spec, backend, before)
     verb = "resumed" if spec.resume else "started"
     spent = f", {money(run.billed()[1])} spent so far" if spec.resume else ""
-    console().print(f"[green]✓[/] {verb} [bold]{esc(run.id)}[/] ({esc(p.name)} on {backend}, "
-                    f"{money(run.price_per_hour)}/h, budget {money(p.budget.max_usd)}{spent})")
+    note("[green]✓[/] ", f"{verb} {run.id} ({p.name} on {backend}, {money(run.price_per_hour)}/h, budget "
+         f"{money(p.budget.max_usd)}{spent})")
     return started
+
+
+def _start(be, spec, backend: str, before):
+    """be.up, then what it learnt added to the run's record. Interrupted (Ctrl-C, SIGTERM, SIGHUP), the
+    record stays as it is, `starting`: the run may be running (launcher/cli.py names it). A start that
+    failed started nothing: a new run's record goes, a resume's is put back as it was."""
+    from launcher.store import registry
+    from launcher.term.ui import console, esc
+
+    run = spec.run
+    try:
+        with console().status(f"starting {esc(run.id)} on {backend}..."):
+            started = be.up(spec)
+    except Exception:
+        if before is None:
+            registry.delete(run.id)
+        else:
+            registry.save(before)
+        raise
+    started.state = "running"
+    started.ended_at = None
+    registry.save(started)
+    return started
+
+
+def _placed(run) -> None:
+    """What a backend knows of where the run lives (host, directories, cluster), recorded before it
+    starts anything there: a `launch up` stopped then leaves a run that `status` and `down` can reach."""
+    from launcher.store import registry
+
+    registry.update(run.id, cluster=run.cluster, handle=run.handle)
+
+
+def _provenance(resolved, run_id: str):
+    """experiment.provenance, or None with a `!` line when it cannot be taken (a full disk, git failing)."""
+    from launcher.runs import experiment
+    from launcher.term.ui import note
+
+    try:
+        return experiment.provenance(resolved, run_id)
+    except Exception as e:  # noqa: BLE001 - a record without provenance beats no run record
+        note("[yellow]![/] ", f"the run's provenance (commit, diff, data hashes) was not recorded: {e}")
+        return None
 
 
 def _resume_place(prior, backend, host, identity_file):

@@ -257,6 +257,15 @@ def save(run: Run) -> None:
         con.execute("COMMIT")
 
 
+def delete(run_id: str) -> None:
+    """Remove a run that never started (`launch up` failed before anything of it ran); its id stays
+    reserved."""
+    with _connect() as con:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+        con.execute("COMMIT")
+
+
 def update(run_id: str, **changes) -> Run:
     """Change some fields of a run in one transaction (read-modify-write under a write lock)."""
     with _write(run_id) as run:

@@ -123,6 +123,10 @@ class SkyPilotBackend(Backend):
 
     def _up(self, sky, spec: LaunchSpec) -> Run:
         p, run = spec.profile, spec.run
+        run.cluster = None if p.cluster.use_spot else cluster_name(run.id)  # a volume may bill from here on
+        run.handle = {**run.handle, "kind": "managed_job" if p.cluster.use_spot else "cluster", "job_name": run.id,
+                      **({} if p.cluster.use_spot else {"cluster": run.cluster})}
+        spec.place(run)
         try:
             self._check_clouds(sky, p)
             volume = self._ensure_volume(sky, p) if p.cluster.volume else None
@@ -140,11 +144,14 @@ class SkyPilotBackend(Backend):
                   "run_dir": run_dir, "volume": volume, "push_to_hub": p.outputs.push_to_hub,
                   "infra": p.cluster.infra_list,
                   "bucket": p.cluster.bucket.model_dump() if p.cluster.bucket else None}
+        if not p.cluster.use_spot:
+            run.cluster = cluster_name(run.id)
+            handle["cluster"], handle["autostop_minutes"] = run.cluster, p.cluster.autostop_minutes
+        run.handle = {**run.handle, **handle}
+        spec.place(run)  # before SkyPilot provisions: `status` and `down` find the job or cluster by name
         if p.cluster.use_spot:
             job_id, reason = self._launch_managed(sky, task, run.id, p)
         else:
-            run.cluster = cluster_name(run.id)
-            handle["cluster"], handle["autostop_minutes"] = run.cluster, p.cluster.autostop_minutes
             job_id, reason = self._launch_cluster(sky, task, run.cluster, p)
         if reason is None:  # the request has read the staged workdir (a detached one may still)
             remove_staged(run.id)
