@@ -288,6 +288,26 @@ def end_state(code: Optional[int], reported: Optional[dict], asked_to_stop: bool
     return state_for_exit(code), reason or _DEFAULT_REASONS.get(code, f"exit code {code}: see `launch logs`")
 
 
+def run_end(marker_mtime: Optional[float], reported: Optional[dict]) -> Optional[float]:
+    """When a run on a machine of its own (local, ssh) ended, as the run itself says it: its driver's exit
+    marker (exit_code, written last, after the post phase), else its status.json's `ended_at` or last
+    `updated_at` (a driver killed before it could write one). None: nothing says (the bill closes now)."""
+    if marker_mtime:
+        return marker_mtime
+    rs = reported or {}
+    return _epoch(rs.get("ended_at")) or _epoch(rs.get("updated_at"))
+
+
+def _epoch(stamp) -> Optional[float]:
+    """Seconds since the epoch of the payload's `now_iso()` stamps (YYYY-mm-ddTHH:MM:SSZ)."""
+    from datetime import datetime, timezone
+
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
 def lost_log(run: Run, target, why: str) -> str:
     """`launch logs` without its host (ssh): a live run goes on there, an ended one's log waits on that host."""
     if run.active:

@@ -33,35 +33,11 @@ from payload.volume.checksums import regular_files
 from ..errors import BackendError
 from launcher.store.registry import Run
 from launcher.store.state import state_dir
-from .base import Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, mark_restart, skipped_note
+from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, mark_restart, run_end,
+                   skipped_note)
 from .tasks import load_task, node_env, node_script, workdir_files
 
-DRIVER = """\
-#!/usr/bin/env bash
-# launch local driver: start every node, wait, record the exit code (written last, atomically).
-# Several nodes: as SkyPilot's job driver does (get_or_fail), the first node that fails ends what the
-# others run (SIGTERM), so none waits at the rendezvous for a node that is gone; its code is the run's.
-cd "$(dirname "$0")/workdir"
-pids=()
-for rank in $(seq 0 $((NUM_NODES - 1))); do
-  log="../node$rank.log"; [ "$rank" = 0 ] && log="../run.log"
-  SKYPILOT_NODE_RANK=$rank bash ../node.sh >>"$log" 2>&1 &
-  pids+=($!)
-done
-rc=0
-if [ "${#pids[@]}" -gt 1 ] && (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 403 )); then  # wait -n
-  for _ in "${pids[@]}"; do
-    wait -n; r=$?
-    if [ "$r" != 0 ] && [ "$rc" = 0 ]; then
-      rc=$r
-      for p in "${pids[@]}"; do pkill -TERM -P "$p" 2>/dev/null; done
-    fi
-  done
-else
-  for p in "${pids[@]}"; do wait "$p" || { r=$?; [ "$rc" = 0 ] && rc=$r; }; done
-fi
-echo "$rc" > ../exit_code.tmp && mv ../exit_code.tmp ../exit_code
-"""
+DRIVER = (Path(__file__).resolve().parent / "sh" / "local_driver.sh").read_text()  # shellcheck reads it there
 
 
 COPY_BLOCK = 8 << 20
@@ -110,7 +86,8 @@ class LocalBackend(Backend):
             "LAUNCH_RUN_ID": run.id,
             "LAUNCH_VOLUME": str(volume),
             "LAUNCH_MASTER_PORT": str(free_port()),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            # the task's `python` is the training stack's (this one's, or the env launch builds once)
+            "PATH": f"{_train_python().parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONPATH": str(home / "workdir"),
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -230,7 +207,13 @@ class LocalBackend(Backend):
             code = None  # killed before the driver could record one
         asked = (self.home(run) / "stopped").exists() or run.state == "stopped"
         state, reason = end_state(code, reported, asked)
-        return RemoteStatus.from_report(state, reported, reason)
+        st = RemoteStatus.from_report(state, reported, reason)
+        try:
+            marker = code_file.stat().st_mtime
+        except OSError:
+            marker = None
+        st.ended_at = run_end(marker, reported)  # billed until the run ended, not until someone looked
+        return st
 
     # ---------------------------------------------------------------------------------- down
 
@@ -353,3 +336,11 @@ def _check_disk(path: Path, need_mb: int = 200) -> None:
     if free < need_mb:
         raise BackendError(f"only {free} MB free under {path}; the local run needs ~{need_mb} MB: "
                            "free some space or point LAUNCH_HOME elsewhere")
+
+
+def _train_python() -> Path:
+    """The Python the run's stages use (launcher/trainenv.py), told on the terminal when it is built."""
+    from launcher import trainenv
+    from launcher.term.ui import err_console, literal
+
+    return trainenv.python(say=lambda line: err_console().print(literal("  ", line), soft_wrap=True))

@@ -41,8 +41,9 @@ from launcher.store.artifacts import list_command, parse_listing
 from ..errors import BackendError
 from launcher.store.registry import Run
 from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, lost_log, remote_command,
-                   restart_line, skipped_note)
+                   restart_line, run_end, skipped_note)
 from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, SEED_AND_LIST, START, STATUS_CMD
+from . import rsync
 from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
@@ -67,6 +68,7 @@ class SSHBackend(Backend):
         self.connect_timeout, self.retries = connect_timeout, retries
         self._conns: dict[tuple, Connection] = {}
         self.last_upload: dict = {}
+        self.last_fetch: dict = {}  # how the last copy_files moved its bytes (rsync's count, or sftp and why)
 
     # ---------------------------------------------------------------------------- connection
 
@@ -75,7 +77,7 @@ class SSHBackend(Backend):
         spec = h.get("host") or self.host
         if not spec:
             raise BackendError("no host: pass --host user@host[:port]")
-        target = Target.parse(spec)
+        target = Target.parse(spec, route=h.get("ssh_route", {}) if h.get("host") else None)
         known = Path(h.get("known_hosts") or self.known_hosts or "~/.ssh/known_hosts").expanduser()
         ident = h.get("identity_file") or self.identity_file
         key = (target, str(known), ident)
@@ -137,6 +139,7 @@ class SSHBackend(Backend):
     def up(self, spec: LaunchSpec) -> Run:
         run, task = spec.run, load_task(spec.task_yaml)
         conn = self._conn()
+        run.handle = {**run.handle, "ssh_route": conn.target.route()}  # how it was reached: every command goes so
         info = self.probe()
         _fits(spec.profile, info, {**(task.get("envs") or {}), **spec.envs})  # the profile's envs: and --env
         home, old = info["home"], run.handle if run.handle.get("host") == str(conn.target) else {}
@@ -332,14 +335,9 @@ class SSHBackend(Backend):
         h = run.handle
         if not h.get("host") or not h.get("run_dir"):
             raise BackendError(f"run {run.id} never started on its host: nothing to connect to")
-        t = Target.parse(h["host"])
-        known = str(Path(h.get("known_hosts") or self.known_hosts or "~/.ssh/known_hosts").expanduser())
-        ident = h.get("identity_file") or self.identity_file
-        argv = ["ssh", "-p", str(t.port), "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"ConnectTimeout={int(self.connect_timeout)}"]
-        if ident:
-            argv += ["-i", str(Path(ident).expanduser()), "-o", "IdentitiesOnly=yes"]
-        return Access([*argv, "-t" if tty else "-T", f"{t.user}@{t.hostname}", remote_command(h["run_dir"], command)])
+        conn = self._conn(run)
+        argv = conn.ssh_argv(batch=False)  # an interactive shell may ask for a key's passphrase
+        return Access([*argv, "-t" if tty else "-T", conn.target.destination(), remote_command(h["run_dir"], command)])
 
     # -------------------------------------------------------------------------------- status
 
@@ -351,7 +349,7 @@ class SSHBackend(Backend):
             return RemoteStatus(state="failed" if run.active else "unknown",
                                 reason=run.reason or "never started on the host")
         command = STATUS_CMD.format(root=shlex.quote(h["run_root"]),
-                                    status=shlex.quote(f"{h['run_dir']}/{layout.STATUS}"))
+                                    status_json=shlex.quote(f"{h['run_dir']}/{layout.STATUS}"))
         try:
             out = self._sh(conn, command, tries=2, timeout=30)
         except BackendError as e:
@@ -367,7 +365,11 @@ class SSHBackend(Backend):
         except ValueError:
             reported = {}
         state, reason = _state(facts, reported, run)
-        return RemoteStatus.from_report(state, reported, reason)
+        st = RemoteStatus.from_report(state, reported, reason)
+        if state != "running":  # billed until the run ended on the host, not until someone looked
+            ended = facts.get("ended", "").strip()
+            st.ended_at = run_end(float(ended) if ended.isdigit() else None, reported)
+        return st
 
     def read_run_file(self, run: Run, rel: str) -> Optional[str]:
         """Over the run's stored connection, as `status` reads status.json; None when the file is
@@ -420,21 +422,38 @@ class SSHBackend(Backend):
         return parse_listing(self._sh(conn, list_command(shlex.quote(run_dir), roots), timeout=HASH_TIMEOUT))
 
     def copy_files(self, run: Run, rels: list[str], into: Path) -> None:
-        """SFTP each file to `into/<rel>` (through a .part file, renamed when complete)."""
+        """rsync over the system ssh, reaching the host as every command of the run does (its route,
+        key and known_hosts, strictly checked: Connection.ssh_argv); a file an earlier try left in
+        `into` goes on from its last byte. SFTP, resuming too, where rsync is missing on either side."""
         conn, run_dir = self._conn(run), run.handle.get("run_dir")
+        if not rels or not run_dir:
+            return
+        try:
+            got = rsync.pull(conn.ssh_argv(), conn.target.destination(), run_dir, rels, into, tries=self.retries)
+            self.last_fetch = {"via": "rsync", "bytes_received": got}
+            return
+        except rsync.Unavailable as e:
+            self.last_fetch = {"via": "sftp", "why": str(e)}
         for rel in rels:
             self._retry(conn, lambda: self._get(conn, f"{run_dir}/{rel}", into / rel))
 
     @staticmethod
     def _get(conn: Connection, remote: str, local: Path) -> None:
+        """Append to `local` what it lacks of `remote` (all of it for a new file), read ahead."""
         local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(local.name + ".part")
         try:
-            conn.sftp().get(remote, str(tmp))
+            f = conn.sftp().open(remote, "rb")
         except FileNotFoundError:  # vanished since the listing: verification says what is missing
-            tmp.unlink(missing_ok=True)
             return
-        tmp.replace(local)
+        with f, open(local, "ab") as out:
+            have = out.tell()
+            size = f.stat().st_size
+            if have >= size:
+                return
+            f.seek(have)
+            f.prefetch(size)
+            for block in iter(lambda: f.read(1 << 20), b""):
+                out.write(block)
 
 
 # ------------------------------------------------------------------------------------ helpers

@@ -306,6 +306,8 @@ def observe(run_id: str, state: str, reason: Optional[str] = None, billing: Opti
     """
     now = time.time()
     with _write(run_id) as run:
+        if ended_at:  # the run's own word (another machine's clock, a status.json of an earlier session):
+            ended_at = min(max(ended_at, run.billing_since or run.started_at), now)  # within this session
         known, was_live = state in STATES, run.state in ACTIVE_STATES
         if known:
             run.seen_at = now
