@@ -51,7 +51,7 @@ def test_unknown_profile_is_one_line_with_suggestion():
 def test_render_check_is_clean():
     r = invoke("render", "--check")
     assert r.exit_code == 0, r.output
-    assert "sky/ is up to date (12 files)" in r.output  # 6 profiles x (task + config)
+    assert "sky/ is up to date (13 files)" in r.output  # 6 profiles x (task + config), the profile schema
 
 
 def test_profiles_lists_all_four():
