@@ -1,7 +1,8 @@
 # make demo   - install what is needed, run local-demo end to end (up, follow, down --fetch-artifacts)
 # make test   - install what is needed, run the test suite
-# make lock   - re-resolve the locks (requirements/dev.lock, requirements/sky-cli.lock,
-#               payload/requirements-gpu.lock) from their inputs
+# make lock   - re-resolve the locks (requirements/dev.lock, requirements/dev-macos.lock,
+#               requirements/sky-cli.lock, payload/requirements-gpu.lock, payload/requirements-local.lock)
+#               from their inputs
 # make gpu-check [ARGS=...] - on a GPU machine: the payload vs a plain Trainer, per mode (bench/README.md)
 SHELL := /bin/bash
 PY ?= python3
@@ -47,9 +48,12 @@ $(SKY_STAMP): requirements/sky-cli.lock Makefile | $(UV)
 	$(UV) pip sync -q --compile-bytecode --python $(SKY_CLI)/bin/python requirements/sky-cli.lock
 	touch $(SKY_STAMP)
 
-$(STAMP): pyproject.toml requirements/dev.lock Makefile | $(UV)
+# On macOS the same inputs are locked for arm64 (requirements/dev-macos.lock: the plain torch wheel, which is
+# the CPU build there); everywhere else the Linux x86_64 lock.
+DEV_LOCK := $(if $(filter Darwin,$(shell uname -s)),requirements/dev-macos.lock,requirements/dev.lock)
+$(STAMP): pyproject.toml $(DEV_LOCK) Makefile | $(UV)
 	test -x $(BIN)/python || $(UV) venv -q --python $(PY) $(VENV)
-	$(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(TORCH_CPU) requirements/dev.lock
+	$(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(TORCH_CPU) $(DEV_LOCK)
 	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --no-build-isolation -e .
 	$(BIN)/python -m compileall -q launcher payload
 	touch $(STAMP)
@@ -78,17 +82,26 @@ demo: install
 # `make lock` re-resolves every lock from its inputs, keeping existing pins where they still fit
 # (LOCK_FLAGS=--upgrade upgrades on purpose), and records the inputs' hash in each lock's header;
 # `make lock-check` (CI) fails while a lock is older than its inputs and names the file to refresh.
-# - requirements/dev.lock: this machine's (launcher + tests), linux x86_64 / Python 3.11, with hashes.
+# - requirements/dev.lock: this machine's (launcher + tests), linux x86_64 / Python 3.11, with hashes;
+#   requirements/dev-macos.lock: the same inputs for macOS arm64 (14+), what `make install` uses on a Mac.
+# - payload/requirements-local.lock: the training stack of an installed launch on the user's machine
+#   (launcher/trainenv.py), every platform in one lock (--universal), Python 3.11, with hashes.
 # - requirements/sky-cli.lock: SkyPilot's CLI (`sky`), same platform, with hashes; the same skypilot as
 #   dev.lock (lock-check fails otherwise), with SkyPilot's own pins (no overrides).
 # - payload/requirements-gpu.lock: the GPU machine's, linux x86_64 / Python 3.11 / CUDA 12 (the torch
 #   wheel on PyPI), wheels only except deepspeed (pure Python with DS_BUILD_OPS=0).
 PLATFORM := --python-platform x86_64-manylinux_2_28 --python-version 3.11
+MAC_PLATFORM := --python-platform aarch64-apple-darwin --python-version 3.11
 GPU_PLATFORM := $(PLATFORM) --only-binary :all: --no-binary deepspeed
 lock: | $(UV)
 	$(UV) pip compile -q $(PLATFORM) --generate-hashes $(TORCH_CPU) $(LOCK_FLAGS) \
 	  --overrides requirements/overrides.txt --custom-compile-command "make lock" \
 	  pyproject.toml requirements/dev.in -o requirements/dev.lock
+	MACOSX_DEPLOYMENT_TARGET=14.0 $(UV) pip compile -q $(MAC_PLATFORM) --generate-hashes $(LOCK_FLAGS) \
+	  --overrides requirements/overrides.txt --custom-compile-command "make lock" \
+	  pyproject.toml requirements/dev.in -o requirements/dev-macos.lock
+	$(UV) pip compile -q --universal --python-version 3.11 --generate-hashes $(TORCH_CPU) $(LOCK_FLAGS) \
+	  --custom-compile-command "make lock" payload/requirements-local.txt -o payload/requirements-local.lock
 	$(UV) pip compile -q $(PLATFORM) --generate-hashes $(LOCK_FLAGS) --custom-compile-command "make lock" \
 	  requirements/sky-cli.in -o requirements/sky-cli.lock
 	$(UV) pip compile -q $(GPU_PLATFORM) $(LOCK_FLAGS) --custom-compile-command "make lock" \

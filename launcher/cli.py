@@ -166,13 +166,15 @@ def user_error_lines(e: Exception):
     from .errors import BackendError, StateError
     from .catalog import PlanError
     from .project import NoProject
+    from .trainenv import TrainEnvError
     from launcher.store.registry import RegistryError, RunNotFound
 
     if isinstance(e, ConfigError):
         n = len(e.problems)
         head = [f"{n} problem{'s' if n > 1 else ''} in the profile:"] if n > 1 else []
         return head + list(e.problems)
-    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError, PayloadError, StateError, NoProject)):
+    if isinstance(e, (BackendError, PlanError, RunNotFound, RegistryError, PayloadError, StateError, NoProject,
+                      TrainEnvError)):
         return [str(e)]
     if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
         return [f"disk full: {e.filename or ''} - free space or set LAUNCH_HOME to a larger disk"]

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # lock -> its inputs, in the order `make lock` passes them
 LOCKS = {
     "requirements/dev.lock": ("pyproject.toml", "requirements/dev.in", "requirements/overrides.txt"),
+    "requirements/dev-macos.lock": ("pyproject.toml", "requirements/dev.in", "requirements/overrides.txt"),
+    "payload/requirements-local.lock": ("payload/requirements-local.txt",),
     "payload/requirements-gpu.lock": ("payload/requirements-gpu.txt",),
     "requirements/sky-cli.lock": ("requirements/sky-cli.in",),
 }

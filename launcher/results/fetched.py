@@ -20,11 +20,17 @@ from typing import Optional
 
 import click
 
-from launcher import project
+from launcher import project, trainenv
 
 from payload import layout
 
 DEST_HELP = "Where `launch down --fetch-artifacts` put the run's artifacts."
+
+
+def _say(line: str) -> None:
+    from launcher.term.ui import err_console, literal
+
+    err_console().print(literal("  ", line), soft_wrap=True)
 
 
 def _run(run_id: Optional[str]):
@@ -221,6 +227,7 @@ def eval_(run_id, split, dest, as_json):
     run = _run(run_id)
     cfg, adapter, out = local_config(run, Path(dest))
     out.mkdir(parents=True, exist_ok=True)  # a --dest it cannot write: said before the model loads and scores
+    trainenv.reexec(say=_say)  # the model loads in this process: with the training stack's Python
     observe.setup_logging(to="stderr")  # the payload's progress lines: never into --json on stdout
     with console().status(f"evaluating {run.id} on {split or 'the final split'}..."), _base_model_reach(cfg.model):
         result = evaluate.main(cfg, split, str(adapter), out_dir=out)
@@ -255,6 +262,7 @@ def chat(run_id, prompt, image, max_new_tokens, dest):
     cfg, adapter, _ = local_config(run, Path(dest))
     if image:
         _check_image(cfg.model, image)  # before seconds (or minutes) of loading the model
+    trainenv.reexec(say=_say)  # the model loads in this process: with the training stack's Python
     observe.setup_logging(to="stderr")  # stdout carries the replies only
     with console().status(f"loading {cfg.model.name_or_path} + {adapter}..."), _base_model_reach(cfg.model):
         model, processing = infer.load(cfg, adapter)
