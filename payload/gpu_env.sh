@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The GPU machine's Python environment. Sourced (bash) by the rendered task's `setup` and `run`:
 #
 #   source payload/gpu_env.sh     # build it unless it already exists, then put it first on PATH

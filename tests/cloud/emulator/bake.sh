@@ -41,6 +41,7 @@ done
 chmod 700 "$img/root"; chmod 1777 "$img/tmp" "$img/var/tmp"
 # RunPod images run as root; SkyPilot's setup still calls sudo.
 mkdir -p "$img/usr/local/bin" "$img/root/.local/bin" "$img/opt/sky-wheel" "$img/etc/uv" "$img/usr/sbin"
+# shellcheck disable=SC2016  # the sudo script's own "$@", expanded when it runs
 printf '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n' >"$img/usr/local/bin/sudo"
 chmod 755 "$img/usr/local/bin/sudo"
 cp "$UV" "$img/root/.local/bin/uv"
@@ -55,6 +56,7 @@ mkdir -p "$m$PY310" "$m/mnt/req" "$m/mnt/uvcache"
 mount --bind -o ro "$PY310" "$m$PY310"
 mount --bind -o ro "$REPO/requirements" "$m/mnt/req"
 mount --bind "$HOST_UV_CACHE" "$m/mnt/uvcache"
+# shellcheck disable=SC2016  # the script runs in the chroot: its $VARS are expanded there
 chroot "$m" /usr/bin/env -i HOME=/root PATH=/root/.local/bin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   DEBIAN_FRONTEND=noninteractive UV_LINK_MODE=copy PY310="$PY310" TORCH_FLAGS="${TORCH_FLAGS:-}" \
   SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt bash -euc '
