@@ -31,7 +31,9 @@ from launcher import project
 LOCK = "payload/requirements-local.lock"
 ENV = "LAUNCH_TRAIN_PYTHON"
 STACK = ("torch", "transformers", "peft", "trl", "datasets")
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # the +cpu torch of Linux x86_64
+# Where the +cpu torch of Linux x86_64 comes from; LAUNCH_TORCH_CPU_INDEX="" drops it (a mirror or a
+# find-links folder given to uv by its own UV_* settings serves instead).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 class TrainEnvError(Exception):
@@ -87,8 +89,9 @@ def build(env: Path, say=None) -> None:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         _run([uv, "venv", "-q", "--python", "3.11", str(tmp)])
-        extra = ["--extra-index-url", TORCH_CPU_INDEX, "--index-strategy", "unsafe-best-match"] \
-            if sys.platform == "linux" else []
+        index = os.environ.get("LAUNCH_TORCH_CPU_INDEX", TORCH_CPU_INDEX)
+        extra = ["--extra-index-url", index, "--index-strategy", "unsafe-best-match"] \
+            if sys.platform == "linux" and index else []
         _run([uv, "pip", "sync", "-q", "--compile-bytecode", "--python", str(tmp / "bin" / "python"), *extra,
               str(lock_path())])
         src = tmp / "launch-src"

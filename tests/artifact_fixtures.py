@@ -154,4 +154,10 @@ class FakeS3:
         if obj is None:
             raise ClientError({"Error": {"Code": "NoSuchKey", "Message": "missing"}}, "GetObject")
         data = obj if isinstance(obj, bytes) else obj.read_bytes()
+        if kw.get("Range"):  # `bytes=N-`, the form a resumed fetch asks
+            data = data[int(kw["Range"].removeprefix("bytes=").rstrip("-")):]
         return {"Body": StreamingBody(io.BytesIO(data), len(data)), "ContentLength": len(data)}
+
+    def download_fileobj(self, Bucket, Key, Fileobj, Config=None, **kw):
+        """boto3's managed download (its own client method): the object's bytes into a file object."""
+        Fileobj.write(self.get_object(Bucket, Key)["Body"].read())

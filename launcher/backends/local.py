@@ -276,7 +276,8 @@ class LocalBackend(Backend):
                     continue
                 target = into / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with open(target, "wb") as out:
+                with open(target, "ab") as out:  # what an earlier, cut-off fetch left goes on (store/artifacts)
+                    f.seek(out.tell())
                     shutil.copyfileobj(f, out, COPY_BLOCK)
 
 

@@ -43,15 +43,17 @@ def source_path(source: str) -> tuple[Path, Path]:
     from launcher.profiles import profile as profiles
 
     p = Path(source)
+    found = project.find()
+    made = found is not None and (found / project.MARKER).is_dir()  # a project already (not just named)
     if p.suffix in (".yaml", ".yml") and p.exists():
-        return p, (project.find() or p.resolve().parent)
-    if project.find() is not None and (project.clusters_dir() / f"{source}.yaml").is_file():
-        return profiles.resolve_profile_path(source), project.root()
+        return p, (found or p.resolve().parent)
+    if made and (found / project.MARKER / f"{source}.yaml").is_file():
+        return profiles.resolve_profile_path(source), found
     example = project.examples_dir() / f"{source}.yaml"
     if example.is_file():
         return example, project.PACKAGE_ROOT
-    if project.find() is not None:
-        return profiles.resolve_profile_path(source), project.root()  # raises, naming the known profiles
+    if made:
+        return profiles.resolve_profile_path(source), found  # raises, naming the known profiles
     examples = ", ".join(project.example_names())
     raise profiles.ProfileError([f"no profile or shipped example `{source}`: the examples are {examples} "
                                  f"(or give a path to a .yaml file)"])

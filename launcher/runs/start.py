@@ -18,7 +18,6 @@ from launcher.runs.lifecycle import follow_run, interactive
 from launcher.runs.refresh import refresh
 
 SECRET_NAMES = ("HF_TOKEN", "WANDB_API_KEY")
-TRAIN_MODULES = ("torch", "transformers", "peft", "trl", "datasets")
 
 
 @click.command()
@@ -250,14 +249,12 @@ def _resume_place(prior, backend, host, identity_file):
 
 
 def _require_training_extras():
-    import importlib.util
+    """The local backend trains with the training stack: this Python's, or the environment launch builds
+    once (launcher/trainenv.py), built here, before anything is claimed or started, and said while it is."""
+    from launcher import trainenv
+    from launcher.term.ui import err_console, literal
 
-    missing = [m for m in TRAIN_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        from launcher.errors import BackendError
-
-        raise BackendError(f"the local backend trains on this machine and needs {', '.join(missing)}: "
-                           "run `make install` (or pip install -e '.[train]' with torch==2.13.0 for CPU)")
+    trainenv.python(say=lambda line: err_console().print(literal("  ", line), soft_wrap=True))
 
 
 def _env_option(items: tuple[str, ...]) -> dict[str, str]:

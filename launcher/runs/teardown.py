@@ -212,12 +212,20 @@ def _fetch(be, run, target: Path, merged: bool):
     from launcher.errors import BackendError
     from launcher.term.ui import console
 
-    retry = f"retry `launch down {run.id} --fetch-artifacts`, or tear down without --fetch-artifacts"
+    from launcher.term.transfer import TransferView
+
+    retry = f"retry `launch down {run.id} --fetch-artifacts` (it goes on from what arrived), or tear down " \
+        "without --fetch-artifacts"
+    view = TransferView(console(), f"artifacts of {run.id}")
     try:
-        with console().status(f"fetching artifacts of {run.id}..."):
-            report = fetch(be, run, target, merged=merged)
+        with view:
+            report = fetch(be, run, target, merged=merged, view=view)
     except BackendError as e:
         raise BackendError(f"not tearing down {run.id}: fetching artifacts failed ({e}); {retry}") from None
+    except KeyboardInterrupt:
+        console().print(f"[yellow]![/] fetch interrupted at {human_size(view.done)} of {human_size(view.total)}: "
+                        f"`launch down {run.id} --fetch-artifacts` goes on from there", soft_wrap=True)
+        raise
     for note in report.notes:
         console().print(f"[yellow]![/] {escape(note)}", soft_wrap=True)
     if not report.ok:
@@ -226,6 +234,8 @@ def _fetch(be, run, target: Path, merged: bool):
     how = "sha256-verified against the machine's MANIFEST" if report.checked == "sha256" else "sizes checked"
     console().print(f"[green]✓[/] {len(report.files)} files ({size}) in {escape(str(report.dest))}, "
                     f"{how}", soft_wrap=True)
+    if view.summary():
+        console().print(f"  {view.summary()}", soft_wrap=True)
     return report
 
 

@@ -73,43 +73,100 @@ class _Planned:
     grows: bool = False
 
 
-def fetch(backend, run, dest: Path, merged: bool = False) -> FetchReport:
-    """Bring run `run`'s artifacts into `dest` (= {dest}/{run_id}) through `backend`, verified."""
+def fetch(backend, run, dest: Path, merged: bool = False, view=None) -> FetchReport:
+    """Bring run `run`'s artifacts into `dest` (= {dest}/{run_id}) through `backend`, verified. `view`
+    (launcher.term.transfer.TransferView) shows the bytes as they arrive. What an interrupted fetch
+    left in `.incoming/` is kept and goes on from there; it is removed once a fetch has run through."""
     dest = _prepare(Path(dest))
     report = FetchReport(dest=dest)
     wanted = [a for a in layout.ARTIFACTS if merged or not a.on_request]
     roots = (layout.MANIFEST, *(a.source for a in wanted), layout.CHECKPOINTS_DIR)
     listing = _confine(backend.list_files(run, roots), roots, report)
-    incoming = _fresh(dest / INCOMING)
-    try:
-        manifest = _remote_manifest(backend, run, listing, incoming, report)
-        if manifest is not None:
-            plan = _plan_from_manifest(manifest, listing, wanted, report)
-        else:
-            plan = _plan_from_listing(listing, wanted, run, report)
-        live = [_Planned(rel, found[1], size, grows=True) for rel, size in listing.items()
-                if (found := layout.artifact_for(rel)) and found[0].live]
-        backend.copy_files(run, [p.rel for p in plan + live], incoming)
-        _refuse_links(incoming, report)
-        for p in plan:
+    incoming = _kept(dest / INCOMING)
+    manifest = _remote_manifest(backend, run, listing, incoming, report)
+    if manifest is not None:
+        plan = _plan_from_manifest(manifest, listing, wanted, report)
+    else:
+        plan = _plan_from_listing(listing, wanted, run, report)
+    live = [_Planned(rel, found[1], size, grows=True) for rel, size in listing.items()
+            if (found := layout.artifact_for(rel)) and found[0].live]
+    home = [p for p in plan if _already_home(dest, p)]
+    plan = [p for p in plan if p not in home]
+    kept = _copy(backend, run, plan, live, incoming, view, sum(p.size for p in home))
+    _refuse_links(incoming, report)
+    for p in plan:
+        problem = _verify(incoming / p.rel, p)
+        if problem and p.rel in kept:  # what an earlier try left was not the machine's file: once again, whole
+            (incoming / p.rel).unlink(missing_ok=True)
+            _copy(backend, run, [p], [], incoming, view, 0)
             problem = _verify(incoming / p.rel, p)
-            if problem:
-                report.problems.append(f"{p.name}: {problem}")
-            else:
-                _place(incoming / p.rel, dest, p.name)
-                report.files[p.name] = p.size
-        for p in live:  # logs: not checksummed (they may change while copied); terminal codes removed
-            if (incoming / p.rel).is_file():
-                clean_file(incoming / p.rel)
-                _place(incoming / p.rel, dest, p.name)
-                report.files[p.name] = (dest / p.name).stat().st_size
-        if manifest is None:
-            _write_checkpoint_listing(backend, run, listing, incoming, dest, report)
-        _save_run_log(backend, run, dest, report)
-        _write_manifest(manifest, incoming, dest, report, run)
-    finally:
-        shutil.rmtree(incoming, ignore_errors=True)
+        if problem:
+            report.problems.append(f"{p.name}: {problem}")
+            (incoming / p.rel).unlink(missing_ok=True)  # not resumed from next time
+        else:
+            _place(incoming / p.rel, dest, p.name)
+            report.files[p.name] = p.size
+    report.files.update({p.name: p.size for p in home})
+    for p in live:  # logs: not checksummed (they may change while copied); terminal codes removed
+        if (incoming / p.rel).is_file():
+            clean_file(incoming / p.rel)
+            _place(incoming / p.rel, dest, p.name)
+            report.files[p.name] = (dest / p.name).stat().st_size
+    if manifest is None:
+        _write_checkpoint_listing(backend, run, listing, incoming, dest, report)
+    _save_run_log(backend, run, dest, report)
+    _write_manifest(manifest, incoming, dest, report, run)
+    shutil.rmtree(incoming, ignore_errors=True)  # run through: nothing to go on from
     return report
+
+
+def _copy(backend, run, plan: list[_Planned], live: list[_Planned], incoming: Path, view,
+          home_bytes: int) -> set[str]:
+    """Copy what is not in `incoming` yet; the files of which an earlier try had left bytes there. A
+    file verified by sha256 is kept: whole, it is not copied again; cut off, the transport goes on
+    from its last byte. Any other file (logs, a run without a MANIFEST) comes again whole."""
+    _refuse_links(incoming, FetchReport(dest=incoming))  # nothing but files a transfer left is used
+    todo, kept = [], set()
+    for p in plan + live:
+        path = incoming / p.rel
+        have = path.stat().st_size if path.is_file() else 0
+        if have and (not p.sha256 or have > p.size):
+            path.unlink()
+            have = 0
+        kept |= {p.rel} if have else set()
+        if not (have == p.size and p.sha256):
+            todo.append(p)
+    sizes = {p.rel: p.size for p in todo}
+    total = home_bytes + sum(p.size for p in plan + live)
+    had = home_bytes + sum(p.size for p in plan if p not in todo) + sum(_size(incoming / r) for r in sizes)
+    if view is None:
+        backend.copy_files(run, list(sizes), incoming)
+    else:
+        with view.watch(incoming, sizes, total, had):
+            backend.copy_files(run, list(sizes), incoming)
+    return kept
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _already_home(dest: Path, p: _Planned) -> bool:
+    """A file an earlier fetch placed in `dest` that is still the machine's (same bytes and sha256 as
+    the MANIFEST): kept, not fetched again (a fetch that stopped at a damaged file, a second fetch)."""
+    if not p.sha256:
+        return False
+    try:
+        target = confined_target(dest, p.name)
+        st = target.lstat()
+    except (BackendError, OSError):
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != p.size:
+        return False
+    return file_digest(target)[1] == p.sha256
 
 
 # ------------------------------------------------------------------- listing a POSIX machine
@@ -142,12 +199,11 @@ def _prepare(dest: Path) -> Path:
     return dest.resolve()
 
 
-def _fresh(path: Path) -> Path:
-    if path.is_symlink() or path.is_file():
+def _kept(path: Path) -> Path:
+    """`path` as a directory, keeping what an earlier fetch left in it (anything else there removed)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
         path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
-    path.mkdir()
+    path.mkdir(exist_ok=True)
     return path
 
 
@@ -223,6 +279,7 @@ def _remote_manifest(backend, run, listing: dict[str, int], incoming: Path, repo
     if listing[layout.MANIFEST] > MAX_MANIFEST_BYTES:
         report.problems.append(f"{layout.MANIFEST} on the machine is {listing[layout.MANIFEST]} bytes: not a manifest")
         return None
+    (incoming / layout.MANIFEST).unlink(missing_ok=True)  # the machine's current one, never a kept one
     backend.copy_files(run, [layout.MANIFEST], incoming)
     try:
         manifest = json.loads((incoming / layout.MANIFEST).read_text(encoding="utf-8"))
@@ -346,6 +403,8 @@ def _write_checkpoint_listing(backend, run, listing, incoming: Path, dest: Path,
             row["complete"] |= parts[1:] == [layout.COMPLETE_MARKER]
     markers = [f"{prefix}{name}/{layout.COMPLETE_MARKER}" for name, row in steps.items() if row["complete"]]
     if markers:
+        for rel in markers:
+            (incoming / rel).unlink(missing_ok=True)
         backend.copy_files(run, markers, incoming)
     rows = []
     for name, row in sorted(steps.items(), key=lambda kv: int(kv[0][11:])):

@@ -6,19 +6,20 @@ These only move bytes; launcher/store/artifacts.py confines and verifies them.
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 from launcher.store.artifacts import list_command, parse_listing
 from ...errors import BackendError
+from .. import rsync
 from ..base import remote_path
 from .sdk import first_line, record_field, sdk, volume_record
 
 SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15")
 SSH_TIMEOUT_S = 60
-RSYNC_TIMEOUT_S = 3600
+S3_PART = 16 << 20  # a fetch reads objects over this size in ranged parts of this size, S3_READERS at once
+S3_READERS = 8
 
 
 # ------------------------------------------------------------------------- files: ssh + rsync
@@ -104,22 +105,13 @@ def cluster_list(host: str, run_dir: str, roots: tuple[str, ...]) -> dict[str, i
 
 
 def cluster_copy(host: str, run_dir: str, rels: list[str], into: Path) -> None:
-    """rsync exactly `rels` (NUL-separated --files-from) into `into`, keeping their relative paths.
-    `--no-links`: a symlink on the machine is skipped, never recreated here. Files that vanished
-    since the listing (rsync exit 23/24) are left to verification to report."""
-    if not rels:
-        return
+    """rsync exactly `rels` into `into` through SkyPilot's SSH config (launcher/backends/rsync.py: a
+    file an earlier try cut off goes on from its last byte)."""
     remote_root = run_dir[2:] if run_dir.startswith("~/") else run_dir  # rsync: relative = $HOME
-    into.mkdir(parents=True, exist_ok=True)
-    cmd = ["rsync", "-t", "--no-links", "--from0", "--files-from=-", "-e", shlex.join(ssh_argv(host)),
-           f"{host}:{remote_root}/", f"{into}/"]
     try:
-        done = subprocess.run(cmd, input="\0".join(rels) + "\0", capture_output=True, text=True,
-                              timeout=RSYNC_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise BackendError(f"rsync from {host} took more than {RSYNC_TIMEOUT_S} s") from None
-    if done.returncode not in (0, 23, 24):
-        raise BackendError(f"rsync from {host} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+        rsync.pull(ssh_argv(host), host, remote_root, rels, into)
+    except rsync.Unavailable as e:
+        raise BackendError(f"{e}: fetching from cluster {host} needs it (apt-get install rsync)") from None
 
 
 class RunFiles(NamedTuple):
@@ -142,7 +134,7 @@ class RunFiles(NamedTuple):
         bucket, hub = h.get("bucket"), h.get("push_to_hub")
         where = (f"bucket {bucket['name']} ({bucket['store']}; `sky storage ls`)" if bucket else
                  f"volume {(h.get('volume') or {}).get('name')}" if h.get("volume") else "its disk, now gone")
-        hint = f"; the model was pushed to the hub: `huggingface-cli download {hub}`" if hub else ""
+        hint = f"; the model was pushed to the hub: `hf download {hub}`" if hub else ""
         raise BackendError(f"run {run.id}: the cluster is gone and its files are on {where}{hint}")
 
 
@@ -168,7 +160,8 @@ class S3Volume:
         try:
             import boto3
         except ImportError:
-            raise BackendError("fetching from a RunPod volume needs boto3: pip install boto3") from None
+            raise BackendError("fetching from a RunPod volume needs boto3, which launch's `sky` extra installs: "
+                               "pip install -e '.[sky]' in launch's checkout") from None
         sky = sdk()
         record = volume_record(sky, vol["name"])
         if record is None:
@@ -216,23 +209,75 @@ class S3Volume:
         return found
 
     def copy(self, prefix: str, rels: list[str], into: Path) -> None:
-        """Stream each object `prefix/rel` to `into/rel` (through a .part file)."""
+        """Each object `prefix/rel` to `into/rel`: boto3's managed download (parallel ranged reads, its
+        retries); a file an earlier try cut off goes on from its last byte with one ranged read."""
         from botocore.exceptions import ClientError
 
         for rel in rels:
             local = into / rel
             local.parent.mkdir(parents=True, exist_ok=True)
+            key = f"{prefix}/{rel}"
             try:
-                body = self.client.get_object(Bucket=self.bucket, Key=f"{prefix}/{rel}")["Body"]
+                if local.is_file() and local.stat().st_size:
+                    self._append(key, local)
+                else:
+                    self._download(key, local)
             except ClientError as e:
-                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                    continue  # vanished since the listing: verification says so
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "InvalidRange", "416"):
+                    continue  # vanished since the listing (or nothing left to read): verification says so
                 raise BackendError(f"reading {rel} from RunPod volume {self.bucket} failed: {e}") from None
-            tmp = local.with_name(local.name + ".part")
-            with tmp.open("wb") as f:
-                for chunk in iter(lambda: body.read(8 << 20), b""):
-                    f.write(chunk)
-            tmp.replace(local)
+
+    def _download(self, key: str, local: Path) -> None:
+        """download_fileobj into `local` itself (download_file's temporary file is deleted when it is cut
+        off): the parts land where they belong, and on any interruption the file is cut back to the
+        bytes that arrived without a gap before it, so the next try goes on from there."""
+        from boto3.s3.transfer import TransferConfig
+
+        with local.open("wb") as f:
+            sink = _Prefix(f)
+            try:
+                self.client.download_fileobj(self.bucket, key, sink, Config=TransferConfig(
+                    multipart_threshold=S3_PART, multipart_chunksize=S3_PART, max_concurrency=S3_READERS))
+            finally:
+                f.truncate(sink.prefix())
+
+    def _append(self, key: str, local: Path) -> None:
+        with local.open("ab") as f:
+            body = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={f.tell()}-")["Body"]
+            for chunk in iter(lambda: body.read(8 << 20), b""):
+                f.write(chunk)
+
+
+class _Prefix:
+    """A file boto3 writes its ranged parts into (seek, write), remembering which bytes arrived."""
+
+    def __init__(self, f):
+        self.f, self.at, self.spans = f, 0, []
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.at = self.f.seek(offset, whence)
+        return self.at
+
+    def tell(self) -> int:
+        return self.at
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        n = self.f.write(data)
+        self.spans.append((self.at, self.at + n))
+        self.at += n
+        return n
+
+    def prefix(self) -> int:
+        """How many bytes from the start arrived, without a gap."""
+        end = 0
+        for a, b in sorted(self.spans):
+            if a > end:
+                break
+            end = max(end, b)
+        return end
 
 
 def _runpod_volume_id(name_on_cloud: str, zone: str) -> str:

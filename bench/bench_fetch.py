@@ -1,0 +1,277 @@
+"""Fetch throughput and resume: `launch down --fetch-artifacts`'s path (store/artifacts.fetch) over the ssh
+backend (a real OpenSSH server on 127.0.0.1, tests/sshd.py) and over S3 (the emulated RunPod S3 API,
+tests/cloud/emulator/runpod_s3.py, TLS on 127.0.0.1). No root needed beyond what sshd's install takes.
+
+    python bench/bench_fetch.py [--mb 64] [--files 2] [--transports ssh,s3] [--code DIR]
+    python bench/bench_fetch.py resume [--mb 1024] [--cut 0.5]
+
+A run directory with `--files` merged-model shards (valid safetensors, random bytes; `--mb` in all) and
+its MANIFEST is fetched with merged=True. `--code DIR` runs the launcher found in DIR (e.g. an older
+commit's `git archive` unpacked there) for a before/after figure. `resume` fetches over ssh in a child
+process, interrupts it with SIGINT (Ctrl-C) once `--cut` of the bytes have arrived, runs it again, and
+prints what a terminal showed both times and the bytes that crossed the wire the second time (counted by
+a TCP relay in front of sshd, both directions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_run(run_dir: Path, mb: float, files: int) -> int:
+    """Shards of `mb` MB in all under outputs/merged/, and the MANIFEST the payload writes."""
+    from payload import layout
+    from payload.outputs import manifest
+
+    merged = run_dir / layout.MERGED_DIR
+    merged.mkdir(parents=True, exist_ok=True)
+    (run_dir / layout.ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
+    block = os.urandom(4 << 20)
+    per = int(mb * 1e6 / files)
+    for i, d in enumerate([merged] * files):
+        header = json.dumps({"w": {"dtype": "U8", "shape": [per], "data_offsets": [0, per]}}).encode()
+        with open(d / f"model-{i:05d}-of-{files:05d}.safetensors", "wb") as f:
+            f.write(len(header).to_bytes(8, "little") + header)
+            left = per
+            while left:
+                f.write(block[:min(left, len(block))])
+                left -= min(left, len(block))
+    m = manifest.build(run_dir, [], "bench", "completed")
+    (run_dir / layout.MANIFEST).write_text(json.dumps(m))
+    return sum(e["bytes"] for e in m["files"].values())
+
+
+class Relay:
+    """127.0.0.1:port -> 127.0.0.1:target, counting the bytes each way."""
+
+    def __init__(self, target: int):
+        self.target, self.up, self.down = target, 0, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            client, _ = self.sock.accept()
+            server = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, server, "up"), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, "down"), daemon=True).start()
+
+    def _pipe(self, a, b, way):
+        try:
+            while data := a.recv(1 << 20):
+                b.sendall(data)
+                setattr(self, way, getattr(self, way) + len(data))
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def ssh_env(root: Path):
+    sys.path.append(str(REPO / "tests"))
+    import pytest
+    from sshd import SSHServer, ensure_sshd  # the suite's test server
+
+    try:
+        ensure_sshd()
+    except pytest.skip.Exception as e:
+        raise SystemExit(f"no sshd: {e}") from None
+    return SSHServer(root / "sshd").start()
+
+
+def fetch_ssh(run_dir: Path, dest: Path, host: str, known: Path, key: Path, show: bool) -> float:
+    from launcher.backends.ssh import SSHBackend
+    from launcher.store.artifacts import fetch
+    from launcher.store.registry import Run
+
+    run = Run(id="bench", profile="p", backend="ssh", state="completed",
+              handle={"host": host, "known_hosts": str(known), "identity_file": str(key), "run_dir": str(run_dir),
+                      "run_root": str(run_dir), "log": str(run_dir / "logs" / "run.log")})
+    return _timed(lambda view: fetch(SSHBackend(), run, dest, merged=True, **view), show, "bench")
+
+
+def _timed(call, show: bool, what: str) -> float:
+    import inspect
+
+    from launcher.store.artifacts import fetch
+
+    view = {}
+    if show and "view" in inspect.signature(fetch).parameters:
+        from rich.console import Console
+
+        from launcher.term.transfer import TransferView
+
+        console = Console(force_terminal=True, width=80)
+        view = {"view": TransferView(console, f"artifacts of {what}")}
+    t = time.perf_counter()
+    if view:
+        with view["view"]:
+            report = call(view)
+        print(view["view"].summary(), flush=True)
+    else:
+        report = call({})
+    dt = time.perf_counter() - t
+    if not report.ok:
+        raise SystemExit(f"fetch failed: {report.problems}")
+    return dt
+
+
+def throughput(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-fetch-") as tmp:
+        tmp = Path(tmp)
+        total = make_run(tmp / "vol" / "runs" / "bench", args.mb, args.files)
+        print(f"{args.files} files, {total / 1e6:.0f} MB, launcher from {args.code or REPO}")
+        if "ssh" in args.transports:
+            server = ssh_env(tmp)
+            known = tmp / "known_hosts"
+            known.write_text(server.known_hosts_line())
+            try:
+                dt = fetch_ssh(tmp / "vol" / "runs" / "bench", tmp / "art-ssh", server.host, known,
+                               server.client_key, False)
+                print(f"  ssh backend: {dt:.2f} s, {total / dt / 1e6:.0f} MB/s")
+            finally:
+                server.stop()
+        if "s3" in args.transports:
+            dt = fetch_s3(tmp, tmp / "art-s3")
+            print(f"  S3 (emulated RunPod, TLS): {dt:.2f} s, {total / dt / 1e6:.0f} MB/s")
+
+
+def fetch_s3(tmp: Path, dest: Path) -> float:
+    sys.path.append(str(REPO))  # after --code's checkout: its launcher, this one's emulator
+    from tests.cloud.emulator.runpod_s3 import VolumeS3, make_tls
+
+    from launcher.backends.skypilot.files import S3Volume
+    from launcher.store.artifacts import fetch
+    from launcher.store.registry import Run
+
+    import boto3
+
+    vol = tmp / "vol"
+    tls = make_tls(tmp / "tls", ["s3api-eu-ro-1.runpod.io"], ips=("127.0.0.1",))
+    server = VolumeS3(lambda b: vol if b == "abcde12345" else None, "user_bench", lambda line: None)
+    server.start("127.0.0.1", 0, tls[1], tls[2])
+    url = f"https://127.0.0.1:{server._server.server_address[1]}"  # noqa: SLF001
+    v = S3Volume.__new__(S3Volume)
+    v.zone, v.bucket = "EU-RO-1", "abcde12345"
+    v.client = boto3.client("s3", endpoint_url=url, region_name="EU-RO-1", aws_access_key_id="user_bench",
+                            aws_secret_access_key="rps_bench", verify=str(tls[0]))
+
+    class Backend:
+        def list_files(self, run, roots):
+            return v.list("runs/bench", roots)
+
+        def copy_files(self, run, rels, into):
+            v.copy("runs/bench", rels, into)
+
+        def logs(self, run, follow, out, tail=None):
+            return 0
+
+    try:
+        return _timed(lambda view: fetch(Backend(), Run(id="bench", profile="p", backend="skypilot",
+                                                       state="completed"), dest, merged=True, **view), False, "")
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------------------------ resume
+
+
+def resume(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp:
+        tmp = Path(tmp)
+        run_dir = tmp / "vol" / "runs" / "bench"
+        total = make_run(run_dir, args.mb, args.files)
+        server = ssh_env(tmp)
+        relay = Relay(server.port)
+        known = tmp / "known_hosts"
+        known.write_text(server.known_hosts_line().replace(f"]:{server.port} ", f"]:{relay.port} "))
+        host = f"{server.user}@127.0.0.1:{relay.port}"
+        dest = tmp / "art"
+        child = [sys.executable, __file__, "_fetch", str(run_dir), str(dest), host, str(known), str(server.client_key)]
+        try:
+            print(f"1 file set, {total / 1e6:.0f} MB over ssh (relay 127.0.0.1:{relay.port} -> sshd :{server.port})")
+            proc = subprocess.Popen(child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            out = bytearray()
+            threading.Thread(target=lambda: out.extend(proc.stdout.read()), daemon=True).start()
+            incoming = dest / ".incoming" / "outputs" / "merged"
+            while proc.poll() is None:
+                got = sum(p.stat().st_size for p in incoming.glob("*")) if incoming.is_dir() else 0
+                if got >= args.cut * total:
+                    proc.send_signal(signal.SIGINT)
+                    break
+                time.sleep(0.05)
+            proc.wait(timeout=60)
+            time.sleep(0.2)
+            first = relay.down
+            print(f"try 1: interrupted (SIGINT) at {got / 1e6:.0f} MB, exit {proc.returncode}; "
+                  f"wire bytes to the client {first / 1e6:.1f} MB")
+            print("  terminal (last frame): " + last_frame(bytes(out)))
+            relay.down = relay.up = 0
+            t = time.perf_counter()
+            done = subprocess.run(child, capture_output=True, timeout=3600)
+            dt = time.perf_counter() - t
+            print(f"try 2: exit {done.returncode} in {dt:.1f} s; wire bytes to the client {relay.down / 1e6:.1f} MB "
+                  f"(from the client {relay.up / 1e6:.2f} MB) for {(total - got) / 1e6:.0f} MB left")
+            for line in last_frames(done.stdout):
+                print("  terminal: " + line)
+        finally:
+            server.stop()
+
+
+def last_frame(raw: bytes) -> str:
+    frames = last_frames(raw)
+    return frames[-1] if frames else "(nothing)"
+
+
+def last_frames(raw: bytes) -> list[str]:
+    """The text lines a terminal last showed: ANSI sequences dropped, each \\r-rewritten line's last state."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", raw.decode(errors="replace"))
+    lines = [seg.split("\r")[-1].strip() for seg in text.split("\n")]
+    lines = [x for x in lines if x]
+    bars = [x for x in lines if "MB" in x or "GB" in x]
+    keep = bars[-2:] if bars else []
+    return keep + [x for x in lines[-3:] if x not in keep]
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_fetch":  # the child of `resume`
+        sys.path.insert(0, str(REPO))
+        run_dir, dest, host, known, key = sys.argv[2:7]
+        try:
+            fetch_ssh(Path(run_dir), Path(dest), host, Path(known), Path(key), True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", nargs="?", default="throughput", choices=("throughput", "resume"))
+    ap.add_argument("--mb", type=float, default=64.0, help="bytes of artifacts in all, MB (default 64)")
+    ap.add_argument("--files", type=int, default=2)
+    ap.add_argument("--transports", default="ssh,s3")
+    ap.add_argument("--cut", type=float, default=0.5, help="resume: interrupt when this share has arrived")
+    ap.add_argument("--code", help="a launcher checkout to run instead of this one (before/after)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(args.code).resolve()) if args.code else str(REPO))
+    (resume if args.mode == "resume" else throughput)(args)
+
+
+if __name__ == "__main__":
+    main()
