@@ -141,7 +141,7 @@ def _ssh_config(host: str) -> dict:
         return {}
     try:
         return paramiko.SSHConfig.from_path(str(path)).lookup(host)
-    except Exception:  # a config paramiko cannot parse: the user's ssh still reads it, we skip it
+    except Exception:  # noqa: BLE001 - a config paramiko cannot parse: the user's ssh still reads it, we skip it
         return {}
 
 
@@ -257,7 +257,7 @@ class Connection:
             try:
                 if thing:
                     thing.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 - closing what may be half-open already
                 pass
         self.client, self._sftp, self._hop = None, None, None
 

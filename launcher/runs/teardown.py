@@ -62,6 +62,7 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
         report = _fetch(be, run, Path(dest) / run.id, merged)
         registry.update(run.id, artifacts=str(report.dest))
     left = final_save.left(be, run, saved)  # read on the machine, before it goes
+    said = final_save.status_json(be, run) if run.active else {}  # the run's own word on its end, as well
     with console().status(f"stopping {run.id}..."):
         if _stop(be, run, forget):
             return
@@ -69,7 +70,7 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
         left = final_save.left(be, run, saved) or left
     run = registry.accrue(run.id, False)
     if run.active:
-        run = registry.update(run.id, state="stopped", ended_at=time.time(), reason="stopped by launch down")
+        run = registry.update(run.id, ended_at=time.time(), **ended_by_down(said))
     console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state})"))
     from launcher.runs.volumes import still_billing_lines
 
@@ -84,12 +85,21 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
     if fetch_artifacts:
         print_summary(run, report.dest)
     say_others_live(asked, run.id, None)
-    if left and (stores or run.backend != "skypilot"):
+    if left and run.state != "completed" and (stores or run.backend != "skypilot"):
         from launcher.runs.experiment import profile_arg
 
         hints(f"launch up {profile_arg(run)} --resume {run.id}", *(f"launch volumes rm {n}" for n in stores))
     elif not fetch_artifacts:
         hints(f"launch status {run.id}")
+
+
+def ended_by_down(said: dict) -> dict:
+    """The state and reason of a live run that `launch down` ended, from its status.json (`said`): a run
+    whose training completed is `completed` (down came in its post phase: merge, export, MANIFEST), as a
+    resume without more steps must be refused; any other is `stopped`."""
+    if said.get("state") == "completed":
+        return {"state": "completed", "reason": "training completed; ended by launch down after it"}
+    return {"state": "stopped", "reason": "stopped by launch down"}
 
 
 def ask_final_checkpoint(be, run, timeout_s=None, out=None, by="launch down", report=None):

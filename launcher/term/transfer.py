@@ -125,17 +125,6 @@ class TransferView:
         if self._status is not None:
             self._status.stop()
             self._status = None
-        self._status = None
-
-    def __enter__(self) -> "TransferView":
-        """A spinner while the machine's files are listed, until the bytes move (`watch`)."""
-        if self.console.is_terminal:
-            self._status = self.console.status(f"listing the {self.what}...")
-            self._status.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._close()
 
     def summary(self) -> Optional[str]:
         """`1.0 GB moved in 10s (104.3 MB/s); 512.0 MB were here from an earlier try`; None if nothing

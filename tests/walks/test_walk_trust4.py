@@ -1,0 +1,112 @@
+"""Issue 50's items 2 to 6, each where the user met it: the installed `launch` in a subprocess with a
+fresh HOME, no credentials, stdin not a terminal (tests/walk.py). Runs the user would have made are
+written into the registry first, as `launch up` leaves them (their machine: this one, a process that
+carries the run's id); nothing here trains. Item 1 (signals during `up`) is test_walk_signals.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from launcher.store import registry
+from launcher.store.registry import Run
+from walk import launch
+
+try:
+    from artifact_fixtures import make_run_dir
+except ImportError:
+    from tests.artifact_fixtures import make_run_dir
+
+
+def _shared() -> dict:
+    """The walk's commands see the registry this test process writes (conftest's LAUNCH_HOME)."""
+    return {"LAUNCH_HOME": os.environ["LAUNCH_HOME"]}
+
+
+def _flat(r) -> str:
+    return " ".join((r.stdout + r.stderr).split())
+
+
+def _local_run(run_id: str, tmp_path: Path, status: dict, post_running: bool) -> tuple[Run, subprocess.Popen]:
+    """A local run of local-demo as the local backend leaves it: its run directory on the volume (a finished
+    one, MANIFEST written), its home, and, while `post_running`, its driver (a process carrying its id)."""
+    from payload import layout
+    from payload.outputs import manifest as mf
+    from payload.volume.money import atomic_write_json
+
+    from launcher.store.state import state_dir
+
+    volume = tmp_path / "volume"
+    rd = layout.run_dir(volume, run_id)
+    make_run_dir(rd)
+    atomic_write_json(rd / layout.CHECKPOINT_LISTING, mf.checkpoint_listing(rd))
+    atomic_write_json(rd / layout.MANIFEST, mf.build(rd, ["adapter", "training_summary.json", "metrics.jsonl",
+                                                          "mlx"], run_id, "completed"))
+    (rd / layout.STATUS).write_text(json.dumps(status))
+    from launcher.profiles.profile import load_profile
+    from launcher.runs.experiment import flat_config
+
+    home = state_dir() / "local" / run_id
+    home.mkdir(parents=True)
+    driver = subprocess.Popen(["bash", "-c", "sleep 120"], start_new_session=True,
+                              env={**os.environ, "LAUNCH_RUN_ID": run_id, "LAUNCH_VOLUME": str(volume)})
+    run = Run(id=run_id, profile="local-demo", backend="local", state="running", price_per_hour=3.6,
+              started_at=time.time() - 600, cluster="localhost",
+              handle={"pid": driver.pid, "pgid": driver.pid, "home": str(home), "volume": str(volume),
+                      "run_dir": str(rd), "num_nodes": 1, "config": flat_config(load_profile("local-demo"))})
+    registry.save(run)
+    registry.accrue(run_id, True, now=run.started_at)
+    return run, driver
+
+
+# ------------------------------------------ 2: `down` in a finished run's post phase: `completed`
+
+
+def test_down_fetching_a_run_in_its_post_phase_records_it_completed(tmp_path):
+    """Training at 20/20, the merge/export running: `down --fetch-artifacts` fetched, printed `completed`,
+    and recorded `stopped` ("stopped by launch down"); a resume of it was then accepted (setup, data,
+    merge and export again, billed). Now the record says what the run's status.json says."""
+    status = {"state": "completed", "exit_code": 0, "step": 20, "max_steps": 20, "reason": None,
+              "ended_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    run, driver = _local_run("local-demo-20261202-050000", tmp_path, status, post_running=True)
+    try:
+        r = launch(tmp_path, "down", run.id, "--fetch-artifacts", "--dest", str(tmp_path / "artifacts"),
+                   env=_shared())
+        out = _flat(r)
+        assert r.returncode == 0, out
+        assert f"{run.id} is down (completed)" in out, out
+        assert f"--resume {run.id}" not in out, out  # nothing to resume
+        row = json.loads(launch(tmp_path, "status", run.id, "--json", env=_shared()).stdout)
+        assert row["state"] == "completed", row
+        assert driver.wait(timeout=30) is not None  # the post phase's process was stopped all the same
+        r = launch(tmp_path, "up", "local-demo", "--resume", run.id, env=_shared())
+        assert r.returncode == 1 and f"run {run.id} already completed" in _flat(r), _flat(r)
+    finally:
+        driver.kill()
+
+
+# -------------------------------------------- 3: a local run billed until it ended, not until seen
+
+
+def test_a_local_run_is_billed_until_its_end_not_until_status_looked(tmp_path):
+    """A run that ended ten minutes before the first `launch status` was billed those ten minutes too."""
+    status = {"state": "completed", "exit_code": 0, "step": 20, "max_steps": 20}
+    run, driver = _local_run("local-demo-20261202-050200", tmp_path, status, post_running=False)
+    driver.kill()
+    driver.wait(timeout=30)
+    home = Path(run.handle["home"])
+    (home / "exit_code").write_text("0\n")
+    end = run.started_at + 100  # it ran 100 s; the look comes 500 s later
+    os.utime(home / "exit_code", (end, end))
+    for command in (("status", run.id, "--json"), ("cost", "--json")):
+        r = launch(tmp_path, *command, env=_shared())
+        assert r.returncode == 0, _flat(r)
+        data = json.loads(r.stdout)
+        row = data if "id" in data else data["runs"][0]
+        assert row["state"] == "completed" and abs(row["billed_s"] - 100) < 3, row
+        assert abs(row["cost_usd"] - 0.1) < 0.005, row  # 100 s at $3.60/h
+    shutil.rmtree(home)
