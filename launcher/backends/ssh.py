@@ -44,7 +44,6 @@ from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_sta
                    restart_line, run_end, skipped_note)
 from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, SEED_AND_LIST, START, STATUS_CMD
 from . import rsync
-from . import rsync
 from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
@@ -69,7 +68,6 @@ class SSHBackend(Backend):
         self.connect_timeout, self.retries = connect_timeout, retries
         self._conns: dict[tuple, Connection] = {}
         self.last_upload: dict = {}
-        self.last_fetch: dict = {}  # how the last copy_files moved its bytes (rsync's count, or sftp and why)
         self.last_fetch: dict = {}  # how the last copy_files moved its bytes (rsync's count, or sftp and why)
 
     # ---------------------------------------------------------------------------- connection
