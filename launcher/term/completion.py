@@ -43,7 +43,7 @@ class Completed(click.types.StringParamType):
         except Exception:  # noqa: BLE001 - see docstring
             return []
         given = _given(ctx, param)
-        return [CompletionItem(value, help=help or None) for value, help in choices
+        return [CompletionItem(value, help=note or None) for value, note in choices
                 if value.startswith(incomplete) and value not in given]
 
 
