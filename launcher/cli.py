@@ -393,9 +393,46 @@ cli.add_command(completion)
 attach(cli, _profile_names, _run_choices)  # last: every command above completes profiles and run ids
 
 
+# What a finished command's process still waits on before it exits, and how long it may: Python joins
+# every non-daemon thread (threading._shutdown: SkyPilot's SDK and concurrent.futures pools, whose
+# own exit hook joins their workers), then runs the atexit handlers (SkyPilot's request DB `_cleanup`,
+# sky/server/requests/requests.py, closes it with asyncio.run: it waits on that SQLite file's lock
+# while another `launch status` beside it holds it). None of that is the command's work: every
+# registry write is a committed SQLite transaction by the time the command returns, and its output is
+# flushed first. So after EXIT_GRACE_S the process ends with the command's exit code (os._exit): an
+# SQLite file left unclosed is consistent (its journal), a pool thread's result has no reader left.
+EXIT_GRACE_S = 5.0
+
+
+def _bounded_exit(code) -> None:
+    """Let the interpreter exit as usual, but for at most EXIT_GRACE_S (a daemon thread that outlives
+    the joins and the atexit handlers, and ends the process if they still run)."""
+    import threading
+
+    status = code if isinstance(code, int) else 0 if code is None else 1
+
+    def flush():
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed pipe, a dead terminal: nothing more to say there
+                stream.flush()
+
+    def end():
+        flush()
+        os._exit(status)
+
+    flush()
+    timer = threading.Timer(EXIT_GRACE_S, end)
+    timer.daemon = True
+    timer.start()
+
+
 def main():
     interrupt_on_signals()
-    cli(prog_name="launch")
+    try:
+        cli(prog_name="launch")
+    except SystemExit as e:  # click's standalone mode ends every command so
+        _bounded_exit(e.code)
+        raise
 
 
 if __name__ == "__main__":

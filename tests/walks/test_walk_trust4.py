@@ -110,3 +110,29 @@ def test_a_local_run_is_billed_until_its_end_not_until_status_looked(tmp_path):
         assert row["state"] == "completed" and abs(row["billed_s"] - 100) < 3, row
         assert abs(row["cost_usd"] - 0.1) < 0.005, row  # 100 s at $3.60/h
     shutil.rmtree(home)
+
+
+# ------------------------------------- 4 and 7: a read-only command ends within seconds of its answer
+
+HANGING_EXIT = """\
+# What SkyPilot's SDK can leave a process waiting on once the command is done: a non-daemon thread
+# (Python joins it) and an exit handler that blocks (its request DB's close, on a lock another process holds).
+import atexit, threading, time
+threading.Thread(target=time.sleep, args=(600,)).start()
+atexit.register(time.sleep, 600)
+"""
+
+
+def test_read_only_commands_exit_within_seconds_whatever_waits_at_exit(tmp_path):
+    """`launch status RUN --json` wrote its whole JSON and then did not exit within 180 s (an exit handler of
+    SkyPilot's SDK, a thread): every command's process now ends a few seconds after its answer."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(HANGING_EXIT)
+    env = {**_shared(), "PYTHONPATH": str(site)}
+    for command in (("status", "--json"), ("cost",), ("status", "--all")):
+        t0 = time.monotonic()
+        r = launch(tmp_path, *command, env=env, timeout=60)
+        took = time.monotonic() - t0
+        assert r.returncode == 0 and r.stdout, _flat(r)
+        assert took < 15, (command, took)
