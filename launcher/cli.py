@@ -381,6 +381,13 @@ def _profile_names():
     return profile_names()
 
 
+def _source_names():
+    """What `launch init --from` copies: the project's profiles and the shipped examples."""
+    from launcher import project
+
+    return sorted({*_profile_names(), *project.example_names()})
+
+
 def _run_choices():
     """(id, state and backend) of the runs this machine knows, newest first; a TAB creates no registry."""
     from launcher.store import registry
@@ -390,7 +397,7 @@ def _run_choices():
 
 
 cli.add_command(completion)
-attach(cli, _profile_names, _run_choices)  # last: every command above completes profiles and run ids
+attach(cli, _profile_names, _run_choices, _source_names)  # last: every command above completes profiles and run ids
 
 
 # What a finished command's process still waits on before it exits, and how long it may: Python joins

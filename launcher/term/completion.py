@@ -53,16 +53,20 @@ def _given(ctx, param) -> set:
     return set(value or ())
 
 
-def attach(group: click.Group, profiles, runs) -> None:
+def attach(group: click.Group, profiles, runs, sources=None) -> None:
     """Give every argument and option of the tree that takes a profile (`profiles()`: names) or a run
-    (`runs()`: (id, help) pairs, the most recent first) its completion."""
+    (`runs()`: (id, help) pairs, the most recent first) its completion; `launch init --from` (a PROFILE
+    option) takes `sources()` (the profiles and the shipped examples), else the profiles."""
     profile = Completed("profile", lambda: ((n, "") for n in profiles()), paths=True)
+    source = Completed("profile", lambda: ((n, "") for n in (sources or profiles)()), paths=True)
     run = Completed("run", runs)
     for param in _params(group):
         if type(param.type) is not click.types.StringParamType:
             continue
-        if param.name in ("profile", "profiles") or param.metavar == "PROFILE":
+        if param.name in ("profile", "profiles"):
             param.type = profile
+        elif param.metavar == "PROFILE":
+            param.type = source
         elif param.name in ("run_id", "run_ids"):
             param.type = run
 

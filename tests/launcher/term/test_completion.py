@@ -12,12 +12,12 @@ from click.shell_completion import ShellComplete
 from launcher.cli import cli
 from launcher.store import registry
 from launcher.term.completion import Completed
-from walk import LAUNCH, fresh_env, launch
+from walk import LAUNCH, REPO, fresh_env, launch
 
 RUN_ID = "sonia-h100-20261202-064500"
 
 
-def bash_completes(tmp_path, line: str) -> list[str]:
+def bash_completes(tmp_path, line: str, cwd=None) -> list[str]:
     """COMPREPLY for `line` in a bash that sourced `launch completion bash`, as a TAB would fill it."""
     script = f"""
         set -e
@@ -28,11 +28,11 @@ def bash_completes(tmp_path, line: str) -> list[str]:
         [[ "$COMP_LINE" == *" " ]] && COMP_WORDS+=("")
         COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))
         _launch_completion launch "${{COMP_WORDS[COMP_CWORD]}}" "${{COMP_WORDS[COMP_CWORD-1]}}"
-        printf 'reply:%s\\n' "${{COMPREPLY[@]}}"
+        for c in "${{COMPREPLY[@]}}"; do printf 'reply:%s\\n' "$c"; done
     """
     env = fresh_env(tmp_path, {"PATH": f"{LAUNCH.parent}:/usr/bin:/bin"})
     r = subprocess.run(["bash", "--norc", "--noprofile", "-c", script], env=env, capture_output=True,
-                       text=True, timeout=60, stdin=subprocess.DEVNULL)
+                       text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=cwd or REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "complete -o nosort -F _launch_completion launch" in r.stdout
     return [line.removeprefix("reply:") for line in r.stdout.splitlines() if line.startswith("reply:")]
@@ -52,6 +52,13 @@ def test_sourced_in_bash_it_completes_profiles_and_run_ids(tmp_path, monkeypatch
     assert bash_completes(tmp_path, "launch down ") == [RUN_ID]
     assert "completion" in bash_completes(tmp_path, "launch comp")
     assert bash_completes(tmp_path, "launch plan --re") == ["--rehearse"]
+
+
+def test_outside_a_project_init_from_completes_the_shipped_examples(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert bash_completes(tmp_path, "launch init mine --from lo", cwd=empty) == ["local-demo", "lovecraft-a100-spot"]
+    assert bash_completes(tmp_path, "launch plan lo", cwd=empty) == []  # plan takes the project's only
 
 
 @pytest.mark.parametrize("shell, first", [("bash", "_launch_completion() {"), ("zsh", "#compdef launch"),
