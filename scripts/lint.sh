@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make lint` (run by `make test`): ruff on the Python (the rules pyproject.toml's [tool.ruff] selects)
-# and shellcheck on every shell script launch runs: the GPU machine's environment (payload/gpu_env.sh),
-# the local and ssh backends' drivers and host commands (launcher/backends/sh/), the `setup` and `run`
-# of every rendered task in sky/, this folder's scripts and the emulated cloud's. shellcheck is
+# and shellcheck on every shell script of the checkout (the GPU machine's environment payload/gpu_env.sh,
+# the local and ssh backends' drivers and host commands in launcher/backends/sh/, scripts/, CI's, the
+# emulated cloud's) and on each rendered task's `setup` and `run` (scripts/shell_files.py). shellcheck is
 # Debian's package: where it is missing it is installed as the ssh tests install openssh-server (as
 # root, with apt-get), else it is skipped with the reason said.
 set -euo pipefail
@@ -28,17 +28,7 @@ have_shellcheck() {
 if have_shellcheck; then
   tasks=$(mktemp -d)
   trap 'rm -rf "$tasks"' EXIT
-  # a rendered task's setup/run is bash that SkyPilot runs on each node: one file each, as it runs
-  "$BIN/python" - "$tasks" <<'EOF'
-import pathlib, sys, yaml
-out = pathlib.Path(sys.argv[1])
-for task in sorted(pathlib.Path("sky").glob("*.yaml")):
-    doc = yaml.safe_load(task.read_text()) or {}
-    for key in ("setup", "run"):
-        if doc.get(key):
-            (out / f"{task.stem}.{key}.sh").write_text("# shellcheck shell=bash\n" + doc[key])
-EOF
-  files=(payload/gpu_env.sh launcher/backends/sh/*.sh scripts/*.sh tests/cloud/emulator/*.sh "$tasks"/*.sh)
+  mapfile -t files < <("$BIN/python" scripts/shell_files.py "$tasks")
   if shellcheck "${files[@]}"; then
     echo "shellcheck: clean (${#files[@]} scripts, the rendered tasks' setup/run among them)"
   else
