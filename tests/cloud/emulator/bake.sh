@@ -70,6 +70,12 @@ chroot "$m" /usr/bin/env -i HOME=/root PATH=/root/.local/bin:/usr/local/bin:/usr
   uv pip install -q "setuptools<70" "click<8.3.0" "ray[default]==2.9.3" "skypilot[runpod,slurm,remote]==0.14.1"
   for w in /opt/sky-wheel/*.whl; do uv pip install -q "$w[runpod,slurm,remote]"; uv pip uninstall -q skypilot; done
   uv pip install -q "click<8.3.0"
+  unset VIRTUAL_ENV
+  # A Slurm node has no ~/skypilot-runtime: SkyPilot makes a fresh node-local one and installs the wheel
+  # there, unpinned. The same install here puts what that resolves to in the cache.
+  uv venv -q --seed /tmp/slurm-runtime --python "$PY310/bin/python3.10"
+  for w in /opt/sky-wheel/*.whl; do VIRTUAL_ENV=/tmp/slurm-runtime uv pip install -q "$w[slurm,remote]"; done
+  rm -rf /tmp/slurm-runtime
   uv venv -q --seed --relocatable --system-site-packages --python /usr/bin/python3 /root/sky-user-env
   unset VIRTUAL_ENV
   # The payload CPU environment (from the host cache: nothing of it is fetched twice).

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.cloud.harness import EmulatedCloud
+from tests.cloud.slurm.site import SlurmSite
 
 _LINES: list[str] = []
 
@@ -31,6 +32,16 @@ def cloud(tmp_path):
 
 
 @pytest.fixture
+def slurm(tmp_path):
+    """The emulated Slurm site (tests/cloud/slurm/site.py): a login node and two GPU nodes."""
+    with SlurmSite(tmp_path) as site:
+        yield site
+        site.close()
+        left = site.leftovers()
+    assert not left, f"the Slurm site left: {left}"
+
+
+@pytest.fixture
 def report(request):
     """report(state=..., usd=..., ledger_usd=..., steps=...): this scenario's line."""
     start = time.monotonic()
@@ -44,8 +55,9 @@ def report(request):
     outcome = "passed" if not getattr(request.node, "_failed", False) else "FAILED"
     usd = seen.get("usd")
     ledger = seen.get("ledger_usd")
+    where = seen.get("where") or f"(emulator ${ledger or 0:.4f})"  # a Slurm site has no bill of its own
     _LINES.append(f"{request.node.name:<44} {took / 60:5.1f} min  {seen.get('state', '-'):<12} "
-                  f"{'$%.4f' % usd if usd is not None else '-':>9} billed (emulator ${ledger or 0:.4f})  "
+                  f"{'$%.4f' % usd if usd is not None else '-':>9} billed {where}  "
                   f"{seen.get('steps', '-')} steps  [{outcome}]")
 
 
@@ -62,7 +74,7 @@ def _left_behind() -> list[str]:
     import subprocess
     from pathlib import Path
 
-    mine = f"lc{os.getpid()}-"
+    mine = (f"lc{os.getpid()}-", f"ls{os.getpid()}-")  # the emulated RunPod's, the Slurm site's
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     out = [f"netns {n}" for n in names if n.startswith(mine)]
     etc = Path("/etc/netns")
@@ -74,7 +86,7 @@ def _left_behind() -> list[str]:
 
 def pytest_terminal_summary(terminalreporter):
     if _LINES:
-        terminalreporter.section("emulated RunPod scenarios")
+        terminalreporter.section("emulated RunPod and Slurm scenarios")
         for line in _LINES:
             terminalreporter.write_line(line)
         left = _left_behind()

@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[3]
 ENV = ["--env", "FLASH_ATTN_WHEEL=", "--env", "CUDA_VISIBLE_DEVICES="]
 
 
-def vl_data(dest: Path, n: int = 24) -> list[str]:
-    """n image+text records (messages format) with their images, under dest (inside the repo)."""
+def vl_data(dest: Path, n: int = 24, root: Path = REPO) -> list[str]:
+    """n image+text records (messages format) with their images, under dest (inside the project `root`)."""
     from PIL import Image
 
     words = ["red", "green", "blue", "black", "white", "grey"]
@@ -41,7 +41,7 @@ def vl_data(dest: Path, n: int = 24) -> list[str]:
             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is this?"}]},
             {"role": "assistant", "content": f"It is {colour}."}], "images": [f"img{i}.png"]}))
     (dest / "vl.jsonl").write_text("\n".join(lines) + "\n")
-    d = dest.relative_to(REPO)
+    d = dest.relative_to(root)
     return ["--set", f"data.sources=[{{name: vl, path: {d}/vl.jsonl, format: messages, image_root: {d}, "
                      "split: {train: 0.8, val: 0.1, test: 0.1}}]"]
 
@@ -61,11 +61,11 @@ SONIA_PRICE = 6.58  # $/h, RunPod 2x_H100-SXM_SECURE in the shipped catalog snap
 TINY = "hidden_size: 64, num_layers: 2, vocab_size: 1024"
 
 
-def sonia(data: Path, max_steps: int, save_steps: int) -> list[str]:
+def sonia(data: Path, max_steps: int, save_steps: int, root: Path = REPO) -> list[str]:
     return [
         "--set", "model={name_or_path: tiny-qwen3-vl, kind: image_text_to_text, dtype: float32, "
                  f"attn_implementation: auto, tiny: {{arch: qwen3_vl, {TINY}}}}}",
-        *vl_data(data),
+        *vl_data(data, root=root),
         "--set", "train.deepspeed=null",
         "--set", "train.per_device_batch_size=1", "--set", "train.gradient_accumulation_steps=1",
         "--set", "train.effective_batch_size=null", "--set", "train.max_seq_length=256",
@@ -90,5 +90,42 @@ def lovecraft(data: Path, max_steps: int, save_steps: int) -> list[str]:
         "--set", "train.logging_steps=1", "--set", f"train.eval_steps={save_steps}",
         "--set", f"train.checkpoints.save_steps={save_steps}", "--set", "train.checkpoints.expected_preemption_hours=null",
         "--set", "train.early_stopping_patience=null", "--set", "outputs.export_mlx=false",
+        *ENV,
+    ]
+
+
+QWEN_PRICE = 4.10 * 8 * 2  # $/h: the profile's cluster.slurm.price_per_gpu_hour x 8 GPUs x 2 nodes
+
+
+def qa_csv(dest: Path, n: int = 64) -> list[str]:
+    """n records of runbook 004's CSV (prompt, question, response) under dest (inside the repo)."""
+    import csv
+
+    with (dest / "training_data.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["prompt", "question", "response"])
+        for i in range(n):
+            w.writerow(["You are concise.", f"What is {i} plus {i}?", f"{i} plus {i} is {2 * i}."])
+    d = dest.relative_to(REPO)
+    return ["--set", f"data.sources=[{{name: qa, path: {d}/training_data.csv, format: prompt_response, "
+                     "split: {train: 0.9, val: 0.1}}]"]
+
+
+def qwen3_32b(data: Path, max_steps: int, save_steps: int) -> list[str]:
+    """qwen3-32b-4x4-a100 (runbook 004) on the emulated Slurm site: its full fine-tune of a tiny Qwen3,
+    on both nodes, 8 ranks per node (the 8 GRES GPUs SkyPilot schedules; torchrun's ranks on CPU), its
+    cluster.slurm as shipped but for /shared's layout. DeepSpeed is off: ZeRO-3 needs CUDA here, so the
+    job is plain DDP over gloo (what differs on GPUs: ZeRO-3's sharding, NCCL over InfiniBand)."""
+    return [
+        "--set", "cluster.infra=slurm/hpc",
+        "--set", "model={name_or_path: tiny-qwen3, kind: causal_lm, dtype: float32, attn_implementation: auto, "
+                 f"tiny: {{arch: qwen3, {TINY}}}}}",
+        *qa_csv(data),
+        "--set", "train.deepspeed=null", "--set", "train.gradient_checkpointing=false",
+        "--set", "train.per_device_batch_size=1", "--set", "train.gradient_accumulation_steps=1",
+        "--set", "train.effective_batch_size=null", "--set", "train.max_seq_length=128",
+        "--set", f"train.max_steps={max_steps}", "--set", "train.logging_steps=1",
+        "--set", f"train.eval_steps={save_steps}", "--set", f"train.checkpoints.save_steps={save_steps}",
+        "--set", "train.report_to=[]",
         *ENV,
     ]

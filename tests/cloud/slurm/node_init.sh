@@ -27,9 +27,8 @@ mount -t proc proc "$m/proc"
 mount -t sysfs -o ro sysfs "$m/sys"
 if [ -d /sys/fs/cgroup ]; then
   mount --rbind /sys/fs/cgroup "$m/sys/fs/cgroup"
-  for sub in $(awk -v r="$m/sys/fs/cgroup" '$2==r || index($2, r"/")==1 {print $2}' /proc/self/mounts); do
-    mount -o remount,bind,ro "$sub"
-  done
+  awk -v r="$m/sys/fs/cgroup" '$2==r || index($2, r"/")==1 {print $2}' /proc/self/mounts |
+    while read -r sub; do mount -o remount,bind,ro "$sub"; done
 fi
 mount --rbind /dev "$m/dev"
 mount -t tmpfs -o size=2g tmpfs "$m/dev/shm"

@@ -227,7 +227,7 @@ class SlurmSite:
 
     # --- the user's side -------------------------------------------------------------------------
     def env(self, extra: dict | None = None) -> dict:
-        from tests.walk import fresh_env  # noqa: PLC0415 (tests/ is on sys.path in pytest)
+        from tests.walk import fresh_env
 
         env = fresh_env(self.scratch, extra)
         env.update({"HOME": str(self.home), "LAUNCH_HOME": str(self.launch_home),
