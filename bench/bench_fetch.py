@@ -168,7 +168,7 @@ def fetch_s3(tmp: Path, dest: Path) -> float:
     tls = make_tls(tmp / "tls", ["s3api-eu-ro-1.runpod.io"], ips=("127.0.0.1",))
     server = VolumeS3(lambda b: vol if b == "abcde12345" else None, "user_bench", lambda line: None)
     server.start("127.0.0.1", 0, tls[1], tls[2])
-    url = f"https://127.0.0.1:{server._server.server_address[1]}"  # noqa: SLF001
+    url = f"https://127.0.0.1:{server._server.server_address[1]}"
     v = S3Volume.__new__(S3Volume)
     v.zone, v.bucket = "EU-RO-1", "abcde12345"
     v.client = boto3.client("s3", endpoint_url=url, region_name="EU-RO-1", aws_access_key_id="user_bench",
@@ -208,14 +208,14 @@ def resume(args) -> None:
         child = [sys.executable, __file__, "_fetch", str(run_dir), str(dest), host, str(known), str(server.client_key)]
         try:
             print(f"1 file set, {total / 1e6:.0f} MB over ssh (relay 127.0.0.1:{relay.port} -> sshd :{server.port})")
-            proc = subprocess.Popen(child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             out = bytearray()
             threading.Thread(target=lambda: out.extend(proc.stdout.read()), daemon=True).start()
             incoming = dest / ".incoming" / "outputs" / "merged"
             while proc.poll() is None:
                 got = sum(p.stat().st_size for p in incoming.glob("*")) if incoming.is_dir() else 0
                 if got >= args.cut * total:
-                    proc.send_signal(signal.SIGINT)
+                    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
                     break
                 time.sleep(0.05)
             proc.wait(timeout=60)
@@ -223,7 +223,8 @@ def resume(args) -> None:
             first = relay.down
             print(f"try 1: interrupted (SIGINT) at {got / 1e6:.0f} MB, exit {proc.returncode}; "
                   f"wire bytes to the client {first / 1e6:.1f} MB")
-            print("  terminal (last frame): " + last_frame(bytes(out)))
+            for line in last_frames(bytes(out)):
+                print("  terminal: " + line)
             relay.down = relay.up = 0
             t = time.perf_counter()
             done = subprocess.run(child, capture_output=True, timeout=3600)
@@ -236,19 +237,14 @@ def resume(args) -> None:
             server.stop()
 
 
-def last_frame(raw: bytes) -> str:
-    frames = last_frames(raw)
-    return frames[-1] if frames else "(nothing)"
-
-
 def last_frames(raw: bytes) -> list[str]:
     """The text lines a terminal last showed: ANSI sequences dropped, each \\r-rewritten line's last state."""
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", raw.decode(errors="replace"))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", raw.decode(errors="replace"))  # colours
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", text)  # cursor moves and erasures: a new frame
     lines = [seg.split("\r")[-1].strip() for seg in text.split("\n")]
     lines = [x for x in lines if x]
-    bars = [x for x in lines if "MB" in x or "GB" in x]
-    keep = bars[-2:] if bars else []
-    return keep + [x for x in lines[-3:] if x not in keep]
+    bars = [x for x in lines if "━" in x]
+    return bars[-2:] + [x for x in lines[-2:] if "━" not in x]
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ def pull(ssh: list[str], destination: str, remote_root: str, rels: list[str], in
            "--from0", "--files-from=-", "-e", shlex.join(ssh), f"{destination}:{remote_root}/", f"{into}/"]
     received, delay = 0, 1.0
     for attempt in range(1, tries + 1):
-        done = subprocess.run(cmd, input="\0".join(rels) + "\0", capture_output=True, text=True)
+        done = _run(cmd, "\0".join(rels) + "\0")
         err = done.stderr.strip()
         m = re.search(r"Total bytes received: ([\d,.]+)", done.stdout)
         received += int(re.sub(r"[,.]", "", m[1])) if m else 0
@@ -59,3 +59,20 @@ def pull(ssh: list[str], destination: str, remote_root: str, rels: list[str], in
         time.sleep(delay)
         delay = min(delay * 2, 8.0)
     raise BackendError(f"rsync from {destination} failed ({done.returncode}): {err[-300:]}")
+
+
+def _run(cmd: list[str], stdin: str) -> subprocess.CompletedProcess:
+    """rsync to its end; interrupted (Ctrl-C, a signal), its processes are told to stop and waited for:
+    rsync's receiver is a process of its own that would go on writing into the files the next try
+    continues (subprocess.run's SIGKILL reaches only the first one)."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(stdin)
+    except BaseException:
+        proc.terminate()  # rsync's own handler stops its receiver and keeps the partial file (--partial)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

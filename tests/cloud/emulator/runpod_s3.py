@@ -117,7 +117,8 @@ def _handler(s3: VolumeS3) -> type[BaseHTTPRequestHandler]:
                 self.send_header(k, v)
             if body and "Content-Type" not in (headers or {}):
                 self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(body)))
+            if "Content-Length" not in (headers or {}):
+                self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if body and self.command != "HEAD":
                 self.wfile.write(body)
@@ -165,10 +166,11 @@ def _handler(s3: VolumeS3) -> type[BaseHTTPRequestHandler]:
                 start, end = _byte_range(self.headers.get("Range"), st.st_size)
                 with open(path, "rb") as f:  # a ranged GET (boto3's parallel download) reads its range only
                     f.seek(start)
-                    data = f.read(end - start)
+                    data = f.read(end - start) if self.command == "GET" else b""
                 extra = {"Content-Range": f"bytes {start}-{end - 1}/{st.st_size}"} if self.headers.get("Range") else {}
                 return 206 if extra else 200, data, {
                     "Content-Type": "binary/octet-stream", "Accept-Ranges": "bytes", **extra,
+                    "Content-Length": str(end - start),  # HEAD: the object's, with no body read
                     "ETag": f'"{st.st_size:x}-{int(st.st_mtime)}"',  # as the listing's: no md5 of GBs per range
                     "Last-Modified": formatdate(st.st_mtime, usegmt=True)}
             if self.command == "PUT":
