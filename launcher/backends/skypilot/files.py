@@ -160,8 +160,9 @@ class S3Volume:
         try:
             import boto3
         except ImportError:
-            raise BackendError("fetching from a RunPod volume needs boto3, which launch's `sky` extra installs: "
-                               "pip install -e '.[sky]' in launch's checkout") from None
+            raise BackendError("fetching from a RunPod volume needs boto3, which launch's `sky` extra brings: "
+                               "install launch as `launch[sky]` (`uv tool install 'launch[sky] @ SOURCE'`, "
+                               "README: Installing)") from None
         sky = sdk()
         record = volume_record(sky, vol["name"])
         if record is None:
