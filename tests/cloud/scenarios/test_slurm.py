@@ -1,0 +1,105 @@
+"""qwen3-32b-4x4-a100 (runbook 004) on a real Slurm cluster made of namespaces (tests/cloud/slurm/site.py),
+as its user runs it: `launch up --set cluster.infra=slurm/hpc`, status, logs, `launch down
+--fetch-artifacts`. The real SkyPilot (client, local API server, its Slurm provisioner: one sbatch job
+over both nodes, `srun --overlap` for every command) and the real Slurm (slurmctld, two slurmd, munge)
+do every step; the payload trains a tiny Qwen3 on CPU, one torchrun job over both nodes (8 ranks each,
+the 8 GRES GPUs SkyPilot scheduled per node, gloo)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from tests.cloud.emulator import image as image_mod
+from tests.cloud.scenarios import profiles
+from tests.cloud.scenarios.steps import cluster_of, status, up, wait_ended, wait_step
+
+PROFILE = "qwen3-32b-4x4-a100"
+PRICE = profiles.QWEN_PRICE
+
+
+def shared_env(site) -> None:
+    """The payload's GPU environment, built once on the shared filesystem where payload/gpu_env.sh looks
+    for it ($LAUNCH_VOLUME/.envs/py3.11-<key>): the site has no package index, so its admin put the baked
+    CPU build there (the nodes' image holds it at /opt/launch-payload-env)."""
+    envs = site.shared / "launch" / ".envs"
+    envs.mkdir(parents=True)
+    (envs / f"py3.11-{image_mod.env_key()}").symlink_to("/opt/launch-payload-env")
+
+
+def squeue(site) -> list[str]:
+    return site.on_login("squeue -h -o '%i %T %D %N %b'").split("\n")[:-1]
+
+
+@pytest.mark.timeout(1500)
+def test_runbook_004_on_two_slurm_nodes_up_status_logs_down_fetch(slurm, in_repo, report, tmp_path):
+    shared_env(slurm)
+    steps, save = 30, 10
+    started = time.time()
+    run = up(slurm, PROFILE, *profiles.qwen3_32b(in_repo, max_steps=steps, save_steps=save))
+
+    # One Slurm job holds both nodes, 8 GPUs (GRES) each.
+    (job,) = squeue(slurm)
+    assert " RUNNING 2 node[1-2] " in f"{job} " and "gpu:nvidia_a100_sxm4_80gb:8" in job, job
+
+    st = wait_step(slurm, run, 5, timeout=900)
+    assert st["state"] == "running" and st.get("loss") is not None, st
+    assert st["price_per_hour"] == pytest.approx(PRICE), st  # both nodes, 16 GPUs at the profile's rate
+    assert st["cost_usd"] > 0, st
+
+    done = wait_ended(slurm, run, 900, what="the run to complete")
+    assert done["state"] == "completed" and done["step"] == steps, done
+
+    logs = slurm.launch("logs", run, timeout=300)
+    assert logs.returncode == 0, logs.stdout + logs.stderr
+    ranks = set(re.findall(r"\(\w+, rank=(\d), pid=\d+", logs.stdout))  # SkyPilot's prefix of each node's lines
+    assert ranks == {"0", "1"}, logs.stdout[-4000:]
+
+    down = slurm.launch("down", run, "--fetch-artifacts", "--dest", str(tmp_path / "artifacts"), timeout=900)
+    out = down.stdout + down.stderr
+    assert down.returncode == 0 and "verified" in out, out
+    model = sorted((tmp_path / "artifacts" / run).rglob("model*.safetensors"))
+    assert model, sorted(str(p) for p in (tmp_path / "artifacts").rglob("*"))[:40]
+    assert not squeue(slurm), "the Slurm job outlived `launch down`"
+    # the run's checkpoints stay on the shared filesystem; nothing of the run on the nodes' disks
+    assert (slurm.shared / "launch" / "runs" / run / "checkpoints").is_dir()
+
+    cost = json.loads(slurm.launch("cost", "--json", timeout=180).stdout)
+    usd = cost["total_usd"]
+    wall = time.time() - started
+    print("\n".join(f"  {c:<40} {t:6.1f} s  exit {rc}" for c, t, rc in slurm.timings))
+    print("  what `launch down --fetch-artifacts` said:\n" + "\n".join("    " + ln for ln in out.splitlines()))
+    print(f"  launch billed ${usd:.4f} at ${PRICE}/h for 2 nodes; {wall:.0f} s from `up` to the end of `down`")
+    assert usd <= PRICE * wall / 3600 + 0.01, (usd, wall)
+    report(state=status(slurm, run)["state"], usd=usd, where="(slurm, 2 nodes x A100-80GB:8)", steps=done["step"])
+
+
+@pytest.mark.timeout(1200)
+def test_down_mid_training_on_slurm_saves_cancels_and_leaves_only_the_shared_checkpoints(slurm, in_repo, report):
+    shared_env(slurm)
+    # No periodic save before `down` (save_steps past the run's steps): a checkpoint is down's final save.
+    run = up(slurm, PROFILE, *profiles.qwen3_32b(in_repo, max_steps=100000, save_steps=50000))
+    wait_step(slurm, run, 5, timeout=900)
+    down = slurm.launch("down", run, timeout=900)
+    out = down.stdout + down.stderr
+    assert down.returncode == 0, out
+    after = status(slurm, run)
+    assert after["state"] == "stopped", after
+    m = re.search(r"checkpoint-(\d+)", after.get("reason") or "")
+    assert m and int(m.group(1)) >= 5, after
+    ckpt = slurm.shared / "launch" / "runs" / run / "checkpoints" / f"checkpoint-{m.group(1)}"
+    assert (ckpt / "COMPLETE").exists(), sorted(p.name for p in ckpt.parent.iterdir())
+
+    assert not squeue(slurm), "the Slurm job outlived `launch down`"
+    # nothing of the run on the nodes: SkyPilot's runtime dirs in each node's /tmp and the cluster's home
+    # in the shared home are gone (its job's EXIT trap, sky/provision/slurm/instance.py:1256-1287)
+    cluster = cluster_of(run)
+    left = [str(p) for n in ("node1", "node2") for p in (slurm.dir / "nodes" / n / "tmp").glob(f"{cluster}*")]
+    left += [str(p) for p in (slurm.dir / "home" / ".sky_clusters").glob(f"{cluster}*")]
+    assert not left, left
+    usd = json.loads(slurm.launch("cost", "--json", timeout=180).stdout)["total_usd"]
+    print("  what `launch down` said:\n" + "\n".join("    " + ln for ln in out.splitlines()))
+    report(state=after["state"], usd=usd, where="(slurm, 2 nodes x A100-80GB:8)", steps=after.get("step"))
