@@ -2,12 +2,14 @@
 backend (a real OpenSSH server on 127.0.0.1, tests/sshd.py) and over S3 (the emulated RunPod S3 API,
 tests/cloud/emulator/runpod_s3.py, TLS on 127.0.0.1). No root needed beyond what sshd's install takes.
 
-    python bench/bench_fetch.py [--mb 64] [--files 2] [--transports ssh,s3] [--code DIR]
+    python bench/bench_fetch.py [--mb 64] [--files 2] [--transports ssh,s3] [--stream-mbps N] [--code DIR]
     python bench/bench_fetch.py resume [--mb 1024] [--cut 0.5]
 
 A run directory with `--files` merged-model shards (valid safetensors, random bytes; `--mb` in all) and
 its MANIFEST is fetched with merged=True. `--code DIR` runs the launcher found in DIR (e.g. an older
-commit's `git archive` unpacked there) for a before/after figure. `resume` fetches over ssh in a child
+commit's `git archive` unpacked there) for a before/after figure. `--stream-mbps` holds each TCP
+connection to N MB/s through a relay, as a long path to a provider does (one stream's ceiling), where
+loopback has none and the CPU is the limit. `resume` fetches over ssh in a child
 process, interrupts it with SIGINT (Ctrl-C) once `--cut` of the bytes have arrived, runs it again, and
 prints what a terminal showed both times and the bytes that crossed the wire the second time (counted by
 a TCP relay in front of sshd, both directions).
@@ -55,10 +57,11 @@ def make_run(run_dir: Path, mb: float, files: int) -> int:
 
 
 class Relay:
-    """127.0.0.1:port -> 127.0.0.1:target, counting the bytes each way."""
+    """127.0.0.1:port -> 127.0.0.1:target, counting the bytes each way; with `rate` (bytes/s) each
+    connection is held to it, as a long path holds one TCP stream (latency, its provider's cap)."""
 
-    def __init__(self, target: int):
-        self.target, self.up, self.down = target, 0, 0
+    def __init__(self, target: int, rate: float = 0):
+        self.target, self.up, self.down, self.rate = target, 0, 0, rate
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -71,10 +74,14 @@ class Relay:
             threading.Thread(target=self._pipe, args=(server, client, "down"), daemon=True).start()
 
     def _pipe(self, a, b, way):
+        start, sent = time.monotonic(), 0
         try:
-            while data := a.recv(1 << 20):
+            while data := a.recv(1 << 16):
                 b.sendall(data)
                 setattr(self, way, getattr(self, way) + len(data))
+                sent += len(data)
+                if self.rate:
+                    time.sleep(max(0.0, sent / self.rate - (time.monotonic() - start)))
         except OSError:
             pass
         finally:
@@ -138,23 +145,25 @@ def throughput(args) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-fetch-") as tmp:
         tmp = Path(tmp)
         total = make_run(tmp / "vol" / "runs" / "bench", args.mb, args.files)
-        print(f"{args.files} files, {total / 1e6:.0f} MB, launcher from {args.code or REPO}")
+        cap = f", each connection held to {args.stream_mbps:g} MB/s" if args.stream_mbps else ""
+        print(f"{args.files} files, {total / 1e6:.0f} MB, launcher from {args.code or REPO}{cap}")
         if "ssh" in args.transports:
             server = ssh_env(tmp)
             known = tmp / "known_hosts"
-            known.write_text(server.known_hosts_line())
+            port = Relay(server.port, args.stream_mbps * 1e6).port if args.stream_mbps else server.port
+            known.write_text(server.known_hosts_line().replace(f"]:{server.port} ", f"]:{port} "))
             try:
-                dt = fetch_ssh(tmp / "vol" / "runs" / "bench", tmp / "art-ssh", server.host, known,
-                               server.client_key, False)
+                dt = fetch_ssh(tmp / "vol" / "runs" / "bench", tmp / "art-ssh", f"{server.user}@127.0.0.1:{port}",
+                               known, server.client_key, False)
                 print(f"  ssh backend: {dt:.2f} s, {total / dt / 1e6:.0f} MB/s")
             finally:
                 server.stop()
         if "s3" in args.transports:
-            dt = fetch_s3(tmp, tmp / "art-s3")
+            dt = fetch_s3(tmp, tmp / "art-s3", args.stream_mbps)
             print(f"  S3 (emulated RunPod, TLS): {dt:.2f} s, {total / dt / 1e6:.0f} MB/s")
 
 
-def fetch_s3(tmp: Path, dest: Path) -> float:
+def fetch_s3(tmp: Path, dest: Path, stream_mbps: float = 0) -> float:
     sys.path.append(str(REPO))  # after --code's checkout: its launcher, this one's emulator
     from tests.cloud.emulator.runpod_s3 import VolumeS3, make_tls
 
@@ -168,7 +177,8 @@ def fetch_s3(tmp: Path, dest: Path) -> float:
     tls = make_tls(tmp / "tls", ["s3api-eu-ro-1.runpod.io"], ips=("127.0.0.1",))
     server = VolumeS3(lambda b: vol if b == "abcde12345" else None, "user_bench", lambda line: None)
     server.start("127.0.0.1", 0, tls[1], tls[2])
-    url = f"https://127.0.0.1:{server._server.server_address[1]}"
+    port = server._server.server_address[1]
+    url = f"https://127.0.0.1:{Relay(port, stream_mbps * 1e6).port if stream_mbps else port}"
     v = S3Volume.__new__(S3Volume)
     v.zone, v.bucket = "EU-RO-1", "abcde12345"
     v.client = boto3.client("s3", endpoint_url=url, region_name="EU-RO-1", aws_access_key_id="user_bench",
@@ -263,6 +273,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=2)
     ap.add_argument("--transports", default="ssh,s3")
     ap.add_argument("--cut", type=float, default=0.5, help="resume: interrupt when this share has arrived")
+    ap.add_argument("--stream-mbps", type=float, default=0,
+                    help="hold each TCP connection to this many MB/s, as a long path does (default: loopback)")
     ap.add_argument("--code", help="a launcher checkout to run instead of this one (before/after)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.code).resolve()) if args.code else str(REPO))
