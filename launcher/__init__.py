@@ -13,21 +13,28 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "launcher": (),
     "errors": (),
     "doors": (),
+    "project": (),  # where the user's project is, and what this install ships
     "term": (),
     "store": ("errors", "term"),
-    "profiles": ("term", "store"),
+    "trainenv": ("project", "store"),  # the Python with the training stack on this machine
+    "profiles": ("project", "term", "store"),
     "catalog": ("profiles", "store"),
-    "plan": ("term", "store", "profiles", "catalog"),
-    "backends": ("errors", "term", "store", "profiles", "catalog"),
-    "runs": ("launcher", "errors", "term", "store", "profiles", "catalog", "plan", "backends"),
-    "results": ("errors", "term", "store", "profiles", "backends", "runs"),
-    "cli": ("launcher", "errors", "term", "store", "profiles", "catalog", "plan", "runs", "results"),
+    "plan": ("project", "term", "store", "profiles", "catalog"),
+    "backends": ("errors", "term", "store", "trainenv", "profiles", "catalog"),
+    "runs": ("launcher", "errors", "project", "term", "store", "trainenv", "profiles", "catalog", "plan",
+             "backends"),
+    "results": ("errors", "project", "term", "store", "trainenv", "profiles", "backends", "runs"),
+    "cli": ("launcher", "errors", "project", "term", "store", "trainenv", "profiles", "catalog", "plan", "runs",
+            "results"),
+    "__main__": ("cli",),  # `python -m launcher`
 }
 
 # What other groups may import of each group (modules relative to the group; "" is its __init__).
 FACES: dict[str, tuple[str, ...]] = {
     "launcher": ("",),
     "errors": ("",),
+    "project": ("",),
+    "trainenv": ("",),
     "term": ("ui", "tables", "units", "logtext", "completion"),
     "store": ("state", "registry", "artifacts", "claims"),
     "profiles": ("profile", "schema", "checks", "data_count", "render", "uploads", "preview", "scaffold"),

@@ -1,6 +1,10 @@
-"""`launch`: fine-tune LLMs on rented GPUs from profiles in clusters/.
+"""`launch`: fine-tune LLMs on rented GPUs from profiles in your project's clusters/.
 
 This module stays light (click only) so `launch --help` is fast; each command imports what it needs.
+
+One idea at ~450 lines: the command line's frame: the group and its global options (`--project`),
+the planning commands that are a few lines each, and the one place where an error, a Ctrl-C or a
+signal becomes the user's one line; the run and result commands live in their groups' modules.
 """
 
 from __future__ import annotations
@@ -32,19 +36,21 @@ class LaunchGroup(click.Group):
     def invoke(self, ctx):
         try:
             with closed_pipe_ends_quietly():
-                return super().invoke(ctx)
+                done = super().invoke(ctx)
+            signals_end_at_once()  # the command's work is done: a signal now needs no cleanup
+            return done
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except KeyboardInterrupt:  # Ctrl-C: what it stopped, and what goes on billing (not click's `Aborted!`)
             if os.environ.get("LAUNCH_DEBUG"):
                 raise
-            from launcher.term.ui import err_console, literal
+            from launcher.term.ui import err_console, note
 
             e = sys.exc_info()[1]
             how = _how(e)
             mark, line = interrupted_line(ctx.invoked_subcommand, how, getattr(e, "run_id", None))
             with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
-                err_console().print(literal(mark, line), highlight=False, soft_wrap=True)
+                note(mark, line, out=err_console())
             ctx.exit(128 + int(getattr(signal, how)) if how in INTERRUPTING else 130)  # as the shell reports it
         except Exception as e:  # noqa: BLE001 - mapped below, re-raised when unknown or debugging
             if os.environ.get("LAUNCH_DEBUG"):
@@ -55,10 +61,10 @@ class LaunchGroup(click.Group):
             lines = user_error_lines(e)
             if lines is None:
                 raise
-            from launcher.term.ui import err_console, literal
+            from launcher.term.ui import err_console, note
 
             for line in lines:  # error text carries user and remote text: printed literally, never as markup
-                err_console().print(literal("[red]✗[/] ", line), highlight=False, soft_wrap=True)
+                note("[red]✗[/] ", line, out=err_console())
             ctx.exit(1)
 
     SECTIONS = (("Plan", ("profiles", "validate", "data", "plan", "render", "init")),
@@ -159,6 +165,12 @@ def interrupt_on_signals() -> None:
         signal.signal(getattr(signal, name), interrupt)
 
 
+def signals_end_at_once() -> None:
+    """SIGTERM and SIGHUP back to their default action (the process ends), once a command is done."""
+    for name in INTERRUPTING:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 def user_error_lines(e: Exception):
     from payload.config import ConfigError
     from payload.errors import PayloadError  # a payload step run here (eval, chat): its one line
@@ -225,25 +237,25 @@ def validate(profile, sets=()):
     from launcher.profiles.checks import load_checked
     from launcher.plan.estimate import MEMORY_FIX, memory_verdict
     from launcher.profiles.profile import ProfileError, resolve_profile_path
-    from launcher.term.ui import console, literal
+    from launcher.term.ui import note
 
     p, data_files = load_checked(profile, tuple(sets))
     mem = memory_verdict(p)
     if mem["status"] == "does not fit":
         raise ProfileError([f"{resolve_profile_path(profile)}: train: GPU memory {mem['detail']} does not fit "
                             f"{p.cluster.accelerators_label}; {MEMORY_FIX}"])
-    console().print(literal("[green]✓[/] ", f"{p.name}: valid ({p.cluster.accelerators_label} x "
-                            f"{p.cluster.num_nodes} node(s), {p.train.method}, {p.model.name_or_path})"))
+    note("[green]✓[/] ", f"{p.name}: valid ({p.cluster.accelerators_label} x "
+         f"{p.cluster.num_nodes} node(s), {p.train.method}, {p.model.name_or_path})")
     for line in data_files:
-        console().print(literal("  data: ", line), soft_wrap=True)
+        note("  data: ", line)
     from payload.config.evaluation import exported_checkpoint
 
     outputs = ["adapter" if p.train.method != "full" else "weights"] + ["merged model"] * p.outputs.merge + \
         ["MLX adapter"] * p.outputs.export_mlx
-    console().print(literal("  exports: ", f"{', '.join(outputs)} from {exported_checkpoint(p)}"), soft_wrap=True)
+    note("  exports: ", f"{', '.join(outputs)} from {exported_checkpoint(p)}")
     if mem["status"] not in ("n/a",):
         mark = "[yellow]![/]" if mem["status"] in ("tight", "unknown") else "[green]✓[/]"
-        console().print(literal(f"{mark} ", f"GPU memory {mem['status']}: {mem['detail']} (estimate, +-20%)"))
+        note(f"{mark} ", f"GPU memory {mem['status']}: {mem['detail']} (estimate, +-20%)")
 
 
 @cli.command()
@@ -258,7 +270,7 @@ def render(profiles, all_, check):
     from .catalog import plan_price
     from launcher.profiles.profile import profile_names
     from launcher.profiles.render import render_all, stale, write
-    from launcher.term.ui import console
+    from launcher.term.ui import note
 
     names = list(profiles) or (profile_names() if all_ or check else None)
     if not names:
@@ -272,13 +284,13 @@ def render(profiles, all_, check):
             click.echo(f"✗ {len(diffs)} rendered file(s) are stale: run `launch render --all` and commit sky/",
                        err=True)
             sys.exit(1)
-        console().print(f"[green]✓[/] sky/ is up to date ({len(rendered)} files)")
+        note("[green]✓[/] ", f"sky/ is up to date ({len(rendered)} files)")
         return
     written = write(rendered)
     for path in written:
-        console().print(f"[green]✓[/] wrote {path.relative_to(path.parents[1])}")
+        note("[green]✓[/] ", f"wrote {path.relative_to(path.parents[1])}")
     if not written:
-        console().print("[green]✓[/] nothing to do: sky/ is up to date")
+        note("[green]✓[/] ", "nothing to do: sky/ is up to date")
 
 
 @cli.command()
@@ -436,10 +448,17 @@ def _bounded_exit(code) -> None:
 def main():
     interrupt_on_signals()
     try:
-        cli(prog_name="launch")
+        try:
+            cli(prog_name="launch")
+        finally:
+            signals_end_at_once()
     except SystemExit as e:  # click's standalone mode ends every command so
         _bounded_exit(e.code)
         raise
+    except KeyboardInterrupt as e:  # a signal as the command ended (its work done): its code, quietly
+        code = 128 + int(getattr(signal, _how(e))) if _how(e) in INTERRUPTING else 130
+        _bounded_exit(code)
+        raise SystemExit(code) from None
 
 
 if __name__ == "__main__":

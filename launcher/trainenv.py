@@ -98,7 +98,8 @@ def build(env: Path, say=None) -> None:
         src.mkdir()
         for pkg in ("launcher", "payload"):
             (src / pkg).symlink_to(project.PACKAGE_ROOT / pkg)
-        site = subprocess.run([str(tmp / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        site = subprocess.run([str(tmp / "bin" / "python"), "-c",
+                               "import sysconfig; print(sysconfig.get_path('purelib'))"],
                               capture_output=True, text=True, check=True).stdout.strip()
         # The final path, not tmp's: the environment is moved into place below.
         Path(site, "launch-src.pth").write_text(f"{env / 'launch-src'}\n")

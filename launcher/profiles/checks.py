@@ -46,7 +46,8 @@ def outside_problem(rel: str, what: str = "file") -> Optional[str]:
                     f"every backend; write it as {inner}")
         hub = ", or use a Hub dataset (`hf_dataset:` instead of `path:`)" if what == "file" else ""
         return (f"{rel} is outside the project, and a run (on every backend, local included) gets only the "
-                f"repo's files: put the {what} under data/ in the project and give its path from the project root, "
+                f"project's files: put the {what} under data/ in the project and give its path from the project "
+                f"root, "
                 f"e.g. data/{p.name}{hub}")
     if not p.parts or ".." in p.parts:
         return f"{rel} is outside the project, which is all that is uploaded to the machine; move it under data/"

@@ -75,6 +75,10 @@ class EmulatedCloud:
         self.netns_etc = Path("/etc/netns") / self.ns  # this namespace's /etc/hosts (ip-netns(8))
         self._proc: subprocess.Popen | None = None
         self.timings: list[tuple[str, float, int]] = []  # (command, seconds, exit code), for the report
+        # The user's `launch` and where they run it: the checkout's by default; a scenario may take an
+        # installed one (tests/installed.py) and a project of its own outside the checkout.
+        self.tool: Path = LAUNCH
+        self.cwd: Path = REPO
 
     # --- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> "EmulatedCloud":
@@ -189,14 +193,14 @@ class EmulatedCloud:
             cwd: Path | None = None) -> subprocess.CompletedProcess:
         """A command of the user's, inside the cloud's network namespace."""
         start = time.monotonic()
-        r = subprocess.run(["ip", "netns", "exec", self.ns, *cmd], cwd=cwd or REPO, env=self.env(env),
+        r = subprocess.run(["ip", "netns", "exec", self.ns, *cmd], cwd=cwd or self.cwd, env=self.env(env),
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
         name = " ".join([Path(cmd[0]).name, *[a for a in cmd[1:3] if not a.startswith("-")]])
         self.timings.append((name, time.monotonic() - start, r.returncode))
         return r
 
     def launch(self, *args: str, **kw) -> subprocess.CompletedProcess:
-        return self.run(str(LAUNCH), *args, **kw)
+        return self.run(str(self.tool), *args, **kw)
 
     def sky(self, *args: str, **kw) -> subprocess.CompletedProcess:
         return self.run(str(LAUNCH.parent / "sky"), *args, **kw)

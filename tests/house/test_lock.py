@@ -39,8 +39,9 @@ def lock_pins(path: Path) -> dict[str, str]:
 
 
 LOCK_FILES = ("pyproject.toml", "requirements/dev.in", "requirements/overrides.txt", "requirements/dev.lock",
-              "requirements/sky-cli.in", "requirements/sky-cli.lock",
-              "payload/requirements-gpu.txt", "payload/requirements-gpu.lock")
+              "requirements/dev-macos.lock", "requirements/sky-cli.in", "requirements/sky-cli.lock",
+              "payload/requirements-gpu.txt", "payload/requirements-gpu.lock",
+              "payload/requirements-local.txt", "payload/requirements-local.lock")
 
 
 def copy_lock_inputs(root: Path) -> None:
@@ -75,6 +76,7 @@ def test_locks_match_their_inputs():
     ("requirements/dev.in", "requirements/dev.in"),
     ("requirements/overrides.txt", "requirements/overrides.txt"),
     ("payload/requirements-gpu.txt", "payload/requirements-gpu.txt"),
+    ("payload/requirements-local.txt", "payload/requirements-local.txt"),
     ("requirements/sky-cli.in", "requirements/sky-cli.in"),
 ])
 def test_a_stale_lock_fails_and_names_the_input_and_the_fix(tmp_path, edit, named):
@@ -85,10 +87,12 @@ def test_a_stale_lock_fails_and_names_the_input_and_the_fix(tmp_path, edit, name
     target.write_text(target.read_text() + "six==1.17.0\n")
     r = subprocess.run([*CHECK, "--root", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 1
-    lock = {"payload/requirements-gpu.txt": "payload/requirements-gpu.lock",
-            "requirements/sky-cli.in": "requirements/sky-cli.lock"}.get(edit, "requirements/dev.lock")
-    assert r.stderr.strip() == (f"✗ {lock}: older than {named} (changed since the lock was made); "
-                                f"run `make lock` and commit {lock}")
+    locks = {"payload/requirements-gpu.txt": ["payload/requirements-gpu.lock"],
+             "payload/requirements-local.txt": ["payload/requirements-local.lock"],
+             "requirements/sky-cli.in": ["requirements/sky-cli.lock"]}.get(
+        edit, ["requirements/dev.lock", "requirements/dev-macos.lock"])  # the Linux and the macOS lock
+    assert r.stderr.strip().splitlines() == [f"✗ {lock}: older than {named} (changed since the lock was made); "
+                                             f"run `make lock` and commit {lock}" for lock in locks]
 
 
 def test_a_new_pyproject_dependency_makes_the_dev_lock_stale(tmp_path):

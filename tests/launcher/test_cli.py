@@ -72,9 +72,11 @@ def test_plan_json_sonia():
 
 
 def test_run_commands_without_runs():
-    for cmd in (["logs"], ["status"], ["down"]):
+    for cmd in (["logs"], ["down"]):
         r = invoke(*cmd)
         assert r.exit_code == 1 and "no runs yet: start one with `launch up PROFILE`" in r.output
+    r = invoke("status")  # a question with an answer: none yet
+    assert r.exit_code == 0 and "no runs yet: start one with `launch up PROFILE`" in r.output
     r = invoke("status", "nope-123")
     assert r.exit_code == 1 and "✗" in r.output
 
@@ -121,14 +123,29 @@ def test_help_is_fast_and_imports_nothing_heavy():
     assert out.stdout.strip() == "[]", out.stderr
 
 
-def test_up_local_without_training_extras_says_what_to_install(monkeypatch):
+def test_up_local_without_the_training_stack_builds_it_or_says_what_to_set(monkeypatch, tmp_path):
+    """Without torch/peft/... in this Python (a plain install of launch), the local backend takes
+    LAUNCH_TRAIN_PYTHON or builds the stack's environment (launcher/trainenv.py) before anything is
+    recorded or started; what cannot be had is one line naming the variable."""
     import importlib.util
+
+    from launcher import trainenv
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    monkeypatch.setenv("LAUNCH_TRAIN_PYTHON", str(tmp_path / "no-python"))
     r = invoke("up", "local-demo")
-    assert r.exit_code == 1
-    assert "✗ the local backend trains on this machine and needs peft: run `make install`" in r.output
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert f"✗ LAUNCH_TRAIN_PYTHON={tmp_path / 'no-python'}: no such Python" in r.output
+    monkeypatch.delenv("LAUNCH_TRAIN_PYTHON")
+    monkeypatch.setenv("UV_OFFLINE", "1")  # an empty cache and no network: the build fails, said in one line
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "empty-cache"))
+    r = invoke("up", "local-demo")
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "building the training stack for runs on this machine once" in r.output
+    assert "✗ building the training stack failed (uv pip sync)" in r.output and "set LAUNCH_TRAIN_PYTHON" in r.output
+    assert registry.all_runs() == [] and not trainenv.env_dir().exists()
+    assert not trainenv.env_dir().with_name(trainenv.env_dir().name + ".building").exists()
 
 
 def test_up_on_a_full_disk_is_one_line(monkeypatch):

@@ -15,34 +15,17 @@ of the checkout's locks (SkyPilot's own, with its click<8.2, from requirements/s
 from __future__ import annotations
 
 import os
-import pwd
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from installed import install_tool, pins, uv_env
 from walk import REPO, assert_one_line_error, fresh_env
 
 pytestmark = pytest.mark.slow
-UV = Path(sys.executable).parent / "uv"  # uv is in the dev lock (and a dependency of launch)
-
-
-def uv_env() -> dict:
-    """uv offline, on the cache `make install` filled (the tests' HOME is a fresh one)."""
-    cache = os.environ.get("UV_CACHE_DIR") or str(Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "uv")
-    return {**os.environ, "UV_CACHE_DIR": cache, "UV_OFFLINE": "1", "UV_NO_PROGRESS": "1"}
-
-
-def pins(*locks: str) -> dict[str, str]:
-    """name -> version of the locks, the first lock's pin winning."""
-    out: dict[str, str] = {}
-    for lock in locks:
-        for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==(\S+)", (REPO / lock).read_text(), re.M):
-            out.setdefault(m.group(1).lower(), m.group(2))
-    return out
 
 
 def tree(root: Path) -> set[str]:
@@ -51,27 +34,7 @@ def tree(root: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def tool(tmp_path_factory) -> Path:
-    """The `launch` of a fresh environment holding the wheel built from a copy of this checkout."""
-    d = tmp_path_factory.mktemp("tool")
-    src = d / "src"  # a copy: a build writes build/ and *.egg-info beside its sources
-    for name in ("launcher", "payload", "clusters"):
-        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    run = dict(env=uv_env(), capture_output=True, text=True, timeout=600)
-    done = subprocess.run([str(UV), "build", "--wheel", "--no-build-isolation", "--python", sys.executable,
-                           "--out-dir", str(d / "dist"), str(src)], **run)
-    assert done.returncode == 0, done.stdout + done.stderr
-    wheel = next((d / "dist").glob("launch-*.whl"))
-    done = subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(d / "env")], **run)
-    assert done.returncode == 0, done.stderr
-    constraints = d / "constraints.txt"
-    constraints.write_text("".join(f"{n}=={v}\n" for n, v in
-                                   pins("requirements/sky-cli.lock", "requirements/dev.lock").items()))
-    done = subprocess.run([str(UV), "pip", "install", "-q", "--python", str(d / "env" / "bin" / "python"),
-                           "-c", str(constraints), str(wheel)], **run)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return d / "env" / "bin" / "launch"
+    return install_tool(tmp_path_factory.mktemp("tool"))
 
 
 def use(tool: Path, tmp_path: Path, *args: str, cwd: Path, env: dict | None = None, timeout: float = 300):

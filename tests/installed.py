@@ -1,0 +1,56 @@
+"""launch installed as a user installs it: the wheel built from a copy of this checkout, in a fresh
+environment outside it, its dependencies resolved by uv from the wheel's metadata, held to the pins of
+the checkout's locks (SkyPilot's own first, with its click<8.2: requirements/sky-cli.lock) and taken
+offline from uv's cache, which `make install` filled. Used by tests/walks/test_walk_install.py and the
+emulated cloud's scenario that runs from an installed tool (tests/cloud/scenarios/test_sigterm.py)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+UV = Path(sys.executable).parent / "uv"  # uv is in the dev lock (and a dependency of launch)
+
+
+def uv_env() -> dict:
+    """uv offline, on the cache `make install` filled (a test's HOME is a fresh one)."""
+    cache = os.environ.get("UV_CACHE_DIR") or str(Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "uv")
+    return {**os.environ, "UV_CACHE_DIR": cache, "UV_OFFLINE": "1", "UV_NO_PROGRESS": "1"}
+
+
+def pins(*locks: str) -> dict[str, str]:
+    """name -> version of the locks, the first lock's pin winning."""
+    out: dict[str, str] = {}
+    for lock in locks:
+        for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==(\S+)", (REPO / lock).read_text(), re.M):
+            out.setdefault(m.group(1).lower(), m.group(2))
+    return out
+
+
+def install_tool(dest: Path, with_packages: tuple[str, ...] = ()) -> Path:
+    """The `launch` of a fresh environment under `dest` holding the wheel (and `with_packages`)."""
+    src = dest / "src"  # a copy: a build writes build/ and *.egg-info beside its sources
+    for name in ("launcher", "payload", "clusters"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    run = dict(env=uv_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run([str(UV), "build", "--wheel", "--no-build-isolation", "--python", sys.executable,
+                           "--out-dir", str(dest / "dist"), str(src)], **run)
+    assert done.returncode == 0, done.stdout + done.stderr
+    wheel = next((dest / "dist").glob("launch-*.whl"))
+    done = subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(dest / "env")], **run)
+    assert done.returncode == 0, done.stderr
+    constraints = dest / "constraints.txt"
+    constraints.write_text("".join(f"{n}=={v}\n" for n, v in
+                                   pins("requirements/sky-cli.lock", "requirements/dev.lock").items()))
+    done = subprocess.run([str(UV), "pip", "install", "-q", "--python", str(dest / "env" / "bin" / "python"),
+                           "-c", str(constraints), str(wheel), *with_packages], **run)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return dest / "env" / "bin" / "launch"
