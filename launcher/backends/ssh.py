@@ -120,9 +120,9 @@ class SSHBackend(Backend):
                                f"{(err or out).strip()[-500:]}")
         return out
 
-    def probe(self) -> dict:
+    def probe(self, conn: Optional[Connection] = None) -> dict:
         """Connect (checking the host key) and describe the host: home, GPU count, python."""
-        conn = self._conn()
+        conn = conn or self._conn()
         # GPUs by nvidia-smi, else by their device files (nvidia-smi off a non-login shell's PATH); `busy`:
         # the processes computing on them now (another run's trainer)
         out = self._sh(conn, 'echo "home=$HOME"; n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -gt 0 ] || '
@@ -138,9 +138,10 @@ class SSHBackend(Backend):
 
     def up(self, spec: LaunchSpec) -> Run:
         run, task = spec.run, load_task(spec.task_yaml)
-        conn = self._conn()
+        # a resume on its host (--host not given, or the same) goes the way the run went, whatever the config says now
+        conn = self._conn(run if self.host and self.host == run.handle.get("host") else None)
         run.handle = {**run.handle, "ssh_route": conn.target.route()}  # how it was reached: every command goes so
-        info = self.probe()
+        info = self.probe(conn)
         _fits(spec.profile, info, {**(task.get("envs") or {}), **spec.envs})  # the profile's envs: and --env
         home, old = info["home"], run.handle if run.handle.get("host") == str(conn.target) else {}
         root = old.get("remote_root") or _expand(self.remote_root, home)  # a resumed run keeps its place

@@ -609,18 +609,17 @@ def test_fetch_detects_a_short_copy(fake, cluster_ssh, tmp_path, monkeypatch):
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("x" * 1000)
     fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
-    from launcher.backends.skypilot import files as skypilot_files
+    from launcher.backends import rsync
 
-    real_run = skypilot_files.subprocess.run
+    real_run = rsync._run
 
-    def truncating_run(cmd, **kw):  # the transfer "succeeds" but leaves half a file
-        done = real_run(cmd, **kw)
-        if cmd[0] == "rsync":
-            target = Path(cmd[-1]) / "metrics.jsonl"
-            target.write_text(target.read_text()[:500])
+    def truncating_run(cmd, stdin):  # the transfer "succeeds" but leaves half a file
+        done = real_run(cmd, stdin)
+        target = Path(cmd[-1]) / "metrics.jsonl"
+        target.write_text(target.read_text()[:500])
         return done
 
-    monkeypatch.setattr(skypilot_files.subprocess, "run", truncating_run)
+    monkeypatch.setattr(rsync, "_run", truncating_run)
     report = fetch(sp.SkyPilotBackend(), cluster_run(str(run_dir), state="completed"), tmp_path / "dest")
     assert "metrics.jsonl: 500 bytes arrived, 1000 on the machine (damaged in transfer: fetch again)" \
         in report.problems

@@ -76,6 +76,8 @@ def test_a_config_alias_with_its_identity_file_and_proxycommand(sshd, tmp_path):
     assert (tmp_path / "got" / "outputs/f.bin").read_bytes() == b"x" * 1000 and again.last_fetch["via"] == "rsync"
     done = system_ssh(again, run, "echo via-system-ssh")
     assert done.returncode == 0 and "via-system-ssh" in done.stdout, done.stderr
+    resumed = SSHBackend(host=run.handle["host"], known_hosts=str(kh))  # `up --resume`: the recorded host
+    assert resumed._conn(run).target == t and resumed.probe(resumed._conn(run))["home"]
 
 
 def test_identity_agent_from_the_config(sshd, tmp_path, monkeypatch):
