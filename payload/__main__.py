@@ -1,7 +1,7 @@
 """`python -m payload STAGE --config RUN.yaml` - the entry point the rendered SkyPilot task calls.
 
 Stages: preflight, data, train, eval (generation metrics of the adapter on a split: `--split test
---adapter DIR`), merge, export, manifest, post (the final evaluation, merge/export/push as the config
+--adapter DIR`), merge, export (MLX), gguf, manifest, post (the final evaluation, merge/export/push as the config
 asks, then the manifest).
 Each stage is a module with `main(cfg) -> dict`, callable from Python too. A user-fixable problem
 prints one line (`payload: ...`) and exits non-zero; LAUNCH_DEBUG=1 shows the traceback.
@@ -38,8 +38,8 @@ from payload.errors import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_STOP_REQUESTED
 # imports them; payload/train/torchrun.py and bench/gpu/gpu_child.py do the same.
 gc.set_threshold(10_000)
 
-LEASED = ("post", "merge", "export", "eval")  # `train` takes the lease itself (rank 0 only)
-QUIET = ("post", "merge", "export", "eval")  # stages that load models: progress bars off (train does it itself)
+LEASED = ("post", "merge", "export", "gguf", "eval")  # `train` takes the lease itself (rank 0 only)
+QUIET = ("post", "merge", "export", "gguf", "eval")  # stages that load models: progress bars off (train does it itself)
 # The trainer's own stops (the budget, `launch down`'s request, a signal): each keeps a checkpoint.
 TRAINER_ENDS = (EXIT_BUDGET, EXIT_STOP_REQUESTED, EXIT_INTERRUPTED)
 STAGES = {
@@ -49,6 +49,7 @@ STAGES = {
     "eval": "payload.outputs.evaluate",
     "merge": "payload.outputs.merge",
     "export": "payload.outputs.export",
+    "gguf": "payload.outputs.gguf",  # outputs.export_gguf: llama.cpp's converter and quantizer
     "manifest": "payload.outputs.manifest",
 }
 
@@ -69,6 +70,9 @@ def post(cfg) -> dict:
     if cfg.outputs.export_mlx:
         with timings.timed(cfg.run_dir, "export"):
             out["export"] = importlib.import_module("payload.outputs.export").main(cfg)
+    if cfg.outputs.export_gguf:
+        with timings.timed(cfg.run_dir, "gguf"):
+            out["gguf"] = importlib.import_module("payload.outputs.gguf").main(cfg)
     timings.fold_into_summary(cfg.run_dir)  # measured phase durations, before the manifest hashes the summary
     out["manifest"] = importlib.import_module("payload.outputs.manifest").main(cfg)
     return out
@@ -149,7 +153,7 @@ def main(argv=None) -> int:
         for line in e.problems:
             print(f"payload: {line}", file=sys.stderr)
         return EXIT_CONFIG
-    except Exception as e:  # noqa: BLE001 - every failure ends as one exit code and one line
+    except Exception as e:
         if args.stage == "train" and quiet_rank(e):  # not a failure to debug either
             return EXIT_OK
         code = exit_code_for(e)

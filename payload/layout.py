@@ -24,6 +24,7 @@ OUTPUTS_DIR = "outputs"
 ADAPTER_DIR = "outputs/adapter"  # best adapter (or final full weights for method: full)
 MERGED_DIR = "outputs/merged"
 MLX_DIR = "outputs/mlx"
+GGUF_DIR = "outputs/gguf"  # <profile>-<TYPE>.gguf per outputs.export_gguf type (payload/outputs/gguf.py)
 STAGE_ADAPTERS = "outputs/stages"  # <i>-<name>/adapter: every stage's adapter of a run with `stages:`
 SUMMARY = "outputs/training_summary.json"
 LOSS_PLOT = "outputs/loss.png"
@@ -55,6 +56,7 @@ ARTIFACTS = (
     Artifact("adapter", ADAPTER_DIR, directory=True),
     Artifact("merged", MERGED_DIR, directory=True, on_request=True),
     Artifact("mlx", MLX_DIR, directory=True),
+    Artifact("gguf", GGUF_DIR, directory=True),
     Artifact("stages", STAGE_ADAPTERS, directory=True),
     Artifact("training_summary.json", SUMMARY),
     Artifact("metrics.jsonl", METRICS, grows=True),

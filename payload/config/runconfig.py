@@ -202,6 +202,8 @@ class RunConfig(Strict):
     def _cross(self):
         if self.train.method == "full" and self.outputs.merge:
             raise ValueError("`outputs.merge` needs an adapter; method `full` already produces full weights")
+        if self.outputs.export_gguf and self.train.method != "full" and not self.outputs.merge:
+            raise ValueError("`outputs.export_gguf` converts the merged model: set `outputs.merge: true`")
         if self.train.method == "full" and self.model.dtype == "float16" and self.train.deepspeed is None:
             raise ValueError("full fine-tuning in `model.dtype: float16` needs fp32 master weights: add "
                              "`train.deepspeed` or use `model.dtype: float32`")
@@ -241,4 +243,6 @@ class RunConfig(Strict):
         for section in ("evaluation", "stages"):  # a config without the section hashes as before it existed
             if not body.get(section):
                 body.pop(section, None)
+        if not body["outputs"].get("export_gguf"):  # as before the key existed
+            body["outputs"].pop("export_gguf", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]

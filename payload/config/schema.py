@@ -314,6 +314,30 @@ class TrainConfig(Strict):
         return self
 
 
+# GGUF types as llama.cpp names them (its converter's --outtype, its quantizer's types in lower case).
+GGUF_CONVERTED = ("f32", "f16", "bf16", "q8_0")
+GGUF_QUANTIZED = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m",
+                  "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs")
+# llama-quantize refuses these without an importance matrix (llama-imatrix over sample text), which launch
+# does not compute.
+GGUF_NEEDS_IMATRIX = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "q2_k_s")
+
+
+def gguf_type(name: str) -> str:
+    """A GGUF type name (lower case), or ValueError naming the choices and the nearest one."""
+    import difflib
+
+    choices = GGUF_CONVERTED + GGUF_QUANTIZED
+    if name in choices:
+        return name
+    if name in GGUF_NEEDS_IMATRIX:
+        raise ValueError(f"{shown(name)} needs an importance matrix (llama-imatrix), which launch does not compute; "
+                         "use q2_k, q3_k_m or q4_k_m, or quantize the f16 file yourself")
+    near = difflib.get_close_matches(name, choices, n=1)
+    hint = f"did you mean `{near[0]}`? " if near else ""
+    raise ValueError(f"{shown(name)} is not a GGUF type launch exports; {hint}choose from {', '.join(choices)}")
+
+
 class OutputsConfig(Strict):
     merge: bool = False
     """Merge the best adapter into the base model after training (LoRA/QLoRA)."""
@@ -323,6 +347,18 @@ class OutputsConfig(Strict):
     """Hub repo id to push the merged model (or adapter) to. Needs HF_TOKEN at launch."""
     export_mlx: bool = False
     """Also write an MLX adapter (runbook 001)."""
+    export_gguf: list[str] = Field(default_factory=list)
+    """GGUF files of the merged model for llama.cpp, Ollama and LM Studio, one per type, named as
+    llama.cpp names them: `f32`, `f16`, `bf16`, `q8_0` (its converter writes these) or `q4_k_m`,
+    `q5_k_m`, `q6_k`, ... (its quantizer makes these from the f16 file), e.g. `[f16, q4_k_m]`."""
+
+    @field_validator("export_gguf", mode="before")
+    @classmethod
+    def _gguf_types(cls, v):
+        names = [v] if isinstance(v, str) else v
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return v  # pydantic says what is wrong with the shape
+        return [gguf_type(n) for n in dict.fromkeys(n.strip().lower() for n in names)]
 
 
 class RuntimeConfig(Strict):

@@ -47,6 +47,8 @@ def required_artifacts(cfg, state: Optional[str]) -> list[str]:
     names = list(layout.REQUIRED_WHEN_COMPLETED)
     if cfg.outputs.export_mlx:
         names.append("mlx")
+    if cfg.outputs.export_gguf:
+        names.append("gguf")
     if cfg.outputs.merge:
         names.append("merged")
     return names

@@ -14,7 +14,9 @@ in-memory copy) and generates a few greedy tokens from `outputs.smoke_prompt`.
 
 Push (`outputs.push_to_hub`) needs HF_TOKEN in the environment, checked before any work; the repo
 is created private if it does not exist. The token is never logged or written. It uploads the
-merged model, or, when `outputs.merge` is false (or `train.method` is full), `outputs/adapter`.
+merged model, or, when `outputs.merge` is false (or `train.method` is full), `outputs/adapter`, and
+a model card (payload/outputs/card.py: base model, `library_name: peft` for an adapter, datasets, the
+training summary's metrics, the command and config that made it).
 QLoRA adapters are merged into the bf16 base, not into the 4-bit weights they were trained on.
 """
 
@@ -241,12 +243,20 @@ def _free_memory() -> None:
 
 
 def push(cfg, folder: Path, token: str) -> str:
-    """Upload `folder` (merged model, or adapter / full weights) to `outputs.push_to_hub`.
+    """Upload `folder` (merged model, or adapter / full weights) to `outputs.push_to_hub`, then its
+    model card (payload/outputs/card.py) as the repo's README.md.
 
-    The repo is created private if it does not exist. `outputs/.pushed.json` records what was
-    pushed (repo + a listing fingerprint), so a re-run does not upload the same files again.
+    The repo is created private if it does not exist. huggingface_hub 2.x's `upload_folder` is its
+    large-folder upload (the separate `upload_large_folder` of 0.x is gone): with hf_xet installed, as in
+    the GPU lock, files are hashed while they stream, committed in batches under the Hub's limits, and
+    a re-run after a cut resumes (committed files are skipped, uploaded chunks deduplicated); without
+    hf_xet it is one commit, and the log says so. The folder's own README.md (PEFT writes a template
+    one) gives way to the card; the folder is never written to (it is checksummed). `outputs/.pushed.json`
+    records what was pushed (repo + a listing fingerprint), so a re-run does not upload the same files again.
     """
     from huggingface_hub import HfApi
+
+    from payload.outputs import card
 
     repo = cfg.outputs.push_to_hub
     record, done_path = {"repo": repo, "folder": str(folder), "files": listing_fingerprint(folder)}, \
@@ -254,11 +264,16 @@ def push(cfg, folder: Path, token: str) -> str:
     if layout.read_json(done_path) == record:
         log.info("already pushed %s to %s", folder, repo)
         return repo
+    card_path = card.write(cfg, adapter=cfg.train.method != "full" and folder.name == Path(layout.ADAPTER_DIR).name)
     api = HfApi(token=token)
+    message = f"launch: {cfg.name} (run {cfg.runtime.run_id})"
+    log.info("pushing %s (%.1f GB) to %s: %s", folder, folder_bytes(folder) / 1e9, repo, upload_path())
     try:
         api.create_repo(repo, repo_type="model", private=True, exist_ok=True)
-        api.upload_folder(repo_id=repo, folder_path=str(folder), repo_type="model", ignore_patterns=[MARKER],
-                          commit_message=f"launch: {cfg.name} (run {cfg.runtime.run_id})")
+        api.upload_folder(repo_id=repo, folder_path=str(folder), repo_type="model",
+                          ignore_patterns=[MARKER, "README.md"], commit_message=message)
+        api.upload_file(path_or_fileobj=card_path, path_in_repo="README.md", repo_id=repo, repo_type="model",
+                        commit_message=f"{message}: model card")
     except Exception as e:  # noqa: BLE001 - network/auth errors become one line, token redacted
         msg = (str(e).replace(token, "***").splitlines() or [""])[0]
         raise PayloadError(f"push to {repo} failed ({type(e).__name__}: {msg}); check that HF_TOKEN has "
@@ -267,6 +282,18 @@ def push(cfg, folder: Path, token: str) -> str:
     done_path.write_text(json.dumps(record) + "\n")
     log.info("pushed %s to https://huggingface.co/%s", folder, repo)
     return repo
+
+
+def upload_path() -> str:
+    """How upload_folder will send the files here (hf_xet decides it)."""
+    import importlib.util
+
+    return ("streamed in batches, resumable (hf_xet)" if importlib.util.find_spec("hf_xet") is not None
+            else "one commit, not resumable (hf_xet is not installed: pip install hf_xet)")
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def listing_fingerprint(folder: Path) -> str:

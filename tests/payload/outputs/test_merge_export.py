@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
 from payload import layout
@@ -166,6 +167,9 @@ class FakeHub:
             raise FakeHub.fail_with
         FakeHub.calls.append(("upload_folder", kw["repo_id"], kw["folder_path"], kw.get("ignore_patterns")))
 
+    def upload_file(self, **kw):
+        FakeHub.calls.append(("upload_file", kw["repo_id"], kw["path_in_repo"], Path(kw["path_or_fileobj"]).read_text()))
+
 
 TOKEN = "hf_FAKEsecretTOKENvalue0123456789"
 
@@ -182,7 +186,8 @@ def test_push_uploads_the_merged_folder_and_never_leaks_the_token(tmp_path, monk
     merged_dir = cfg.run_dir / layout.MERGED_DIR
     assert summary["pushed"] == "someone/demo-merged"
     assert ("create_repo", "someone/demo-merged", {"repo_type": "model", "private": True, "exist_ok": True}) in FakeHub.calls
-    assert ("upload_folder", "someone/demo-merged", str(merged_dir), [merge.MARKER]) in FakeHub.calls
+    assert ("upload_folder", "someone/demo-merged", str(merged_dir), [merge.MARKER, "README.md"]) in FakeHub.calls
+    assert [c[:3] for c in FakeHub.calls if c[0] == "upload_file"] == [("upload_file", "someone/demo-merged", "README.md")]
 
     FakeHub.calls = []
     assert merge.main(cfg, env={"HF_TOKEN": TOKEN})["pushed"] == "someone/demo-merged"
@@ -208,7 +213,38 @@ def test_push_without_merge_uploads_the_adapter(tmp_path, monkeypatch):
     make_adapter(cfg)
     summary = merge.main(cfg, env={"HF_TOKEN": TOKEN})
     assert summary["merged"] is False and summary["pushed"] == "someone/demo-adapter"
-    assert ("upload_folder", "someone/demo-adapter", str(cfg.run_dir / layout.ADAPTER_DIR), [merge.MARKER]) in FakeHub.calls
+    assert ("upload_folder", "someone/demo-adapter", str(cfg.run_dir / layout.ADAPTER_DIR),
+            [merge.MARKER, "README.md"]) in FakeHub.calls
+    card = ModelCard.load(cfg.run_dir / layout.OUTPUTS_DIR / "model_card.md")
+    assert card.data.library_name == "peft" and "lora" in card.data.tags
+    assert [c[3] for c in FakeHub.calls if c[0] == "upload_file"] == [card.content]
+
+
+def test_the_model_card_is_the_hubs_with_base_model_datasets_metrics_and_command(tmp_path):
+    """What a Hub user sees: the metadata the Hub reads (ModelCard.load parses it back) and a body
+    with the training summary's numbers, the way to load it, the command and the resolved config."""
+    from payload.outputs import card
+
+    cfg = demo_cfg(tmp_path, push_to_hub="someone/qwen3-demo")
+    source = cfg.data.sources[0].model_copy(update={"path": None, "hf_dataset": "someone/chats"})
+    cfg = cfg.model_copy(update={
+        "model": cfg.model.model_copy(update={"tiny": None, "name_or_path": "Qwen/Qwen3-0.6B"}),
+        "data": cfg.data.model_copy(update={"sources": [source, *cfg.data.sources[1:]]})})
+    summary = {"steps": 40, "final_loss": 1.23456, "best_eval_loss": 1.5, "tokens_per_s": 812.4, "cost_usd": 0.0123,
+               "evaluation": {"test": {"cer": 0.25, "n": 12}}}
+    (cfg.run_dir / "outputs").mkdir(parents=True)
+    (cfg.run_dir / layout.SUMMARY).write_text(json.dumps(summary))
+    path = card.write(cfg, adapter=True)
+    loaded = ModelCard.load(path)
+    assert loaded.data.base_model == "Qwen/Qwen3-0.6B" and loaded.data.library_name == "peft"
+    assert loaded.data.datasets == ["someone/chats"] and loaded.data.pipeline_tag == "text-generation"
+    text = loaded.text
+    assert "| final train loss | 1.235 |" in text and "| test cer | 0.25 |" in text and "| tokens/s | 812.4 |" in text
+    assert 'AutoPeftModelForCausalLM.from_pretrained("someone/qwen3-demo")' in text
+    assert "launch up run\n" in text and f"config hash `{cfg.config_hash()}`" in text
+    assert "hf_dataset: someone/chats" in text  # the resolved config
+    merged = ModelCard.load(card.write(cfg, adapter=False))
+    assert merged.data.library_name == "transformers" and "AutoModelForCausalLM.from_pretrained" in merged.text
     assert not (cfg.run_dir / layout.MERGED_DIR).exists()
 
 
