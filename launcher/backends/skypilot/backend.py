@@ -34,7 +34,7 @@ from launcher.store.registry import ACTIVE_STATES, STATES, Run
 from launcher.profiles.uploads import remove_staged, stage_workdir
 from ..base import Access, Backend, LaunchSpec, RemoteStatus, remote_command, remote_path
 from ..tasks import workdir_files
-from . import control, runpod_pods
+from . import control, runpod_pods, slurm_login
 from .files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
 from .sdk import (
     controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
@@ -144,6 +144,8 @@ class SkyPilotBackend(Backend):
                   "run_dir": run_dir, "volume": volume, "push_to_hub": p.outputs.push_to_hub,
                   "infra": p.cluster.infra_list,
                   "bucket": p.cluster.bucket.model_dump() if p.cluster.bucket else None}
+        if p.cluster.on_slurm:  # the run dir outlives the cluster on the shared filesystem (slurm_login.py)
+            handle["slurm_login"] = p.cluster.infra_list[0].split("/", 1)[1]
         if not p.cluster.use_spot:
             run.cluster = cluster_name(run.id)
             handle["cluster"], handle["autostop_minutes"] = run.cluster, p.cluster.autostop_minutes
@@ -367,6 +369,8 @@ class SkyPilotBackend(Backend):
         h = run.handle
         if h.get("kind") == "cluster" and up:
             return cluster_ssh(run.cluster, f"cat {remote_path(h['run_dir'] + '/' + rel)}", check=False)
+        if slurm_login.login_host(h):
+            return slurm_login.read(slurm_login.login_host(h), f"{h['run_dir']}/{rel}")
         if s3_ready(h):
             try:
                 return S3Volume(h["volume"]).read(f"{h['volume']['key_prefix']}/{run.id}/{rel}")

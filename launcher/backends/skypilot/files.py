@@ -128,6 +128,12 @@ class RunFiles(NamedTuple):
         if h.get("kind") == "cluster" and cluster_up() and not ensure_ssh_config(run.cluster):
             return cls(lambda roots: cluster_list(run.cluster, h["run_dir"], roots),
                        lambda rels, into: cluster_copy(run.cluster, h["run_dir"], rels, into))
+        host = h.get("slurm_login")  # a Slurm run: its dir is on the shared filesystem the login node sees
+        if host:
+            from . import slurm_login
+
+            return cls(lambda roots: slurm_login.listing(host, h["run_dir"], roots),
+                       lambda rels, into: slurm_login.copy(host, h["run_dir"], rels, into))
         if s3_ready(h, explain=True):
             volume, prefix = S3Volume(h["volume"]), f"{h['volume']['key_prefix']}/{run.id}"
             return cls(lambda roots: volume.list(prefix, roots), lambda rels, into: volume.copy(prefix, rels, into))
