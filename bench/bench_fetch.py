@@ -3,7 +3,8 @@ backend (a real OpenSSH server on 127.0.0.1, tests/sshd.py) and over S3 (the emu
 tests/cloud/emulator/runpod_s3.py, TLS on 127.0.0.1). No root needed beyond what sshd's install takes.
 
     python bench/bench_fetch.py [--mb 64] [--files 2] [--transports ssh,s3] [--stream-mbps N] [--code DIR]
-    python bench/bench_fetch.py resume [--mb 1024] [--cut 0.5]
+    python bench/bench_fetch.py resume [--mb 1000] [--files 1] [--cut 0.5]
+    python bench/bench_fetch.py cli [--mb 1000] [--files 1] [--cut 0.5]
 
 A run directory with `--files` merged-model shards (valid safetensors, random bytes; `--mb` in all) and
 its MANIFEST is fetched with merged=True. `--code DIR` runs the launcher found in DIR (e.g. an older
@@ -12,7 +13,8 @@ connection to N MB/s through a relay, as a long path to a provider does (one str
 loopback has none and the CPU is the limit. `resume` fetches over ssh in a child
 process, interrupts it with SIGINT (Ctrl-C) once `--cut` of the bytes have arrived, runs it again, and
 prints what a terminal showed both times and the bytes that crossed the wire the second time (counted by
-a TCP relay in front of sshd, both directions).
+a TCP relay in front of sshd, both directions). `cli` does the same with the installed `launch down
+RUN --fetch-artifacts --merged` of a finished ssh run on a pseudo-terminal, Ctrl-C typed into it.
 """
 
 from __future__ import annotations
@@ -247,14 +249,107 @@ def resume(args) -> None:
             server.stop()
 
 
-def last_frames(raw: bytes) -> list[str]:
+# -------------------------------------------------------------- the real command, on a terminal
+
+
+def on_a_pty(argv: list[str], env: dict, out: Path) -> subprocess.Popen:
+    """`argv` on a pseudo-terminal of its own (80x24, its controlling terminal, as a shell runs it),
+    everything it writes to `out`; `proc.master` is the terminal's side, to type Ctrl-C into."""
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+
+    def pump():
+        with open(out, "wb") as f:
+            while True:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                f.write(data)
+                f.flush()
+
+    threading.Thread(target=pump, daemon=True).start()
+    proc.master = master
+    return proc
+
+
+def cli(args) -> None:
+    """`launch down RUN --fetch-artifacts --merged` of a finished ssh run, Ctrl-C typed at half, again."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cli-"))
+    try:
+        env = {**os.environ, "LAUNCH_HOME": str(tmp / "launch-home"), "HOME": str(tmp / "home"), "COLUMNS": "80",
+               "TERM": "xterm-256color"}
+        (tmp / "home").mkdir()
+        os.environ["LAUNCH_HOME"] = env["LAUNCH_HOME"]
+        from launcher.store import registry
+
+        root, rd = tmp / "host" / "launch" / "r1", tmp / "host" / "volume" / "runs" / "local-demo-20261202-000002"
+        total = make_run(rd, args.mb, args.files)
+        root.mkdir(parents=True)
+        (root / "exit_code").write_text("0\n")
+        (rd / "status.json").write_text('{"state": "completed"}')
+        server = ssh_env(tmp)
+        relay = Relay(server.port)
+        known = tmp / "known_hosts"
+        known.write_text(server.known_hosts_line().replace(f"]:{server.port} ", f"]:{relay.port} "))
+        registry.save(registry.Run(
+            id=rd.name, profile="local-demo", backend="ssh", state="completed", started_at=time.time() - 100,
+            ended_at=time.time() - 10, handle={
+                "host": f"{server.user}@127.0.0.1:{relay.port}", "known_hosts": str(known), "run_root": str(root),
+                "identity_file": str(server.client_key), "run_dir": str(rd), "volume": str(rd.parent.parent),
+                "log": str(rd / "logs" / "run.log"), "pid": 1, "pgid": 1}))
+        argv = [str(Path(sys.executable).parent / "launch"), "down", rd.name, "--fetch-artifacts", "--merged",
+                "--dest", str(tmp / "art")]
+        incoming = tmp / "art" / rd.name / ".incoming" / "outputs" / "merged"
+        try:
+            proc = on_a_pty(argv, env, tmp / "try1.txt")
+            got = 0
+            while proc.poll() is None and got < args.cut * total:
+                got = sum(p.stat().st_size for p in incoming.glob("*")) if incoming.is_dir() else 0
+                time.sleep(0.01)
+            os.write(proc.master, b"\x03")  # Ctrl-C typed at the terminal: SIGINT to its foreground group
+            proc.wait(timeout=60)
+            time.sleep(0.5)
+            print(f"{total / 1e6:.0f} MB; try 1: Ctrl-C at {got / 1e6:.1f} MB, exit {proc.returncode}, "
+                  f"{relay.down / 1e6:.1f} MB on the wire to the client")
+            for line in last_frames((tmp / "try1.txt").read_bytes(), 5):
+                print("  | " + line)
+            had = sum(p.stat().st_size for p in incoming.glob("*"))
+            relay.down = relay.up = 0
+            t = time.perf_counter()
+            proc = on_a_pty(argv, env, tmp / "try2.txt")
+            proc.wait(timeout=3600)
+            time.sleep(0.5)
+            print(f"try 2: exit {proc.returncode} in {time.perf_counter() - t:.1f} s, {relay.down / 1e6:.1f} MB on "
+                  f"the wire to the client ({relay.up / 1e6:.2f} MB from it) for the {(total - had) / 1e6:.1f} MB left")
+            for line in last_frames((tmp / "try2.txt").read_bytes(), 30):
+                if "━" in line or line[:1] in "✓!✗" or " moved in " in line:
+                    print("  | " + line)
+        finally:
+            server.stop()
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def last_frames(raw: bytes, tail: int = 2) -> list[str]:
     """The text lines a terminal last showed: ANSI sequences dropped, each \\r-rewritten line's last state."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", raw.decode(errors="replace"))  # colours
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", text)  # cursor moves and erasures: a new frame
-    lines = [seg.split("\r")[-1].strip() for seg in text.split("\n")]
+    lines = [seg.rstrip("\r").split("\r")[-1].strip() for seg in text.split("\n")]  # a pty ends lines \r\n
     lines = [x for x in lines if x]
     bars = [x for x in lines if "━" in x]
-    return bars[-2:] + [x for x in lines[-2:] if "━" not in x]
+    return bars[-2:] + [x for x in lines[-tail:] if "━" not in x]
 
 
 def main() -> None:
@@ -268,7 +363,7 @@ def main() -> None:
             sys.exit(130)
         return
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", nargs="?", default="throughput", choices=("throughput", "resume"))
+    ap.add_argument("mode", nargs="?", default="throughput", choices=("throughput", "resume", "cli"))
     ap.add_argument("--mb", type=float, default=64.0, help="bytes of artifacts in all, MB (default 64)")
     ap.add_argument("--files", type=int, default=2)
     ap.add_argument("--transports", default="ssh,s3")
@@ -278,7 +373,7 @@ def main() -> None:
     ap.add_argument("--code", help="a launcher checkout to run instead of this one (before/after)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.code).resolve()) if args.code else str(REPO))
-    (resume if args.mode == "resume" else throughput)(args)
+    {"resume": resume, "cli": cli}.get(args.mode, throughput)(args)
 
 
 if __name__ == "__main__":
