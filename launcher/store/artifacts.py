@@ -20,7 +20,11 @@ run-dir-relative files into a local directory. Everything else happens here, onc
   run that never wrote one (it crashed, or was killed), against the listing's sizes; safetensors
   headers are checked too;
 - the verdict: teardown is refused only when something the MANIFEST (or, without one, a completed
-  run) says must exist is missing or damaged. Optional things never produced are fine.
+  run) says must exist is missing or damaged. Optional things never produced are fine;
+- resuming: `.incoming/` outlives an interrupted fetch. The next one keeps what it holds of the files
+  the MANIFEST checksums (whole: not copied again; cut off: the backend goes on from its last byte,
+  rsync --append-verify, a ranged S3 read, an append), and any file already placed in `{dest}` with
+  the MANIFEST's bytes and sha256; everything is verified as if it had just arrived.
 """
 
 from __future__ import annotations

@@ -216,3 +216,16 @@ def test_terminal_shows_bytes_speed_and_time_left_and_a_pipe_one_line(ssh_run, t
         assert fetch(backend, run, tmp_path / "p", merged=True, view=view).ok
     assert piped.getvalue() == ""  # nothing moves in a pipe: the summary line says it once
     assert view.summary().startswith("3.0 MB moved in ") and "earlier" not in view.summary()
+
+
+def test_without_rsync_sftp_goes_on_from_the_cut_too(ssh_run, tmp_path, monkeypatch):
+    from launcher.backends import rsync
+
+    backend, run, files = ssh_run
+    monkeypatch.setattr(rsync.shutil, "which", lambda name: None)  # no rsync here (or on the host: the same path)
+    dest = tmp_path / "art" / "r1"
+    left_by_a_cut(dest, files)
+    report = fetch(backend, run, dest, merged=True)
+    assert report.ok, report.problems
+    assert backend.last_fetch == {"via": "sftp", "why": "rsync is not installed here"}
+    assert_home(dest, files)
