@@ -1,4 +1,5 @@
-"""SSH backend: run the rendered task on any machine you can ssh into (a pod, a lab box), via paramiko.
+"""SSH backend: run the rendered task on any machine you can ssh into (a pod, a lab box), via paramiko;
+fetches by rsync over the system ssh. Both reach the host the way ~/.ssh/config said at `up` (sshconn).
 
 One idea at ~500 lines: base.Backend's contract (up, logs, access, status, down, fetch) on one machine
 reached over SSH: the class and the helpers only it uses (`_fits`, `_state`: the host's answer read as a
