@@ -3,7 +3,12 @@ has the skylet on the pod send the job's process group SIGTERM, and SIGKILL 30 s
 (sky/skylet/subprocess_daemon.py), the path a `launch down` takes for a trainer that does not answer its
 stop request. The payload saves a checkpoint at the step boundary on that SIGTERM and ends `stopped`;
 `launch status` says so with the step; `launch down --fetch-artifacts` brings the run's outputs home,
-sha256-verified, with that checkpoint in its index, and the pod is terminated."""
+sha256-verified, with that checkpoint in its index, and the pod is terminated.
+
+The user here is one who installed launch as a tool (tests/installed.py: the wheel in a fresh
+environment, SkyPilot and the RunPod SDK, no torch) and works in a project of their own outside this
+checkout (`launch init sonia-h100 --from sonia-h100` in an empty directory): what the pod runs is the
+payload the install ships, and the artifacts land in the project's artifacts/."""
 
 from __future__ import annotations
 
@@ -13,13 +18,21 @@ import re
 import pytest
 
 from tests.cloud.scenarios import profiles
+from tests.installed import install_tool
 from tests.cloud.scenarios.steps import cluster_of, status, up, wait_ended, wait_step
 
 
 @pytest.mark.timeout(1200)
-def test_skypilots_sigterm_saves_a_checkpoint_and_down_fetches_it(cloud, in_repo, report, tmp_path):
+def test_skypilots_sigterm_saves_a_checkpoint_and_down_fetches_it(cloud, report, tmp_path):
+    # the RunPod SDK, and pip/setuptools for SkyPilot's wheel of itself (sky/backends/wheel_utils.py:163)
+    cloud.tool = install_tool(tmp_path / "tool", ("runpod", "boto3", "pip", "setuptools", "wheel"))
+    cloud.cwd = project = tmp_path / "my-project"
+    project.mkdir()
+    made = cloud.launch("init", "sonia-h100", "--from", "sonia-h100", timeout=120)
+    assert made.returncode == 0 and (project / "clusters" / "sonia-h100.yaml").is_file(), made.stdout + made.stderr
+    (project / "data").mkdir()
     # No periodic save before the signal (save_steps 5000): a checkpoint after it is the SIGTERM's.
-    args = profiles.sonia(in_repo, max_steps=20000, save_steps=5000)
+    args = profiles.sonia(project / "data", max_steps=20000, save_steps=5000, root=project)
     run = up(cloud, "sonia-h100", *args)
     wait_step(cloud, run, 5)
 
@@ -31,10 +44,10 @@ def test_skypilots_sigterm_saves_a_checkpoint_and_down_fetches_it(cloud, in_repo
     assert m and m.group(1) == m.group(2), ended
     step = int(m.group(1))
 
-    down = cloud.launch("down", run, "--fetch-artifacts", "--dest", str(tmp_path / "artifacts"), timeout=900)
+    down = cloud.launch("down", run, "--fetch-artifacts", timeout=900)
     out = down.stdout + down.stderr
     assert down.returncode == 0 and "verified" in out, out
-    index = json.loads((tmp_path / "artifacts" / run / "checkpoints.json").read_text())
+    index = json.loads((project / "artifacts" / run / "checkpoints.json").read_text())  # the project's
     assert [(c["name"], c["complete"]) for c in index] == [(f"checkpoint-{step}", True)], index
     assert not cloud.api("GET", "/admin/state")["pods"], "the pod outlived `launch down`"
     print("  what `launch down --fetch-artifacts` said:\n" + "\n".join("    " + ln for ln in out.splitlines()))
