@@ -4,6 +4,10 @@ the run started here), plus what only the payload knows: `cost_usd`, the budget 
 warning, GPU utilisation and memory, the generation metrics, and the highest-loss eval samples
 (with their images) as a `wandb.Table`.
 
+Whether W&B is on or not: the run's W&B URL and TensorBoard command go into status.json and the
+training summary (`links`), and each step window's GPU memory peak and mean utilisation into
+metrics.jsonl and status.json (`GpuWindow`; "not measured" on CPU).
+
 Optional everywhere: without WANDB_API_KEY (and without WANDB_MODE=offline) one log line says W&B is
 off and nothing else changes. WANDB_MODE=offline writes the run under `{run_dir}/logs/wandb/` for a
 later `wandb sync`. `wandb.init` gets 3 tries with backoff (payload/retry.py). The budget warning
@@ -26,6 +30,7 @@ from payload.config.evaluation import wandb_wanted
 log = logging.getLogger("payload.tracking")
 
 _RUN = None  # the wandb run this process started (None: off)
+TENSORBOARD_DIR = f"{layout.LOGS_DIR}/tensorboard"  # the Trainer's TENSORBOARD_LOGGING_DIR (train/recipe.py)
 _SAID_OFF = False
 
 
@@ -49,7 +54,34 @@ def report_to(cfg) -> list[str]:
 
 
 def start(cfg, job_type: str = "train"):
-    """Start (or resume: same id per run) the run's wandb run; None when off."""
+    """Start (or resume: same id per run) the run's wandb run; None when off. The training run's
+    links (W&B URL, TensorBoard command) go into status.json, where `launch status` shows them."""
+    run = _start(cfg, job_type)
+    if job_type == "train":
+        from payload.volume.observe import write_status
+
+        write_status(cfg.run_dir, **links(cfg))
+    return run
+
+
+def links(cfg) -> dict:
+    """Where the run's tracking is: `wandb_url` when a W&B run logs online; with `train.report_to`
+    tensorboard, `tensorboard_logdir` (relative to the run directory: the fetched `logs/` keeps it) and
+    the `tensorboard` command that opens it on the machine."""
+    out = {}
+    if _RUN is not None and getattr(_RUN, "url", None):
+        out["wandb_url"] = _RUN.url
+    if "tensorboard" in cfg.train.report_to:
+        logdir = Path(os.environ.get("TENSORBOARD_LOGGING_DIR") or cfg.run_dir / TENSORBOARD_DIR)
+        try:
+            out["tensorboard_logdir"] = str(logdir.relative_to(cfg.run_dir))
+        except ValueError:  # set elsewhere by the user: not under the run, not fetched with it
+            out["tensorboard_logdir"] = str(logdir)
+        out["tensorboard"] = f"tensorboard --logdir {logdir}"
+    return out
+
+
+def _start(cfg, job_type: str):
     global _RUN, _SAID_OFF
     if _RUN is not None or not wandb_wanted(cfg):
         return _RUN
@@ -111,6 +143,66 @@ def gpu_stats() -> dict:
         return out
     except Exception:  # noqa: BLE001
         return {}
+
+
+class GpuWindow(Callback):
+    """GPU figures of each step window (the steps between two Trainer log lines) into that log line,
+    so metrics.jsonl and status.json carry them (payload/volume/observe.py passes `gpu_*` on):
+    `gpu_util_mean_pct`, the mean of NVML's utilisation sampled at every step end of the window
+    (torch.cuda.utilization, through nvidia-ml-py), and `gpu_peak_memory_gb`, the most torch's
+    allocator has reserved on this process's device so far (not reset per window: other readers of
+    the process's peak, bench/gpu, rely on it). Without CUDA, or without NVML, the line says
+    `gpu_not_measured` and why, never a number."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.samples, self.why = Path(run_dir), [], None
+        self.cuda = _cuda()
+        if not self.cuda:
+            self.why = "no CUDA device"
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.cuda:
+            try:
+                import torch
+
+                self.samples.append(float(torch.cuda.utilization()))
+            except Exception as e:  # noqa: BLE001 - NVML missing or refused: utilisation not measured
+                self.why = f"utilisation not measured ({type(e).__name__}: needs nvidia-ml-py and NVML)"
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs:  # train lines only: eval lines are not a step window
+            return
+        fields = self.window()
+        logs.update(fields)
+        if state.is_world_process_zero:
+            from payload.volume.observe import write_status
+
+            write_status(self.run_dir, **{k: fields.get(k) for k in GPU_FIELDS})
+
+    def window(self) -> dict:
+        out = {}
+        if self.cuda:
+            import torch
+
+            out["gpu_peak_memory_gb"] = round(torch.cuda.max_memory_reserved() / 1e9, 3)
+            if self.samples:
+                out["gpu_util_mean_pct"] = round(sum(self.samples) / len(self.samples), 1)
+        self.samples = []
+        if "gpu_util_mean_pct" not in out:
+            out["gpu_not_measured"] = self.why or "no step ended in this window"
+        return out
+
+
+GPU_FIELDS = ("gpu_peak_memory_gb", "gpu_util_mean_pct", "gpu_not_measured")
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
 
 
 class TrackingCallback(Callback):

@@ -227,7 +227,8 @@ def tokenizer_of(processing):
 
 def trainer_callbacks(run: Run, has_eval: bool) -> list:
     cbs = [run.control, stop_request.SaveAndExit(run.cfg, run.control), ResumeLossState(run),
-           CostCallback(run.tracker), observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
+           CostCallback(run.tracker), tracking.GpuWindow(run.run_dir),  # before Observe: it adds to the log line
+           observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
     cfg = run.cfg
     cbs.append(tracking.TrackingCallback(run.tracker, gpu=cfg.wandb is None or cfg.wandb.gpu_stats))
     if cfg.evaluation is not None and cfg.evaluation.during_training and has_eval and not _zero3(cfg):
@@ -477,7 +478,7 @@ def _summary(run: Run, best: Optional[Path]) -> dict:
         **timings.rates(records),
         "real_token_fraction": round(sum(real) / len(real), 4) if real else None,
         "adapter_dir": layout.ADAPTER_DIR if run.state == "completed" else None,
-        **run.counts, "finished_at": observe.now_iso(),
+        **run.counts, **tracking.links(cfg), "finished_at": observe.now_iso(),
     }
 
 

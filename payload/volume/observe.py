@@ -243,6 +243,7 @@ class ObserveCallback(Callback):
             # DPO / GRPO stages: rewards, margins, KL and completion lengths as TRL logs them
             rec.update({k: _round(v, 6) for k, v in logs.items() if k.startswith(STAGE_METRICS)
                         and isinstance(v, (int, float))})
+            rec.update({k: v for k, v in logs.items() if k.startswith("gpu_")})  # tracking.GpuWindow's
         rec["cost_usd"] = round(self.tracker.usd(), 6)
         rec["elapsed_s"] = round(self.tracker.seconds(), 2)
         return rec
