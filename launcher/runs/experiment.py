@@ -220,6 +220,21 @@ def dropped_line(row: dict) -> str:
     return f"{row['dropped_reason']}; a larger train.max_seq_length keeps them"
 
 
+def tracking_lines(row: dict) -> list[str]:
+    """Where the run's tracking is (W&B, TensorBoard) and its last step window's GPU figures."""
+    lines = [f"W&B: {row['wandb_url']}"] if row.get("wandb_url") else []
+    if row.get("tensorboard"):
+        lines.append(f"TensorBoard: {row['tensorboard']}" + ("" if row.get("backend") == "local" else
+                                                            "  (on the machine; fetched: logs/tensorboard)"))
+    if row.get("gpu_not_measured") and row.get("gpu_peak_memory_gb") is None:
+        lines.append(f"GPU: not measured ({row['gpu_not_measured']})")
+    elif row.get("gpu_peak_memory_gb") is not None:
+        util = (f", {row['gpu_util_mean_pct']:.0f}% mean utilisation" if row.get("gpu_util_mean_pct") is not None
+                else f", {row.get('gpu_not_measured') or 'utilisation not measured'}")
+        lines.append(f"GPU: {row['gpu_peak_memory_gb']:.1f} GB peak{util} (last step window)")
+    return lines
+
+
 def print_differences(row: dict) -> None:
     """Under `launch status RUN`'s table: the payload's budget warning, the attention kernel it loaded
     and why, the records its trainer dropped, then one line per way the run differs from its profile
@@ -230,6 +245,8 @@ def print_differences(row: dict) -> None:
         note("[yellow]![/] ", row["budget_warning"])
     if row.get("attention"):
         console().print(literal("  ", "attention: " + row["attention"]), soft_wrap=True)
+    for line in tracking_lines(row):
+        console().print(literal("  ", line), soft_wrap=True)
     if row.get("dropped_reason"):
         note("[yellow]![/] ", dropped_line(row))
     if row.get("overrides"):

@@ -75,6 +75,9 @@ def current_row(run) -> dict:
     return {**status_row(run), "_run": run}
 
 
+TRACKED = ("wandb_url", "tensorboard", "gpu_peak_memory_gb", "gpu_util_mean_pct", "gpu_not_measured")
+
+
 def status_row(run) -> dict:
     """One run for status/cost. `cost_usd` is what the machines billed: the billed seconds accrued on
     every refresh (setup and downloads included; time down after a preemption, or while a managed job
@@ -99,6 +102,7 @@ def status_row(run) -> dict:
             row["budget_warning"] = st.extra["budget_warning"]
         if isinstance(st.extra.get("attention"), str):  # the kernel the payload loaded, and why
             row["attention"] = st.extra["attention"]
+        row.update({k: st.extra[k] for k in TRACKED if st.extra.get(k) is not None})  # payload/outputs/tracking.py
         row.update(dropped(st.extra))
         if st.notice:  # what the state alone does not say (a `!` line in status and cost)
             row["notice"] = st.notice

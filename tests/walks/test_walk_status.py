@@ -62,3 +62,29 @@ def test_status_at_80_columns_shows_step_loss_eta_and_dollars_and_keeps_them_onc
     row = json.loads(launch(user_home, "status", RID, "--json").stdout)
     assert (row["step"], row["max_steps"], row["loss"], row["eval_loss"], row["eta_s"]) == (3000, 3000, 0.4321, 0.5,
                                                                                           None), row
+
+
+def test_status_of_one_run_says_where_its_tracking_is_and_its_gpu_window(user_home):
+    """The payload's links (payload/outputs/tracking.py) under the table, each whole at 80 columns."""
+    url = "https://wandb.ai/someone/launch/runs/local-demo-20261126-101500-train"
+    live = {"state": "training", "step": 10, "max_steps": 40, "loss": 2.5, "eta_s": 60.0, "cost_usd": 0.01,
+            "wandb_url": url, "tensorboard": "tensorboard --logdir /v/runs/r/logs/tensorboard",
+            "gpu_peak_memory_gb": 41.234, "gpu_util_mean_pct": 93.4, "gpu_not_measured": None}
+    rid = "local-demo-20261126-101500"
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                              env={**os.environ, "LAUNCH_RUN_ID": rid, "LAUNCH_VOLUME": str(user_home / "volume")})
+    try:
+        rd = local_run(user_home, rid, "running", live, handle={"pid": driver.pid})
+        lines = [line.strip() for line in _status(user_home, rid).splitlines()]
+        assert f"W&B: {url}" in lines and "TensorBoard: tensorboard --logdir /v/runs/r/logs/tensorboard" in lines
+        assert "GPU: 41.2 GB peak, 93% mean utilisation (last step window)" in lines
+        row = json.loads(launch(user_home, "status", rid, "--json").stdout)
+        assert row["wandb_url"] == url and row["gpu_util_mean_pct"] == 93.4
+        (rd / "status.json").write_text(json.dumps({**live, "wandb_url": None, "tensorboard": None,
+                                                    "gpu_peak_memory_gb": None, "gpu_util_mean_pct": None,
+                                                    "gpu_not_measured": "no CUDA device"}))
+        lines = [line.strip() for line in _status(user_home, rid).splitlines()]
+        assert "GPU: not measured (no CUDA device)" in lines and not any(x.startswith("W&B") for x in lines)
+    finally:
+        driver.kill()
+        driver.wait()
