@@ -57,6 +57,7 @@ def main(cfg) -> dict:
         (tmp / MARKER).write_text(json.dumps({"identity": identity, **done}, indent=2) + "\n")
 
     _write_atomically(out_dir, write)
+    log.info("GGUF: %s in %s", ", ".join(f"{n} ({b / 1e6:.1f} MB)" for n, b in done["files"].items()), out_dir)
     return {"stage": "gguf", "already_exported": False, "out_dir": str(out_dir), **done}
 
 
@@ -102,7 +103,6 @@ def export(cfg, source: Path, out_dir: Path, types: list[str]) -> dict:
         log.warning("GGUF %s: llama.cpp's quantizer (llama-cpp-python) is not installed here; %s makes them "
                     "from %s at home (`sh %s`, needs llama.cpp's llama-quantize)", ", ".join(pending),
                     QUANTIZE_SCRIPT, file_name(cfg, "f16"), QUANTIZE_SCRIPT)
-    log.info("GGUF: %s in %s", ", ".join(f"{n} ({b / 1e6:.1f} MB)" for n, b in files.items()), out_dir)
     return {"files": files, "pending": pending, "quantize_script": script}
 
 
@@ -174,7 +174,13 @@ def quantizer():
         params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{ftype_name(gtype)}")
         params.nthread = os.cpu_count() or 1
         log.info("GGUF %s: quantizing %s with llama.cpp's quantizer", gtype, src.name)
-        if llama_cpp.llama_model_quantize(str(src).encode(), str(dest).encode(), ctypes.byref(params)) != 0:
+        said = logging.getLogger("llama-cpp-python")  # its log callback prints what this level lets through
+        level, _ = said.level, said.setLevel(logging.WARNING)  # not a line per tensor (~770 for a 32B model)
+        try:
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dest).encode(), ctypes.byref(params))
+        finally:
+            said.setLevel(level)
+        if rc != 0:
             raise PayloadError(f"llama.cpp's quantizer failed on {src} -> {gtype} (its lines above say why)")
 
     return quantize
