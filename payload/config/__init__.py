@@ -41,6 +41,7 @@ from payload.config.schema import (  # noqa: F401  (re-exported: the config's fa
     CheckpointConfig,
     DataConfig,
     DeepSpeedConfig,
+    GGUF_CONVERTED,
     LoraConfig,
     ModelConfig,
     NAME_RE,

@@ -31,7 +31,7 @@ import shlex
 from pathlib import Path
 
 from payload import layout
-from payload.config.schema import GGUF_CONVERTED
+from payload.config import GGUF_CONVERTED
 from payload.errors import PayloadError
 from payload.outputs.export import _write_atomically
 

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from payload import layout
-from payload.config import RunConfig
-from payload.config.schema import OutputsConfig
+from payload.config import OutputsConfig, RunConfig
 from payload.errors import PayloadError
 from payload.outputs import gguf, manifest, merge
 from tests.payload.outputs.test_merge_export import demo_cfg, input_ids, make_adapter, model_class
