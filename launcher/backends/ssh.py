@@ -346,10 +346,11 @@ class SSHBackend(Backend):
     def status(self, run: Run) -> RemoteStatus:
         """Never raises for an unreachable host: the last known state comes back with the reason
         and `extra["unreachable"]`. Host-key and authentication problems do raise (user fixes)."""
-        conn, h = self._conn(run), run.handle
+        h = run.handle
         if not h.get("run_root"):  # a live one: `launch up` stopped before it reached the host
             return RemoteStatus(state="failed" if run.active else "unknown",
                                 reason=run.reason or "never started on the host")
+        conn = self._conn(run)
         command = STATUS_CMD.format(root=shlex.quote(h["run_root"]),
                                     status_json=shlex.quote(f"{h['run_dir']}/{layout.STATUS}"))
         try:
@@ -405,9 +406,10 @@ class SSHBackend(Backend):
     def down(self, run: Run, grace_s: float = 10) -> None:
         """SIGTERM the run's process group, SIGKILL it after `grace_s`; mark the run stopped. For a run
         that has ended (only strays could be left) two tries, as `status` makes, not five."""
-        conn, h = self._conn(run), run.handle
-        if not h.get("run_root"):
+        h = run.handle
+        if not h.get("run_root"):  # never reached its host
             return
+        conn = self._conn(run)
         ticks = max(1, int(grace_s / 0.5))
         marker = shlex.quote(f"LAUNCH_RUN_ID={run.id}")
         # with the volume too where known: run ids are unique per launch home, not per host (two users)

@@ -55,10 +55,10 @@ def preview(ctx, profile, sets, n):
             _show(cfg, records[:n], tokenizer, template)
             refusal = _untrained(cfg, records, tokenizer, template)
         except PayloadError as e:
-            err_console().print(literal("[red]✗[/] ", f"{p.name}: {e}"), soft_wrap=True)
+            note("[red]✗[/] ", f"{p.name}: {e}", out=err_console())
             ctx.exit(1)
         if refusal:
-            err_console().print(literal("[red]✗[/] ", f"{p.name}: {refusal}"), soft_wrap=True)
+            note("[red]✗[/] ", f"{p.name}: {refusal}", out=err_console())
             ctx.exit(1)
     skipped = pv.hub_sources(cfg)
     if skipped and len(skipped) < len(cfg.data.sources):

@@ -140,16 +140,14 @@ def init(name, source):
 
     Example: launch init my-h100 --from sonia-h100
     """
-    from launcher.term.ui import console, hints, literal
+    from launcher.term.ui import hints, note
 
     dest, edits, copied = init_profile(name, source)
     try:
         shown = dest.relative_to(Path.cwd())
     except ValueError:
         shown = dest
-    console().print(literal("[green]✓[/] ", f"wrote {shown} from {source}; edit next: {', '.join(edits)}"),
-                    soft_wrap=True)
+    note("[green]✓[/] ", f"wrote {shown} from {source}; edit next: {', '.join(edits)}")
     if copied:
-        console().print(literal("  data: ", f"copied {', '.join(copied)} (the example's sample data)"),
-                        soft_wrap=True)
+        note("  data: ", f"copied {', '.join(copied)} (the example's sample data)")
     hints(f"launch validate {name}", f"launch plan {name}")

@@ -28,9 +28,9 @@ DEST_HELP = "Where `launch down --fetch-artifacts` put the run's artifacts."
 
 
 def _say(line: str) -> None:
-    from launcher.term.ui import err_console, literal
+    from launcher.term.ui import err_console, note
 
-    err_console().print(literal("  ", line), soft_wrap=True)
+    note("  ", line, out=err_console())
 
 
 def _run(run_id: Optional[str]):
@@ -222,7 +222,7 @@ def eval_(run_id, split, dest, as_json):
     from payload.outputs import evaluate
     from payload.volume import observe
 
-    from launcher.term.ui import console, literal
+    from launcher.term.ui import console, note
 
     run = _run(run_id)
     cfg, adapter, out = local_config(run, Path(dest))
@@ -237,8 +237,8 @@ def eval_(run_id, split, dest, as_json):
         click.echo(json_text(result))
         return
     scores = ", ".join(f"{k} {result[k]:.4f}" for k in ("cer", "wer", "exact_match") if result.get(k) is not None)
-    console().print(literal("[green]✓[/] ", f"{run.id} {result['split']}: {result['n']} samples, {scores}"))
-    console().print(literal("  ", result["file"]), soft_wrap=True)
+    note("[green]✓[/] ", f"{run.id} {result['split']}: {result['n']} samples, {scores}")
+    note("  ", result["file"])
 
 
 @click.command()

@@ -53,10 +53,10 @@ def follow_run(run, progress: bool, tail=None):
     else:
         _progress(run)
     run = refresh(run)
-    from launcher.term.ui import console, literal
+    from launcher.term.ui import note
 
     mark = "[green]✓[/] " if run.state == "completed" else "[yellow]![/] "
-    console().print(literal(mark, f"{run.id}: {run.state}" + (f" ({run.reason})" if run.reason else "")))
+    note(mark, f"{run.id}: {run.state}" + (f" ({run.reason})" if run.reason else ""))
     if run.state != "completed":
         sys.exit(1)
 
@@ -92,13 +92,20 @@ def _progress(run):
 def status(run_id, all_, as_json):
     """State, step, loss, elapsed, dollars, ETA (default: the latest run). Enforces budgets.
 
+    --json: the run's object ({} when there are no runs); with --all, a list.
+
     Example: launch status --json
     """
     from launcher.store import registry
     from launcher.term.ui import print_status
 
-    if as_json and not run_id and not registry.all_runs():
-        click.echo("[]")  # no runs yet: an empty list for scripts, not an error
+    if not run_id and not registry.all_runs():  # no runs yet: said, not an error, as with --all
+        if as_json:  # one type with or without runs: the latest run's object ({}: none), --all's list
+            click.echo("[]" if all_ else "{}")
+            return
+        from launcher.term.ui import note
+
+        note("", "no runs yet: start one with `launch up PROFILE` (`launch profiles` lists them)")
         return
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
     rows = []
@@ -109,11 +116,6 @@ def status(run_id, all_, as_json):
         if run.active and run.budget_usd and spent >= run.budget_usd and _budget_teardown(run, spent):
             row = status_row(registry.get(run.id))
         rows.append(row)
-    if not runs and not as_json:  # `--all` of an empty registry: a header alone says nothing
-        from launcher.term.ui import console
-
-        console().print("no runs yet: start one with `launch up PROFILE` (`launch profiles` lists them)")
-        return
     print_status(rows, as_json, json_value=rows if all_ else rows[0])
     if not as_json:
         say_notices(rows)
@@ -142,15 +144,14 @@ def _budget_teardown(run, spent: float) -> bool:
     """_stop_for_budget under the run's claim; a run another command acts on (a `down` of it already,
     launcher/store/claims.py) is left to it, said on stderr."""
     from launcher.store import claims, registry
-    from launcher.term.ui import err_console, literal
+    from launcher.term.ui import err_console, note
 
     try:
         with claims.of_run(run.id):
             now = refresh(registry.get(run.id))  # as recorded now, under its claim
             return _stop_for_budget(now, spent) if now.active else True  # True: its row is read again
     except claims.Busy as e:
-        err_console().print(literal("[yellow]![/] ", f"{run.id} reached its budget; not torn down by this status: {e}"),
-                            soft_wrap=True)
+        note("[yellow]![/] ", f"{run.id} reached its budget; not torn down by this status: {e}", out=err_console())
         return False
 
 

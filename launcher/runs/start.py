@@ -252,9 +252,9 @@ def _require_training_extras():
     """The local backend trains with the training stack: this Python's, or the environment launch builds
     once (launcher/trainenv.py), built here, before anything is claimed or started, and said while it is."""
     from launcher import trainenv
-    from launcher.term.ui import err_console, literal
+    from launcher.term.ui import err_console, note
 
-    trainenv.python(say=lambda line: err_console().print(literal("  ", line), soft_wrap=True))
+    trainenv.python(say=lambda line: note("  ", line, out=err_console()))
 
 
 def _env_option(items: tuple[str, ...]) -> dict[str, str]:
@@ -314,11 +314,11 @@ def _pick_run(p, backend: str, resume, force_new, rehearse: bool = False, explic
     if not force_new:
         latest = next((r for r in registry.all_runs() if r.profile == p.name), None)
         if latest is not None and refresh(latest).state in ("preempted", "failed", "stopped", "budget_exhausted"):
-            from launcher.term.ui import console, literal
+            from launcher.term.ui import note
 
-            console().print(literal("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
-                                    f"one (continue it instead with `launch up {profile_arg(latest)} --resume "
-                                    f"{latest.id}`)"))
+            note("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
+                 f"one (continue it instead with `launch up {profile_arg(latest)} --resume "
+                 f"{latest.id}`)")
     from launcher.runs.rehearse import run_id_prefix
 
     prefix = run_id_prefix(p.name) if rehearse else p.name

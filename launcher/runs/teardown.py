@@ -44,15 +44,15 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
 
 def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, forget: bool) -> None:
     from launcher.store import registry
-    from launcher.term.ui import console, hints, literal
+    from launcher.term.ui import console, hints, note
 
     run = refresh(registry.get(run_id))  # as recorded now, under its claim
     be = backend_for(run)
     if run.active and run._remote.state == "unreachable":
         return _forget(run, forget, run._remote.reason.removeprefix("unreachable: "))
     if forget:
-        console().print(literal("[yellow]![/] ", f"--forget is for a machine launch cannot reach; {run.id}'s "
-                                "answered, so `down` goes on as usual"), soft_wrap=True)
+        note("[yellow]![/] ", f"--forget is for a machine launch cannot reach; {run.id}'s "
+             "answered, so `down` goes on as usual")
     from launcher.backends import final_save
 
     # The final checkpoint first, the fetch after it (and after the run's own end), the teardown last.
@@ -71,7 +71,7 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
     run = registry.accrue(run.id, False)
     if run.active:
         run = registry.update(run.id, ended_at=time.time(), **ended_by_down(said))
-    console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state})"))
+    note("[green]✓[/] ", f"{run.id} is down ({run.state})")
     from launcher.runs.volumes import still_billing_lines
 
     stores = [h["name"] for k in ("volume", "bucket") if isinstance(h := (run.handle or {}).get(k), dict)
@@ -79,9 +79,9 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
     if left and not stores and run.backend != "skypilot":  # on the machine's own disk: local, or the ssh host
         where = (run.handle or {}).get("run_dir") or "the run's directory"
         host = f"{run.handle['host']}:" if run.backend == "ssh" and (run.handle or {}).get("host") else ""
-        console().print(literal("  ", f"{left} is kept in {host}{where}"), soft_wrap=True)
+        note("  ", f"{left} is kept in {host}{where}")
     for line in still_billing_lines(run, left if stores or run.backend == "ssh" else None):
-        console().print(literal("[yellow]![/] ", f"still billing: {line}"), soft_wrap=True)
+        note("[yellow]![/] ", f"still billing: {line}")
     if fetch_artifacts:
         print_summary(run, report.dest)
     say_others_live(asked, run.id, None)
@@ -108,13 +108,13 @@ def ask_final_checkpoint(be, run, timeout_s=None, out=None, by="launch down", re
     and keep its last step. None: no trainer is training. `down` and status's budget teardown (which
     has read the run's status.json to decide, and passes it on as `report`)."""
     from launcher.backends import final_save
-    from launcher.term.ui import console, literal
+    from launcher.term.ui import console, note
 
     out = out or console()  # status's budget teardown says it on stderr: `status --json` stays JSON
     with out.status(f"asking {run.id}'s trainer for a final checkpoint..."):
         saved = final_save.request(be, run, timeout_s, by=by, report=report)
     if saved is not None:
-        out.print(literal("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line), soft_wrap=True)
+        note("[green]✓[/] " if saved.saved else "[yellow]![/] ", saved.line, out=out)
         remember(run, final_save.status_json(be, run))  # its last step, for `status` once the machine is gone
     return saved
 
@@ -123,11 +123,11 @@ def say_others_live(asked, shown: str, command) -> None:
     """Not `asked` a RUN, status/down take the latest: say each other live run, billing behind a newer one
     (as recorded: asking each machine would make `down` wait on hosts that may not answer)."""
     from launcher.store import registry
-    from launcher.term.ui import console, literal
+    from launcher.term.ui import note
 
     for other in (r for r in registry.all_runs() if r.active and r.id != shown and not asked):
-        console().print(literal("[yellow]![/] ", f"{other.id} was {other.state} when last seen and may be billing "
-                                f"({other.backend}): {command or f'launch down {other.id}'}"), soft_wrap=True)
+        note("[yellow]![/] ", f"{other.id} was {other.state} when last seen and may be billing "
+             f"({other.backend}): {command or f'launch down {other.id}'}")
 
 
 def _forget(run, forget: bool, why: str) -> None:
@@ -136,7 +136,7 @@ def _forget(run, forget: bool, why: str) -> None:
     nothing was confirmed."""
     from launcher.errors import BackendError
     from launcher.store import registry
-    from launcher.term.ui import console, duration, literal, money
+    from launcher.term.ui import duration, money, note
 
     seen = f"{run.state} when last seen"
     if not forget:
@@ -145,11 +145,11 @@ def _forget(run, forget: bool, why: str) -> None:
                            "--forget` ends the run here only") from None
     run = registry.forget(run.id)
     billed_s, billed_usd = run.billed()
-    console().print(literal("[yellow]![/] ", f"launch could not confirm that {run.id}'s machine is gone: it was "
-                            f"{seen} and was not reached now; check your cloud console (or the host) and stop it "
-                            "there if it still runs"), soft_wrap=True)
-    console().print(literal("[green]✓[/] ", f"{run.id} is down ({run.state}, here only): billed "
-                            f"{duration(billed_s)}, {money(billed_usd)}, until it was last seen"), soft_wrap=True)
+    note("[yellow]![/] ", f"launch could not confirm that {run.id}'s machine is gone: it was "
+         f"{seen} and was not reached now; check your cloud console (or the host) and stop it "
+         "there if it still runs")
+    note("[green]✓[/] ", f"{run.id} is down ({run.state}, here only): billed "
+         f"{duration(billed_s)}, {money(billed_usd)}, until it was last seen")
 
 
 POST_TIMEOUT_S = 1800.0  # a finished run's post phase: evaluation, a 65 GB merge, the MANIFEST
@@ -166,7 +166,7 @@ def _await_end(be, run, saved):
     from payload.errors import END_STATES
 
     from launcher.backends.final_save import status_json
-    from launcher.term.ui import console, literal
+    from launcher.term.ui import console, note
 
     if not run.active or (saved is not None and not saved.saved):
         return run
@@ -187,9 +187,8 @@ def _await_end(be, run, saved):
     if run.active:
         why = {"unreachable": "its machine stopped answering", "unknown": "its processes cannot be seen from here"}\
             .get(run._remote.state, f"it had not ended after {limit:g} s")
-        console().print(literal("[yellow]![/] ", f"fetching before {run.id} finished ({why}): what exists now "
-                                "comes home, a MANIFEST only if the run wrote one (post, or its stop)"),
-                        soft_wrap=True)
+        note("[yellow]![/] ", f"fetching before {run.id} finished ({why}): what exists now "
+             "comes home, a MANIFEST only if the run wrote one (post, or its stop)")
     return run
 
 
@@ -198,7 +197,7 @@ def _stop(be, run, forget: bool) -> bool:
     here all the same: nothing of it runs there, and its bill closed when it ended. A live one is
     refused, or with --forget ended here only (True: nothing more to say)."""
     from launcher.errors import BackendError
-    from launcher.term.ui import console, literal
+    from launcher.term.ui import note
 
     try:
         be.down(run)
@@ -208,8 +207,8 @@ def _stop(be, run, forget: bool) -> bool:
         if run.active:
             _forget(run, forget, str(e))
             return True
-        console().print(literal("[yellow]![/] ", f"{e}: {run.id} had ended ({run.state}), so nothing of it runs "
-                                "there; marked down here"), soft_wrap=True)
+        note("[yellow]![/] ", f"{e}: {run.id} had ended ({run.state}), so nothing of it runs "
+             "there; marked down here")
     return False
 
 
@@ -253,7 +252,7 @@ def print_summary(run, target: Path) -> None:
     """The run in four lines, and what its artifacts directory holds (the artifact layout's names)."""
     from payload import layout
 
-    from launcher.term.ui import console, duration, literal, money
+    from launcher.term.ui import console, duration, money, note
     from launcher.term.units import number
 
     try:
@@ -263,17 +262,17 @@ def print_summary(run, target: Path) -> None:
     if not isinstance(s, dict):
         s = {}
     c = console()  # the summary comes from the remote machine: every value is printed literally
-    c.print(literal("", run.id, ": ", s.get("state", run.state)))
+    note("", run.id, ": ", s.get("state", run.state), out=c)
     loss, eval_loss = (number(s.get(k, s.get(alt))) for k, alt in (("final_train_loss", "final_loss"),
                                                                      ("final_eval_loss", "best_eval_loss")))
-    c.print(literal("", f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss "
-                        f"{'-' if loss is None else f'{loss:.4g}'}, eval loss "
-                        f"{'-' if eval_loss is None else f'{eval_loss:.4g}'}"))
+    note("", f"  steps {s.get('global_step', s.get('steps', '-'))}, final loss "
+             f"{'-' if loss is None else f'{loss:.4g}'}, eval loss "
+             f"{'-' if eval_loss is None else f'{eval_loss:.4g}'}", out=c)
     billed_s, billed_usd = run.billed()
-    c.print(literal("", f"  {duration(billed_s)} billed, {money(billed_usd)} at {money(run.price_per_hour)}/h "
-                        f"({duration(number(s.get('duration_s')))} and {money(number(s.get('cost_usd')))} of it "
-                        "training)"))
+    note("", f"  {duration(billed_s)} billed, {money(billed_usd)} at {money(run.price_per_hour)}/h "
+             f"({duration(number(s.get('duration_s')))} and {money(number(s.get('cost_usd')))} of it "
+             "training)", out=c)
     names = [a.name + ("/" if a.directory else "") for a in layout.ARTIFACTS if (target / a.name).exists()]
     names += [layout.LOCAL_MANIFEST] if (target / layout.LOCAL_MANIFEST).exists() else []
-    c.print(literal("", f"  artifacts: {target.resolve()}"), soft_wrap=True)
-    c.print(literal("", f"    {' '.join(names) or '(none)'}"), soft_wrap=True)
+    note("", f"  artifacts: {target.resolve()}", out=c)
+    note("", f"    {' '.join(names) or '(none)'}", out=c)

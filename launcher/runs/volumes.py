@@ -13,7 +13,6 @@ estimate is shown, marked `~`).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import sys
@@ -226,7 +225,7 @@ def _columns():
 
 def print_rows(rows: list[Stored], note: Optional[str], as_json: bool = False) -> None:
     from launcher.term.tables import print_table
-    from launcher.term.ui import console, literal, money, note as note_line
+    from launcher.term.ui import console, money, note as note_line
 
     total = round(sum(r.usd_per_month or 0.0 for r in rows), 2)
     dicts = [r.to_dict() for r in rows]
@@ -237,12 +236,11 @@ def print_rows(rows: list[Stored], note: Optional[str], as_json: bool = False) -
     if note:
         note_line("[yellow]![/] ", note, out=c)
     if not rows:
-        c.print("[green]✓[/] no volumes or buckets: nothing bills between runs")
+        note_line("[green]✓[/] ", "no volumes or buckets: nothing bills between runs", out=c)
         return
     print_table(dicts, _columns(), console=c)
     c.print(f"[bold]total[/] {money(total)}/month for {len(rows)} volume(s)/bucket(s)")
-    c.print(literal("  [dim]→[/] ", f"launch volumes rm {rows[0].name}", "  (deletes its data; asks first)"),
-            soft_wrap=True)
+    note_line("  [dim]→[/] ", f"launch volumes rm {rows[0].name}", "  (deletes its data; asks first)", out=c)
 
 
 # ---------------------------------------------------------------------------------------- delete
@@ -355,8 +353,8 @@ def rm(name, yes):
 
     Example: launch volumes rm sonia-workspace
     """
-    from launcher.term.ui import console, money
+    from launcher.term.ui import money, note
 
     row = delete(name, yes)
     saved = "" if row.usd_per_month is None else f" ({money(row.usd_per_month)}/month less)"
-    console().print(f"[green]✓[/] deleted {row.kind} {name}{saved}")
+    note("[green]✓[/] ", f"deleted {row.kind} {name}{saved}")

@@ -83,11 +83,14 @@ def note(mark: str, *texts, out=None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    out = out or console()
+    out = out or console()  # every command's notes, ✓ and ✗ lines, and hints come through here
     if not out.is_terminal:
         out.print(literal(mark, *texts), soft_wrap=True)
         return
     head = Text.from_markup(mark)
+    if not head.cell_len:  # nothing to hang the text under: wrapped at the terminal's width
+        out.print(literal("", *texts))
+        return
     grid = Table.grid()
     grid.add_column(no_wrap=True, width=head.cell_len)
     grid.add_column()
@@ -103,9 +106,9 @@ def cell(value):
 
 
 def hints(*commands: str) -> None:
-    c = console()
+    """The next useful commands, each a `note`: whole on one line piped (a command is copied whole)."""
     for cmd in commands:
-        c.print(f"  [dim]→[/] [bold]{esc(cmd)}[/]")
+        note("  [dim]→[/] ", cmd)
 
 
 def _columns():

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -48,10 +50,14 @@ def _gone(home: Path, timeout: float = 30) -> list[int]:
     return left
 
 
-def _signalled_up(tmp_path: Path, delay: float, sig: int, args: tuple, env: dict) -> subprocess.CompletedProcess:
+def _signalled_up(tmp_path: Path, milestone, offset: float, sig: int, args: tuple,
+                  env: dict) -> subprocess.CompletedProcess:
+    """`launch up` signalled `offset` seconds after `milestone(tmp_path)` first holds (polled every ms)."""
     proc = subprocess.Popen([str(LAUNCH), "up", "local-demo", *args], cwd=REPO, env=fresh_env(tmp_path, env),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(delay)
+    while proc.poll() is None and not milestone(tmp_path):
+        time.sleep(0.001)
+    time.sleep(offset)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -62,7 +68,9 @@ def _check(tmp_path: Path, r: subprocess.CompletedProcess, sig: int, env: dict, 
     out = r.stdout + r.stderr
     assert "Traceback" not in out, out
     assert r.returncode in (0, 128 + sig, -sig), (r.returncode, out)  # -sig: before launch's handlers
-    runs = json.loads(launch(tmp_path, "status", "--all", "--json", env=env).stdout)
+    st = launch(tmp_path, "status", "--all", "--json", env=env)
+    assert st.returncode == 0, (out, st.stdout + st.stderr)
+    runs = json.loads(st.stdout)
     if not runs:  # stopped before the record: nothing may have started
         assert r.returncode in (-sig, 128 + sig), out
         assert not _processes_under(where), out
@@ -84,43 +92,60 @@ def _check(tmp_path: Path, r: subprocess.CompletedProcess, sig: int, env: dict, 
     return "started" if r.returncode > 0 else "finished"
 
 
-def _measure(tmp_path: Path, args: tuple, env: dict, mark: Path) -> tuple[float, float]:
-    """(first, last): seconds from its start at which an unsignalled `up` here reaches its backend (`mark`
-    appears: the run's directory there) and prints its ✓ line and exits. Its run is taken down after."""
-    proc = subprocess.Popen([str(LAUNCH), "up", "local-demo", *args], cwd=REPO, env=fresh_env(tmp_path, env),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    t0 = time.monotonic()
-    while not mark.exists() and proc.poll() is None:
-        time.sleep(0.002)
-    first = time.monotonic() - t0
-    out, err = proc.communicate(timeout=120)
-    last = time.monotonic() - t0
-    assert proc.returncode == 0 and "✓ started" in out, out + err
-    run_id = json.loads(launch(tmp_path, "status", "--json", env=env).stdout)["id"]
-    assert launch(tmp_path, "down", run_id, env=env).returncode == 0
-    return first, last
+def _recorded(trial: Path) -> bool:
+    """The trial's registry holds a run (read-only, as a second `launch status` would read it)."""
+    db = trial / "user-launch-home" / "runs.db"
+    if not db.exists():
+        return False
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.05)
+        try:
+            return con.execute("SELECT count(*) FROM runs").fetchone()[0] > 0
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
 
 
-def _walk(tmp_path: Path, args: tuple, env: dict, where, mark) -> dict:
-    """POINTS signals spread from before `up` reaches its backend (the run's record, provenance, render:
-    a fifth of the points) to its ✓ line, SIGTERM and SIGHUP in turn; {what happened: times}."""
-    first, last = _measure(tmp_path / "measure", args, env, mark(tmp_path / "measure"))
-    first = max(0.0, first - (last - first) / 4)
-    seen: dict[str, int] = {}
-    for i in range(POINTS):
-        sig = signal.SIGTERM if i % 2 == 0 else signal.SIGHUP
-        trial = tmp_path / f"t{i:02d}"
-        r = _signalled_up(trial, first + (last - first) * i / (POINTS - 1), sig, args, env)
-        what = _check(trial, r, sig, env, where(trial))
-        seen[what] = seen.get(what, 0) + 1
-    assert seen.get("started", 0) >= POINTS // 4, seen  # most signals landed while the backend started
+def _first(pattern: str):
+    """A milestone: a file or directory matching `pattern` (a glob under the trial, or absolute) exists."""
+    def seen(trial: Path) -> bool:
+        return any(Path("/").glob(pattern.lstrip("/"))) if pattern.startswith("/") else any(trial.glob(pattern))
     return seen
 
 
+OFFSETS = (0.0, 0.003, 0.01, 0.03)  # seconds after each milestone
+
+
+def _walk(tmp_path: Path, args: tuple, env: dict, where, milestones, after=lambda: None) -> dict:
+    """POINTS signals from before `up` records its run to its ✓ line: after each milestone it passes on
+    the way (`milestones`: from the id's reservation to the driver's start), at OFFSETS after it,
+    SIGTERM and SIGHUP in turn. Returns {what happened: times}."""
+    seen: dict[str, int] = {}
+    for i in range(POINTS):
+        sig = signal.SIGTERM if i % 2 == 0 else signal.SIGHUP
+        milestone = milestones[i % len(milestones)]
+        offset = OFFSETS[(i // len(milestones)) % len(OFFSETS)]
+        trial = tmp_path / f"t{i:02d}"
+        r = _signalled_up(trial, milestone, offset, sig, args, env)
+        what = _check(trial, r, sig, env, where(trial))
+        seen[what] = seen.get(what, 0) + 1
+        after()
+    assert seen.get("started", 0) >= POINTS // 2, seen  # most signals landed while the backend started
+    return seen
+
+
+LOCAL_MILESTONES = (_first("user-launch-home/runs.db"), _recorded, _first("user-launch-home/local/*"),
+                    _first("user-launch-home/local/*/workdir/payload"), _first("user-launch-home/local/*/driver.log"))
+
+
+@pytest.mark.timeout(900)  # ~40 s here unloaded: each `launch down` stops a trainer as it starts
 def test_up_signalled_at_20_points_on_local_keeps_every_run_it_started(tmp_path):
-    home = lambda trial: trial / "user-launch-home"  # noqa: E731
-    seen = _walk(tmp_path, (), {}, home, lambda trial: home(trial) / "local")
-    assert sum(seen.values()) == POINTS, seen
+    r = launch(tmp_path / "whole", "up", "local-demo")  # unsignalled: its ✓ line one line piped, hints whole
+    [started] = [line for line in r.stdout.splitlines() if line.startswith("✓ started")]
+    assert started.endswith(", budget $1.00)") and "  → launch down local-demo-" in r.stdout, r.stdout
+    assert launch(tmp_path / "whole", "down").returncode == 0
+    seen = _walk(tmp_path, (), {}, lambda trial: trial / "user-launch-home", LOCAL_MILESTONES)
     print(seen)
 
 
@@ -140,10 +165,14 @@ def ssh_host(tmp_path):
         server.stop()
 
 
+@pytest.mark.timeout(900)
 def test_up_signalled_at_20_points_on_ssh_keeps_every_run_it_started(tmp_path, ssh_host):
     server, remote_home = ssh_host
     args = ("--backend", "ssh", "--host", server.host, "--identity", str(server.client_key),
             "--accept-new-host-key")
-    seen = _walk(tmp_path, args, {}, lambda trial: remote_home, lambda trial: remote_home / "launch")
-    assert sum(seen.values()) == POINTS, seen
+    root = f"{remote_home}/launch"
+    milestones = (_first("user-launch-home/runs.db"), _recorded, _first(f"{root}/*/workdir"),
+                  _first(f"{root}/*/start.sh"), _first(f"{root}/*/pid"))
+    seen = _walk(tmp_path, args, {}, lambda trial: remote_home, milestones,
+                 after=lambda: shutil.rmtree(root, ignore_errors=True))  # the next trial's milestones are its own
     print(seen)

@@ -91,10 +91,15 @@ def test_status_projects_at_least_the_spend_and_no_eta_once_a_run_ended(user_hom
     assert dead["state"] != "running" and dead["eta_s"] is None and dead["projected_cost_usd"] is None
 
 
-def test_status_json_with_no_runs_is_an_empty_list(tmp_path):
-    for args in (("status", "--json"), ("status", "--all", "--json")):
+def test_status_json_with_no_runs_is_of_the_type_it_has_with_runs(tmp_path):
+    """`status --json` was `[]` with no runs and an object with runs (`jq .state` failed on a new machine);
+    plain `status` with no runs exited 1 while `--all` and `--json` exited 0."""
+    for args, empty in ((("status", "--json"), {}), (("status", "--all", "--json"), [])):
         r = launch(tmp_path, *args)
-        assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout + r.stderr
+        assert r.returncode == 0 and json.loads(r.stdout) == empty, r.stdout + r.stderr
+    for args in (("status",), ("status", "--all")):
+        r = launch(tmp_path, *args)
+        assert r.returncode == 0 and r.stdout.startswith("no runs yet: start one with `launch up PROFILE`"), r.stdout
 
 
 # ------------------------------------------------------------------------------------- money

@@ -136,3 +136,20 @@ def test_read_only_commands_exit_within_seconds_whatever_waits_at_exit(tmp_path)
         took = time.monotonic() - t0
         assert r.returncode == 0 and r.stdout, _flat(r)
         assert took < 15, (command, took)
+
+
+# -------------------------------------------- 5: notes and hints are one line piped, whatever their length
+
+
+def test_piped_notes_and_hints_are_whole_lines(tmp_path):
+    """`launch up local-demo --dry-run | head -3` split `launch up local-demo --resume` from its run id."""
+    run_id = "local-demo-20261202-050300"
+    registry.save(Run(id=run_id, profile="local-demo", backend="local", state="stopped", started_at=time.time() - 60,
+                      ended_at=time.time() - 30, reason="stopped by launch down"))
+    r = launch(tmp_path, "up", "local-demo", "--dry-run", env=_shared())
+    assert r.returncode == 0, _flat(r)
+    [line] = [line for line in r.stdout.splitlines() if line.startswith("! last run")]
+    assert line.endswith(f"(continue it instead with `launch up local-demo --resume {run_id}`)"), r.stdout
+    r = launch(tmp_path, "down", run_id, env=_shared())  # an ended run: its ✓ line and hint, each whole
+    assert r.returncode == 0 and f"✓ {run_id} is down (stopped)" in r.stdout.splitlines(), r.stdout
+    assert f"  → launch status {run_id}" in r.stdout.splitlines(), r.stdout

@@ -246,12 +246,12 @@ def test_corrupt_registry_is_moved_aside_with_one_line(tmp_path, damage):
         db.write_bytes(raw[:100] + b"\xff" * (len(raw) - 100))  # header kept, pages destroyed
     registry._CHECKED.clear()  # a fresh `launch` process
     result = invoke("status")
-    lines = result.output.strip().splitlines()
-    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = sorted(result.output.strip().splitlines())  # the warning (stderr) and the answer (stdout)
+    assert result.exit_code == 0 and "Traceback" not in result.output
     assert lines[0].startswith(f"! run registry {db} was unreadable (") and lines[0].endswith(
         "started an empty one: runs it listed are no longer tracked, so check your provider (`sky status`, the "
         "RunPod console) for machines still running")
-    assert lines[1:] == ["✗ no runs yet: start one with `launch up PROFILE`"]
+    assert lines[1:] == ["no runs yet: start one with `launch up PROFILE` (`launch profiles` lists them)"]
     aside = [p.name for p in db.parent.iterdir() if p.name.startswith("runs.db.corrupt-")]
     assert len(aside) == 1 and aside[0] in lines[0]
     registry.save(registry.Run(id="new-run", profile="p", backend="local"))
