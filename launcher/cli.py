@@ -251,7 +251,8 @@ def validate(profile, sets=()):
     from payload.config.evaluation import exported_checkpoint
 
     outputs = ["adapter" if p.train.method != "full" else "weights"] + ["merged model"] * p.outputs.merge + \
-        ["MLX adapter"] * p.outputs.export_mlx
+        ["MLX adapter"] * p.outputs.export_mlx + \
+        [f"GGUF ({', '.join(p.outputs.export_gguf)})"] * bool(p.outputs.export_gguf)
     note("  exports: ", f"{', '.join(outputs)} from {exported_checkpoint(p)}")
     if mem["status"] not in ("n/a",):
         mark = "[yellow]![/]" if mem["status"] in ("tight", "unknown") else "[green]✓[/]"
