@@ -22,7 +22,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Optional, TextIO
@@ -167,11 +166,14 @@ class LocalBackend(Backend):
         except (ProcessLookupError, PermissionError):
             return False
         # A zombie (our child, not yet reaped) is dead for our purposes.
+        import psutil
+
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
                 return False
-        except OSError:
+        except psutil.NoSuchProcess:
+            return False
+        except (psutil.Error, OSError):
             return True
         # A driver killed without an exit code (SIGKILL, a reboot) leaves its pid free: another program
         # may hold the number now. The run's own driver carries its LAUNCH_RUN_ID and LAUNCH_VOLUME.
@@ -290,23 +292,26 @@ def _signal_group(pgid: int, sig) -> None:
 
 def _carries(pid: int, run_id: str, volume: Optional[Path]) -> Optional[bool]:
     """Whether process `pid` carries this run's LAUNCH_RUN_ID and (given) LAUNCH_VOLUME in its
-    environment (None: /proc cannot say, as on a system without it)."""
+    environment, as it was started (psutil: /proc/PID/environ on Linux, the process's arguments area
+    on macOS). None: the system cannot say."""
+    import psutil
+
     try:
-        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False  # gone, or another user's process: not this run's
-    except OSError:
+        env = psutil.Process(pid).environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False  # gone (a zombie too), or another user's process: not this run's
+    except (psutil.Error, OSError):
         return None
-    needles = [f"LAUNCH_RUN_ID={run_id}".encode()] + ([f"LAUNCH_VOLUME={volume}".encode()] if volume else [])
-    return all(n in entries for n in needles)
+    return env.get("LAUNCH_RUN_ID") == run_id and (volume is None or env.get("LAUNCH_VOLUME") == str(volume))
 
 
 def run_processes(run_id: str, volume: Optional[Path] = None) -> list[int]:
     """Pids of this user's processes whose environment carries LAUNCH_RUN_ID=<run_id> and, given a
     volume, LAUNCH_VOLUME=<volume>: run ids are unique within one state dir, not across users or
     LAUNCH_HOMEs (two test sessions, two users), so a stop never reaches another home's run."""
-    pids = (int(proc.name) for proc in Path("/proc").glob("[0-9]*"))
-    return [p for p in pids if p != os.getpid() and _carries(p, run_id, volume)]
+    import psutil
+
+    return [p for p in psutil.pids() if p != os.getpid() and _carries(p, run_id, volume)]
 
 
 def processes_of(run: Run) -> list[int]:
