@@ -153,3 +153,34 @@ def test_piped_notes_and_hints_are_whole_lines(tmp_path):
     r = launch(tmp_path, "down", run_id, env=_shared())  # an ended run: its ✓ line and hint, each whole
     assert r.returncode == 0 and f"✓ {run_id} is down (stopped)" in r.stdout.splitlines(), r.stdout
     assert f"  → launch status {run_id}" in r.stdout.splitlines(), r.stdout
+
+
+# ------------------------------------------------------ 1: SIGTERM during `down` is Ctrl-C's path
+
+
+def test_down_signalled_while_it_waits_says_to_run_it_again_and_keeps_the_run(tmp_path):
+    """`launch down` waiting for a trainer's final checkpoint, sent SIGTERM (a CI timeout): it said nothing and
+    died; now it says the run may still run and bill and to run the same `launch down` again, and the run
+    keeps its live record."""
+    import signal
+
+    from walk import LAUNCH, REPO, fresh_env
+
+    status = {"state": "training", "step": 7, "max_steps": 20}
+    run, driver = _local_run("local-demo-20261202-050400", tmp_path, status, post_running=True)
+    try:
+        proc = subprocess.Popen([str(LAUNCH), "down", run.id], cwd=REPO, env=fresh_env(tmp_path, _shared()),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        request = Path(run.handle["run_dir"]) / "stop_request.json"
+        deadline = time.monotonic() + 60
+        while not request.exists() and time.monotonic() < deadline:  # it asked the trainer, and waits
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        said = " ".join((out + err).split())
+        assert proc.returncode == 143 and "Traceback" not in said, said
+        assert "interrupted (SIGTERM) before the run was down: it may still run and bill; run the same " \
+               "`launch down` again" in said, said
+        assert registry.get(run.id).state == "running"
+    finally:
+        driver.kill()
