@@ -243,7 +243,8 @@ def eval_(run_id, split, dest, as_json):
 
 @click.command()
 @click.argument("run_id", required=False)
-@click.option("--prompt", help="Answer this one prompt and exit (default: a prompt loop).")
+@click.option("--prompt", help="Answer this one prompt and exit (default: a prompt loop, which an empty line, "
+              "/exit or /quit ends; the model loads again at the next `launch chat`).")
 @click.option("--image", type=click.Path(exists=True, dir_okay=False), help="An image for vision-language models.")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True)
 @click.option("--dest", type=click.Path(file_okay=False), default=project.artifacts_default,

@@ -28,6 +28,9 @@ def logs(run_id, follow, progress, tail):
     """
     from launcher.store import registry
 
+    if progress and not follow:  # a bar needs a run to follow: never the raw log without a word
+        raise click.BadParameter("--progress shows a progress bar while following: add --follow",
+                                 param_hint="--progress")
     run = registry.get(run_id)
     if follow:
         return follow_run(run, progress=progress, tail=tail)

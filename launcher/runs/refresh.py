@@ -21,7 +21,7 @@ def refresh(run):
     run = registry.observe(run.id, st.state, st.reason, billing=st.billing, ended_at=st.ended_at)
     if any(run.handle.get(k) != v for k, v in st.handle.items()):  # what the backend learnt of it
         run = registry.update(run.id, handle=st.handle)
-    run = remember(run, {**st.extra, **{k: getattr(st, k) for k in LAST_SEEN}})
+    run = remember(run, {**st.extra, **{k: getattr(st, k) for k in (*LAST_SEEN, "cost_usd")}})
     run._remote = st
     return run
 
@@ -42,12 +42,16 @@ def remember(run, report: dict):
 
 
 def _seen(report) -> dict:
-    """The step, loss and stage of a status.json (or as recorded), each a number or None; {}: no step."""
+    """The step, loss, training cost and stage of a status.json (or as recorded), each a number or None;
+    {}: no step."""
     from launcher.term.units import number
 
     if not isinstance(report, dict) or number(report.get("step")) is None:
         return {}
     seen = {k: number(report.get(k)) for k in LAST_SEEN}
+    train_cost = number(report.get("cost_usd", report.get("train_cost_usd")))  # a status.json, or as recorded
+    if train_cost is not None:  # what the payload measured training: said once the run ended too
+        seen["train_cost_usd"] = train_cost
     if isinstance(report.get("stage"), dict):
         seen["stage"] = report["stage"]
     return {**seen, **dropped(report)}

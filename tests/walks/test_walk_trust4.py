@@ -184,3 +184,36 @@ def test_down_signalled_while_it_waits_says_to_run_it_again_and_keeps_the_run(tm
         assert registry.get(run.id).state == "running"
     finally:
         driver.kill()
+
+
+# ----------------------------------------------------------------------------- 6: the smaller ones
+
+
+def test_logs_progress_without_follow_is_refused_naming_follow(tmp_path):
+    r = launch(tmp_path, "logs", "--progress")  # it printed the raw log, the option unsaid
+    assert r.returncode == 2 and "--progress shows a progress bar while following: add --follow" in _flat(r), _flat(r)
+    assert "Traceback" not in _flat(r)
+
+
+def test_chat_help_says_what_ends_its_prompt_loop(tmp_path):
+    r = launch(tmp_path, "chat", "--help")
+    assert r.returncode == 0 and "an empty line, /exit or /quit ends" in _flat(r), r.stdout
+
+
+def test_an_ended_run_keeps_the_training_cost_it_showed_live(tmp_path):
+    """`status --json` of an ended run had `"train_cost_usd": null` where the live run had a value."""
+    status = {"state": "training", "step": 5, "max_steps": 20, "cost_usd": 0.0123}
+    run, driver = _local_run("local-demo-20261202-050500", tmp_path, status, post_running=True)
+    try:
+        live = json.loads(launch(tmp_path, "status", run.id, "--json", env=_shared()).stdout)
+        assert live["state"] == "running" and live["train_cost_usd"] == 0.0123, live
+    finally:
+        driver.kill()
+        driver.wait(timeout=30)
+    (Path(run.handle["home"]) / "exit_code").write_text("0\n")
+    Path(run.handle["run_dir"], "status.json").write_text(json.dumps({**status, "state": "completed", "exit_code": 0,
+                                                                      "step": 20, "cost_usd": 0.05}))
+    ended = json.loads(launch(tmp_path, "status", run.id, "--json", env=_shared()).stdout)
+    assert ended["state"] == "completed" and ended["train_cost_usd"] == 0.05, ended
+    again = json.loads(launch(tmp_path, "status", run.id, "--json", env=_shared()).stdout)  # as recorded now
+    assert again["train_cost_usd"] == 0.05, again
