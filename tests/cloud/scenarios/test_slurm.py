@@ -15,7 +15,7 @@ import pytest
 
 from tests.cloud.emulator import image as image_mod
 from tests.cloud.scenarios import profiles
-from tests.cloud.scenarios.steps import cluster_of, status, up, wait_ended, wait_step
+from tests.cloud.scenarios.steps import cluster_of, status, up, wait_ended, wait_for, wait_step
 
 PROFILE = "qwen3-32b-4x4-a100"
 PRICE = profiles.QWEN_PRICE
@@ -86,16 +86,18 @@ def test_down_mid_training_on_slurm_saves_cancels_and_leaves_only_the_shared_che
     down = slurm.launch("down", run, timeout=900)
     out = down.stdout + down.stderr
     assert down.returncode == 0, out
+    # the cluster is gone: launch reads the run's own status.json on /shared through the login node
     after = status(slurm, run)
-    assert after["state"] == "stopped", after
-    m = re.search(r"checkpoint-(\d+)", after.get("reason") or "")
-    assert m and int(m.group(1)) >= 5, after
-    ckpt = slurm.shared / "launch" / "runs" / run / "checkpoints" / f"checkpoint-{m.group(1)}"
-    assert (ckpt / "COMPLETE").exists(), sorted(p.name for p in ckpt.parent.iterdir())
+    assert after["state"] == "stopped" and after["step"] >= 5, json.dumps(after)
+    saved = sorted(p.name for p in (slurm.shared / "launch" / "runs" / run / "checkpoints").glob("checkpoint-*"))
+    assert saved == [f"checkpoint-{after['step']}"], (saved, after["step"])  # down's final save, at its step
+    ckpt = slurm.shared / "launch" / "runs" / run / "checkpoints" / saved[0]
+    assert (ckpt / "COMPLETE").exists(), sorted(p.name for p in ckpt.iterdir())
 
     assert not squeue(slurm), "the Slurm job outlived `launch down`"
-    # nothing of the run on the nodes: SkyPilot's runtime dirs in each node's /tmp and the cluster's home
-    # in the shared home are gone (its job's EXIT trap, sky/provision/slurm/instance.py:1256-1287)
+    # SkyPilot's runtime dir in each node's /tmp and the cluster's home in the shared home are gone (its
+    # job's EXIT trap, sky/provision/slurm/instance.py:1256-1287). Left in the nodes' /tmp: SkyPilot's own
+    # sky_app_*/sky_setup_* files, and torch's torchelastic_*/torchinductor_* (no TMPDIR of the run's there)
     cluster = cluster_of(run)
     left = [str(p) for n in ("node1", "node2") for p in (slurm.dir / "nodes" / n / "tmp").glob(f"{cluster}*")]
     left += [str(p) for p in (slurm.dir / "home" / ".sky_clusters").glob(f"{cluster}*")]
@@ -103,3 +105,48 @@ def test_down_mid_training_on_slurm_saves_cancels_and_leaves_only_the_shared_che
     usd = json.loads(slurm.launch("cost", "--json", timeout=180).stdout)["total_usd"]
     print("  what `launch down` said:\n" + "\n".join("    " + ln for ln in out.splitlines()))
     report(state=after["state"], usd=usd, where="(slurm, 2 nodes x A100-80GB:8)", steps=after.get("step"))
+
+
+def _newest_complete(ckpts) -> int:
+    return max((int(p.name.split("-")[1]) for p in ckpts.glob("checkpoint-*") if (p / "COMPLETE").exists()), default=0)
+
+
+@pytest.mark.skip(reason="not passing yet: after kill_node the run fails with its node as it should (gloo "
+                  "'Connection reset by peer' at step 20, checkpoint-20 on /shared), but replace_node's new node2 "
+                  "never registers (sinfo stays 'node2 down*' for 90 s), so the resume is never reached")
+@pytest.mark.timeout(1800)
+def test_a_node_lost_mid_training_on_slurm_resumes_from_the_newest_checkpoint(slurm, in_repo, report):
+    shared_env(slurm)
+    steps, save = 80, 10
+    args = profiles.qwen3_32b(in_repo, max_steps=steps, save_steps=save)
+    run = up(slurm, PROFILE, *args)
+    ckpts = slurm.shared / "launch" / "runs" / run / "checkpoints"
+    wait_for(lambda: _newest_complete(ckpts) >= 2 * save, 900, every=0.5, what=f"checkpoint-{2 * save}",
+             cloud=slurm, run=run)
+
+    # node2 dies as a machine does: every process at once, its network with it
+    slurm.kill_node("node2")
+    lost = json.loads((ckpts.parent / "status.json").read_text())
+    assert lost["state"] == "training" and lost["step"] < steps, lost
+    # Slurm fails the job with its node (SkyPilot submits it --no-requeue); launch says the run ended
+    ended = wait_ended(slurm, run, 600, what="the run to end with its node")
+    assert ended["state"] in ("failed", "stopped"), ended
+    wait_for(lambda: not squeue(slurm), 120, what="the Slurm job to go")
+    newest = _newest_complete(ckpts)
+
+    # the site puts a new machine in node2's place; the user resumes the run
+    slurm.replace_node("node2")
+    slurm.wait_idle(2)
+    again = slurm.launch("up", PROFILE, "--resume", run, *args, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    done = wait_ended(slurm, run, 900, what="the resumed run to complete")
+    assert done["state"] == "completed" and done["step"] == steps, done
+    logs = slurm.launch("logs", run, timeout=300).stdout
+    resumed = re.findall(r"resum\w* .*?checkpoint-(\d+)", logs)
+    assert resumed and int(resumed[-1]) == newest, (newest, logs[-4000:])
+    down = slurm.launch("down", run, timeout=600)
+    assert down.returncode == 0, down.stdout + down.stderr
+    usd = json.loads(slurm.launch("cost", "--json", timeout=180).stdout)["total_usd"]
+    print(f"  node2 lost at step {lost['step']}; resumed from checkpoint-{newest} (at most one interval, "
+          f"{save} steps, lost); launch billed ${usd:.4f}")
+    report(state=done["state"], usd=usd, where="(slurm, node lost, resumed)", steps=done["step"])

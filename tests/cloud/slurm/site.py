@@ -59,11 +59,19 @@ def sweep_stale() -> None:
             kill_netns(name)
 
 
+def _subnet(n: int) -> str:
+    """A /24 of the site's own: two sites at once (two pytest processes) must not share addresses, since
+    ssh's ControlMaster sockets (SkyPilot's ControlPath, in the host's /tmp) are keyed by address and
+    cross network namespaces: a second site's sbatch went to the first site's login node."""
+    return f"10.217.{(os.getpid() * 8 + n) % 250}"
+
+
 class SlurmSite:
-    def __init__(self, scratch: Path, *, subnet: str = "10.217.0"):
+    def __init__(self, scratch: Path, *, subnet: str = ""):
         self.scratch = Path(scratch)
-        self.ns = f"ls{os.getpid()}-{next(_COUNT)}"
-        self.subnet = subnet
+        n = next(_COUNT)
+        self.ns = f"ls{os.getpid()}-{n}"
+        self.subnet = subnet or _subnet(n)
         self.dir = self.scratch / "site"  # site.sh's SITE_DIR
         self.home = self.scratch / "home"  # the user's, on the machine they launch from
         self.launch_home = self.scratch / "launch-home"
@@ -103,13 +111,16 @@ class SlurmSite:
         sh("ip", "-n", self.ns, "addr", "add", f"{self.subnet}.1/24", "dev", "slurmbr0")
         sh("ip", "-n", self.ns, "link", "set", "slurmbr0", "up")
         for name, _, n in NODES:
-            ns = self.node_ns(name)
-            sh("ip", "netns", "add", ns)
-            sh("ip", "-n", self.ns, "link", "add", f"v{n}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-            sh("ip", "-n", self.ns, "link", "set", f"v{n}", "master", "slurmbr0", "up")
-            sh("ip", "-n", ns, "addr", "add", f"{self.ip(name)}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            self._node_network(name, n)
+
+    def _node_network(self, name: str, n: int) -> None:
+        ns = self.node_ns(name)
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", self.ns, "link", "add", f"v{n}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "-n", self.ns, "link", "set", f"v{n}", "master", "slurmbr0", "up")
+        sh("ip", "-n", ns, "addr", "add", f"{self.ip(name)}/24", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
 
     def _config(self) -> None:
         etc = self.dir / "etc"
@@ -118,7 +129,7 @@ class SlurmSite:
         self.shared.mkdir()
         hosts = "127.0.0.1 localhost\n" + "".join(f"{self.ip(n)} {n}\n" for n, _, _ in NODES)
         (etc / "hosts").write_text(hosts)
-        (etc / "slurm.conf").write_text(slurm_conf(self.ip("login")))
+        (etc / "slurm.conf").write_text(slurm_conf(self.subnet))
         (etc / "gres.conf").write_text(f"NodeName=node[1-2] Name=gpu Type={GPU_TYPE} File=/etc/launch-gpu/nvidia[0-7]\n")
         (etc / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
         (etc / "munge.key").write_bytes(os.urandom(1024))
@@ -178,6 +189,15 @@ class SlurmSite:
     def kill_node(self, name: str) -> None:
         """The machine dies: every process of the node SIGKILLed at once (its network goes with its veth)."""
         kill_netns(self.node_ns(name))
+
+    def replace_node(self, name: str) -> None:
+        """A new machine in a dead node's place: the same name and address, a fresh disk and /tmp; slurmd
+        registers and slurmctld returns it to service (ReturnToService=2)."""
+        n = next(i for nm, _, i in NODES if nm == name)
+        role = next(r for nm, r, _ in NODES if nm == name)
+        shutil.rmtree(self.dir / "nodes" / name)
+        self._node_network(name, n)
+        (self.dir / "nodes" / f"{name}.start").write_text(f"{name}:{role}:{self.node_ns(name)}")
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -253,12 +273,12 @@ class SlurmSite:
         return self.run(str(LAUNCH.parent / "sky"), *args, **kw)
 
 
-def slurm_conf(login_ip: str) -> str:
+def slurm_conf(subnet: str) -> str:
     """slurm.conf of a site whose machines are namespaces of one host: no cgroups, no accounting."""
-    nodes = "".join(f"NodeName={n} NodeAddr=10.217.0.{i} CPUs={NODE_CPUS} RealMemory={NODE_MEM_MB} "
+    nodes = "".join(f"NodeName={n} NodeAddr={subnet}.{i} CPUs={NODE_CPUS} RealMemory={NODE_MEM_MB} "
                     f"Gres=gpu:{GPU_TYPE}:8 State=UNKNOWN\n" for n, role, i in NODES if role == "compute")
     return f"""ClusterName={CLUSTER}
-SlurmctldHost=login({login_ip})
+SlurmctldHost=login({subnet}.10)
 AuthType=auth/munge
 CredType=cred/munge
 SlurmUser=root

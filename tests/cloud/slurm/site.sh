@@ -15,14 +15,23 @@ mount -o loop,ro "$image" "$site/image"
 pids=()
 stop() { for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done; exit 0; }
 trap stop TERM INT
-for spec in $nodes; do
-  IFS=: read -r name role ns <<<"$spec"
+start_node() {  # name:role:netns
+  local name role ns
+  IFS=: read -r name role ns <<<"$1"
   mkdir -p "$site/nodes/$name"
   setsid ip netns exec "$ns" unshare --mount --uts --pid --fork --propagation private --kill-child=SIGKILL \
     bash "$here/node_init.sh" "$name" "$role" "$site/image/image" "$site/nodes/$name" "$site" "$py310" -- "$@" \
-    >"$site/nodes/$name.log" 2>&1 </dev/null &
+    >>"$site/nodes/$name.log" 2>&1 </dev/null &
   pids+=("$!")
   echo "$!" >"$site/nodes/$name.pid"
-done
+}
+for spec in $nodes; do start_node "$spec" "$@"; done
 touch "$site/ready"
-while :; do sleep 1 & wait $! || true; done
+# A replacement machine (site.py replace_node): SITE_DIR/nodes/NAME.start holds its `name:role:netns`.
+while :; do
+  for req in "$site"/nodes/*.start; do
+    [ -e "$req" ] || continue
+    spec=$(cat "$req"); rm -f "$req"; start_node "$spec" "$@"
+  done
+  sleep 1 & wait $! || true
+done
