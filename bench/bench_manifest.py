@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from payload import layout  # noqa: E402
+from payload import layout
 from payload.volume import checksums
 from payload.outputs import manifest
 

@@ -35,7 +35,7 @@ FACES: dict[str, tuple[str, ...]] = {
     "errors": ("",),
     "project": ("",),
     "trainenv": ("",),
-    "term": ("ui", "tables", "units", "logtext", "completion"),
+    "term": ("ui", "tables", "units", "logtext", "completion", "transfer"),
     "store": ("state", "registry", "artifacts", "claims"),
     "profiles": ("profile", "schema", "checks", "data_count", "render", "uploads", "preview", "scaffold"),
     "catalog": ("",),

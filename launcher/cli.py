@@ -52,7 +52,7 @@ class LaunchGroup(click.Group):
             with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
                 note(mark, line, out=err_console())
             ctx.exit(128 + int(getattr(signal, how)) if how in INTERRUPTING else 130)  # as the shell reports it
-        except Exception as e:  # noqa: BLE001 - mapped below, re-raised when unknown or debugging
+        except Exception as e:  # mapped below, re-raised when unknown or debugging
             if os.environ.get("LAUNCH_DEBUG"):
                 # SkyPilot's print_exception_no_traceback leaks sys.tracebacklimit = 0 on errors.
                 if hasattr(sys, "tracebacklimit"):

@@ -12,6 +12,9 @@ The run owns its processes: the driver starts a process group, and torchrun's wo
 sessions of their own, die with their agent (`payload.__main__.die_with_parent`), so SIGKILL of the
 driver's group (a simulated preemption, or `down` escalating) leaves nothing training. `down` also
 signals every process whose environment carries the run's LAUNCH_RUN_ID, in case anything escaped.
+
+One idea at ~350 lines: base.Backend's contract on this machine: the class, its driver's start and the
+process walk `down` needs (psutil); the scripts it runs are in `sh/`.
 """
 
 from __future__ import annotations

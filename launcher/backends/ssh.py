@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import codecs
 import gzip
-import hashlib
 import json
 import re
 import shlex
-import socket
 import tarfile
 import time
 from pathlib import Path, PurePosixPath
@@ -37,6 +35,7 @@ from typing import Callable, Optional, TextIO
 import paramiko
 
 from payload import layout
+from payload.volume.checksums import sha256_file
 
 from launcher.store.artifacts import list_command, parse_listing
 from ..errors import BackendError
@@ -45,7 +44,7 @@ from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_sta
                    restart_line, run_end, skipped_note)
 from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, SEED_AND_LIST, START, STATUS_CMD
 from . import rsync
-from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect
+from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect, expand as _expand, why as _why
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
 COMMAND_TIMEOUT = 60.0  # one remote command (listing, hashing, status...)
@@ -463,25 +462,6 @@ class SSHBackend(Backend):
 # ------------------------------------------------------------------------------------ helpers
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _expand(path: str, home: str) -> str:
-    """A remote path made absolute (`~` and relative paths are under the remote $HOME)."""
-    if not path.startswith("/") and not home.startswith("/"):
-        raise BackendError(f"could not read $HOME on the host to place `{path}`: give an absolute path")
-    if path == "~" or path.startswith("~/"):
-        path = home.rstrip("/") + path[1:]
-    if not path.startswith("/"):
-        path = f"{home.rstrip('/')}/{path}"
-    return str(PurePosixPath(path))
-
-
 def _fits(profile, info: dict, envs: dict) -> None:
     """What one host runs, refused before any upload: the ssh backend starts one node, with torchrun's
     process per GPU the profile asks for (a node or GPU short failed after setup, or trained on one
@@ -505,12 +485,6 @@ def _fits(profile, info: dict, envs: dict) -> None:
                            "started beside them shares their memory and can crash the one training there; stop it "
                            "first (`launch status --all`), or give this run other GPUs with --env "
                            "CUDA_VISIBLE_DEVICES=...")
-
-
-def _why(e: Optional[BaseException]) -> str:
-    if isinstance(e, socket.timeout):
-        return "timed out"
-    return f"{type(e).__name__}: {e}" if e else "unknown error"
 
 
 def _state(facts: dict, reported: dict, run: Run) -> tuple[str, Optional[str]]:

@@ -1,6 +1,12 @@
 """The SSH connection layer of the ssh backend: host parsing, the host-key policy (known_hosts only;
 new keys need explicit consent, changed keys are always refused), a reconnectable paramiko client,
-and bounded command execution."""
+and bounded command execution; and how a path or a failure on the host reads (`expand`, `why`).
+
+One idea at ~370 lines: one SSH connection as ~/.ssh/config routes it (HostName, User, Port,
+IdentityFile, IdentityAgent, ProxyCommand, ProxyJump), for paramiko and for the system ssh that rsync
+runs, under one host-key policy. The route, the client and the key loading read the same config and
+stand or fall together, so they stay in one module.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import shlex
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Optional
 
 import paramiko
@@ -358,3 +364,21 @@ def collect(chan: paramiko.Channel, timeout: float, what: str) -> tuple[int, str
     if code == -1 and not (transport and transport.is_active()):  # no exit status: the connection went
         raise EOFError("connection closed before the command's exit status")
     return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def why(e: Optional[BaseException]) -> str:
+    """An SSH failure in a few words (a socket timeout has no message of its own)."""
+    if isinstance(e, socket.timeout):
+        return "timed out"
+    return f"{type(e).__name__}: {e}" if e else "unknown error"
+
+
+def expand(path: str, home: str) -> str:
+    """A remote path made absolute (`~` and relative paths are under the remote $HOME)."""
+    if not path.startswith("/") and not home.startswith("/"):
+        raise BackendError(f"could not read $HOME on the host to place `{path}`: give an absolute path")
+    if path == "~" or path.startswith("~/"):
+        path = home.rstrip("/") + path[1:]
+    if not path.startswith("/"):
+        path = f"{home.rstrip('/')}/{path}"
+    return str(PurePosixPath(path))

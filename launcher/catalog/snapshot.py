@@ -140,7 +140,7 @@ def _import_sky_offline():
     from sky.clouds import cloud as sky_cloud
 
     ws = skypilot_config.get_active_workspace()
-    global_user_state.set_allowed_clouds(check._get_workspace_allowed_clouds(ws), ws)
+    global_user_state.set_allowed_clouds(check._get_workspace_allowed_clouds(ws), ws)  # noqa: SLF001 - as sky check
     global_user_state.set_enabled_clouds(OFFLINE_CLOUDS, sky_cloud.CloudCapability.COMPUTE, ws)
     return sky
 

@@ -26,7 +26,7 @@ from payload.model.memory import (
 
 from launcher import project
 from launcher.catalog import Rental
-from launcher.profiles.schema import Profile, total_gpus
+from launcher.profiles.schema import Profile, slurm_price, total_gpus
 from launcher.profiles.render import profile_secrets
 from launcher.plan.storage import disk_needed_gb, storage_for
 from launcher.plan import cost as plan_ranges
@@ -427,8 +427,6 @@ class LocalChoice(Rental):
 
 def slurm_choice(p: Profile) -> tuple[LocalChoice, None, str]:
     """(the profile's Slurm nodes at its own price, no alternative, where the price came from)."""
-    from launcher.backends.skypilot.price import slurm_price
-
     price, source = slurm_price(p)
     name = p.cluster.infra_list[0].split("/", 1)[1]
     rental = LocalChoice("slurm", f"cluster {name}", None, p.cluster.accelerators_label, p.cluster.num_nodes,

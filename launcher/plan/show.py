@@ -150,7 +150,7 @@ def print_profiles(as_json: bool) -> None:
                          "storage_usd_per_month": round(sum(monthly), 2) if monthly else None, "error": None})
         except StateError:  # launch's own state dir, not this profile: said once, as every command does
             raise
-        except (ProfileError, Exception) as e:  # one broken profile must not hide the others
+        except (ProfileError, Exception) as e:  # noqa: BLE001 - one broken profile must not hide the others
             rows.append({"profile": name, "error": str(e).splitlines()[0]})
     from launcher.term.tables import print_table
 

@@ -299,3 +299,15 @@ class Profile(RunConfig):
 
 def total_gpus(p: Profile) -> int:
     return max(1, p.cluster.gpus_per_node) * p.cluster.num_nodes
+
+
+def slurm_price(p: Profile) -> tuple[float, str]:
+    """A Slurm cluster's $/h for the run: the profile's cluster.slurm.price_per_gpu_hour x its GPUs, else
+    budget.price_per_hour (the whole cluster), else 0 (your own cluster: no catalog or API knows it)."""
+    c = p.cluster
+    if c.slurm.price_per_gpu_hour is not None:
+        gpus = max(1, c.gpus_per_node) * c.num_nodes
+        return round(c.slurm.price_per_gpu_hour * gpus, 4), "profile cluster.slurm.price_per_gpu_hour"
+    if p.budget.price_per_hour is not None:
+        return float(p.budget.price_per_hour), "profile"
+    return 0.0, "unknown"

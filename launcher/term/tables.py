@@ -120,12 +120,12 @@ def _min_width(console, table) -> int:
     """The table's width with must-copy columns whole and the others folded to `WRAP_MIN`."""
     from rich.measure import Measurement
 
-    total = table._extra_width  # rich's edges and separators (no public accessor); padding below
+    total = table._extra_width  # noqa: SLF001 - rich's edges and separators (no public accessor); padding below
     for i, col in enumerate(table.columns):
         wide = console.options.update_width(10_000)
         widest = max([Measurement.get(console, wide, x).maximum for x in (col.header, *col.cells)])
         total += widest if col.no_wrap else min(widest, max(col.min_width or WRAP_MIN, len(str(col.header))))
-        total += table._get_padding_width(i)  # collapsed between columns, none at the edges
+        total += table._get_padding_width(i)  # noqa: SLF001 - collapsed between columns, none at the edges
     return total
 
 

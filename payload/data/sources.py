@@ -435,7 +435,7 @@ def _parquet_columns(src: Source) -> list[str]:
 
     try:
         return list(pq.ParquetFile(src.path).schema_arrow.names)
-    except Exception as e:  # pyarrow raises several types for damaged files
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for damaged files
         raise PayloadError(f"{src.cfg.name}: {src.label} is not a readable Parquet file ({_one_line(e)}); "
                            "fix or re-export the file") from None
 
@@ -468,7 +468,7 @@ def _iter_hf(src: Source) -> Iterator[tuple[Any, Any]]:
         # retried only when the network failed: a dataset, config or split that is not there is an answer
         ds = with_retries(f"loading dataset {c.hf_dataset}[{c.hf_split}]", lambda: datasets.load_dataset(
             c.hf_dataset, name=c.hf_config, split=c.hf_split, streaming=True), retry_if=transient_cause)
-    except Exception as e:  # network edge: anything `datasets` raises becomes one line with the fix
+    except Exception as e:  # noqa: BLE001 - network edge: anything `datasets` raises becomes one line with the fix
         raise edge_error(
             f"{c.name}: cannot load Hugging Face dataset {c.hf_dataset!r} (config {c.hf_config}, split "
             f"{c.hf_split}): {_one_line(e)}; check {src.key}.hf_dataset/hf_config/hf_split, HF_TOKEN for "
@@ -485,7 +485,7 @@ def iter_rows(rows, src: Source) -> Iterator[tuple[str, Any]]:
             row = next(it)
         except StopIteration:
             return
-        except Exception as e:  # network edge, as above
+        except Exception as e:  # noqa: BLE001 - network edge, as above
             raise edge_error(f"{src.cfg.name}: reading {src.label} failed after row {n}: {_one_line(e)}; "
                              "retry, or check network access and HF_TOKEN", e) from None
         n += 1

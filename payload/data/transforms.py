@@ -135,7 +135,7 @@ def token_length(tokenizer, msgs: list[dict]) -> int:
     """Length of the chat-templated record in tokens."""
     try:
         ids = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=False)
-    except Exception as e:  # any template/tokenizer failure is reported on this record, not raised
+    except Exception as e:  # noqa: BLE001 - any template/tokenizer failure is reported on this record, not raised
         raise Dropped("tokenizer failed", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]

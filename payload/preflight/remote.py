@@ -88,7 +88,7 @@ def ask(what: str, fn: Callable[[], T], definite: Callable[[BaseException], bool
     def once():
         try:
             return fn()
-        except Exception as e:  # noqa: BLE001 - definite answers end the retries, the rest are retried
+        except Exception as e:  # definite answers end the retries, the rest are retried
             if definite(e):
                 answered.append(e)
                 return None

@@ -212,7 +212,7 @@ def test_padding_free_rows_keep_records_apart(tmp_path, arch):
 def test_partial_checkpointing_reaches_the_trainer(train_env, monkeypatch):
     """`auto` may pick 1 layer in n (GPU only); the trainer gets transformers' every_n_layers and
     checkpoints exactly those decoder layers, and training runs (tiny model, CPU, 2 steps)."""
-    from train_fixtures import make_config, train_in_process, write_text_data  # noqa: F811
+    from train_fixtures import make_config, train_in_process, write_text_data
 
     from payload.model import modeling
 

@@ -29,7 +29,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from tests.cloud.emulator import image as image_mod
@@ -174,7 +173,7 @@ class EmulatedCloud:
 
     # --- the user's side -------------------------------------------------------------------------
     def env(self, extra: dict | None = None) -> dict:
-        from tests.walk import fresh_env  # noqa: PLC0415 (tests/ is on sys.path in pytest)
+        from tests.walk import fresh_env
 
         env = fresh_env(self.scratch, extra)
         env.update({"HOME": str(self.home), "LAUNCH_HOME": str(self.launch_home),

@@ -21,7 +21,7 @@ def s3(tmp_path):
     log: list[str] = []
     server = VolumeS3(lambda b: vol if b == "abcde12345" else None, ACCESS, log.append)
     server.start("127.0.0.1", 0, tls[1], tls[2])
-    port = server._server.server_address[1]  # noqa: SLF001
+    port = server._server.server_address[1]
     try:
         yield vol, f"https://127.0.0.1:{port}", tls[0], log
     finally:

@@ -6,7 +6,6 @@ examples and nothing of the libraries; a run's log carries no library deprecatio
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import time

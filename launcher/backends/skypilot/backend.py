@@ -1,8 +1,8 @@
 """The SkyPilot backend: on-demand profiles run as a cluster, spot profiles as a managed job.
 
-One idea at ~490 lines: base.Backend's contract (up, logs, access, status, down, fetch) on SkyPilot's
-clusters and managed jobs, ~380 lines of it the class, and three functions of the same idea
-(`cluster_name`, `build_task`, `merge_status`); what stands apart is in the package's other modules.
+One idea at ~470 lines: base.Backend's contract (up, logs, access, status, down, fetch) on SkyPilot's
+clusters and managed jobs, ~380 lines of it the class, and `merge_status` of the same idea; the task
+it launches (`task`) and what else stands apart are in the package's other modules.
 
 Everything goes through SkyPilot's Python SDK (client/server: each call returns a request id that
 `sky.get` / `sky.stream_and_get` resolves). The task is SkyPilot's own parse of the rendered
@@ -17,24 +17,21 @@ fetch from without asking SkyPilot.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
 from pathlib import Path, PurePosixPath
 from typing import Optional, TextIO
 
-import yaml
 
 from payload import layout
 from payload.errors import END_STATES
 
 from ...errors import BackendError
 from launcher.store.registry import ACTIVE_STATES, STATES, Run
-from launcher.profiles.uploads import remove_staged, stage_workdir
+from launcher.profiles.uploads import remove_staged
 from ..base import Access, Backend, LaunchSpec, RemoteStatus, remote_command, remote_path
-from ..tasks import workdir_files
 from . import control, runpod_pods, slurm_login
+from .task import build_task, cluster_name
 from .files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
 from .sdk import (
     controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
@@ -49,48 +46,6 @@ _MANAGED_STATES = {"PENDING": "starting", "SUBMITTED": "starting", "STARTING": "
 # status.json states in which the trainer has ended (payload/errors.py END_STATES; `interrupted`
 # is what the payload writes when a signal stopped it).
 _ENDED = (*END_STATES, "interrupted")
-
-
-def cluster_name(run_id: str) -> str:
-    """A valid SkyPilot cluster name (letters, digits, dashes; starts with a letter) for a run id."""
-    name = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
-    if not name or not name[0].isalpha():
-        name = f"launch-{name}".rstrip("-")
-    if len(name) > 63:
-        name = f"{name[:56].rstrip('-')}-{hashlib.sha1(run_id.encode()).hexdigest()[:6]}"
-    return name
-
-
-# ---------------------------------------------------------------------------------- task
-
-
-def build_task(spec: LaunchSpec, volume_name: Optional[str] = None):
-    """SkyPilot's parse of the rendered task, with launch's envs and the secret values.
-
-    Secrets go in as `secrets_overrides` (what `sky launch --secret NAME` does), not through
-    `Task.update_secrets` after parsing: SkyPilot 0.14 turns every `NAME: null` secret into a
-    managed-secret reference that `update_secrets` leaves in place, and the API server then
-    refuses the launch ("No value available for secret(s)"). Secrets the user did not set are
-    dropped from the task; the payload's preflight says which stage needs one.
-    """
-    sky = sdk()
-    task_yaml = Path(spec.task_yaml).resolve()
-    config = yaml.safe_load(task_yaml.read_text())
-    given = {k: v for k, v in spec.secrets.items() if v}
-    inline = {k: v for k, v in (config.get("secrets") or {}).items() if v is not None}
-    config["secrets"] = {**inline, **{k: None for k in given}}
-    if not config["secrets"]:
-        config.pop("secrets")
-    if config.get("workdir"):  # rendered tasks say `workdir: .`; upload exactly the allowlist instead
-        config_rel = (config.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
-        files = workdir_files(spec.profile, Path(spec.config_yaml), config_rel)
-        config["workdir"] = str(stage_workdir(spec.run.id, files))
-    if volume_name and config.get("volumes"):  # an adopted volume is mounted under its cloud name
-        config["volumes"] = {m: (volume_name if n == spec.profile.cluster.volume.name else n)
-                             for m, n in config["volumes"].items()}
-    envs = {**spec.envs, "LAUNCH_RUN_ID": spec.run.id}
-    return sky.Task.from_yaml_config(config, env_overrides=list(envs.items()),
-                                     secrets_overrides=list(given.items()))
 
 
 # ------------------------------------------------------------------------------------ backend
@@ -449,7 +404,7 @@ class SkyPilotBackend(Backend):
         by = {"job_ids": [h["job_id"]]} if h.get("job_id") is not None else {"name": h["job_name"]}
         try:
             sky.get(sky.jobs.cancel(**by, graceful=True, graceful_timeout=control.DOWN_GRACE_S))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if controller_gone(e):  # it went away because no job of it was active: nothing to cancel
                 return
             raise
@@ -457,7 +412,7 @@ class SkyPilotBackend(Backend):
         def ended() -> bool:
             try:
                 rec = self._managed_record(sky, h)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 if controller_gone(e):
                     return True
                 raise

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from ...profiles.schema import slurm_price
+
 
 def hourly_price(profile, live: bool = True) -> tuple[float, str]:
     """($/h for the whole cluster, where it came from): RunPod's API (unless `live` is False), else
@@ -24,18 +26,6 @@ def hourly_price(profile, live: bool = True) -> tuple[float, str]:
             return _catalog_choice(profile)[0], f"catalog {SNAPSHOT_DATE}"
         except Exception:  # noqa: BLE001
             pass
-    if profile.budget.price_per_hour is not None:
-        return float(profile.budget.price_per_hour), "profile"
-    return 0.0, "unknown"
-
-
-def slurm_price(profile) -> tuple[float, str]:
-    """A Slurm cluster's $/h for the run: the profile's cluster.slurm.price_per_gpu_hour x its GPUs, else
-    budget.price_per_hour (the whole cluster), else 0."""
-    c = profile.cluster
-    if c.slurm.price_per_gpu_hour is not None:
-        gpus = max(1, c.gpus_per_node) * c.num_nodes
-        return round(c.slurm.price_per_gpu_hour * gpus, 4), "profile cluster.slurm.price_per_gpu_hour"
     if profile.budget.price_per_hour is not None:
         return float(profile.budget.price_per_hour), "profile"
     return 0.0, "unknown"

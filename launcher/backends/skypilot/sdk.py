@@ -46,9 +46,9 @@ def sdk():
                            "(launcher.catalog.import_sky_offline); run SDK calls in a fresh process")
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
     import sky
-    import sky.client.sdk  # noqa: F401
-    import sky.jobs  # noqa: F401  (sky.jobs.* and sky.volumes.* are used as attributes)
-    import sky.volumes  # noqa: F401
+    import sky.client.sdk
+    import sky.jobs  # sky.jobs.* and sky.volumes.* are used as attributes
+    import sky.volumes
 
     return sky
 

@@ -62,7 +62,7 @@ def main() -> int:
     api.start()
     s3 = None
     if a.s3_tls:  # RunPod's S3-compatible API over the same volumes (https://s3api-<dc>.runpod.io)
-        s3 = VolumeS3(api.volume_dir, a.s3_access_key, api._log)  # noqa: SLF001 (one api.log)
+        s3 = VolumeS3(api.volume_dir, a.s3_access_key, api._log)  # one api.log
         s3.start(f"{a.subnet}.1", 443, a.s3_tls / "s3.pem", a.s3_tls / "s3.key")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

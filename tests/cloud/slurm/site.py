@@ -247,7 +247,7 @@ class SlurmSite:
 
     # --- the user's side -------------------------------------------------------------------------
     def env(self, extra: dict | None = None) -> dict:
-        from tests.walk import fresh_env
+        from tests.walk import fresh_env  # tests/ is on sys.path in pytest
 
         env = fresh_env(self.scratch, extra)
         env.update({"HOME": str(self.home), "LAUNCH_HOME": str(self.launch_home),

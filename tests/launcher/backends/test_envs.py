@@ -14,20 +14,20 @@ from pathlib import Path
 if "SKY_RUNTIME_DIR" not in os.environ:  # tests/conftest.py sets it; kept for a lone run of this file
     os.environ["SKY_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="sky-runtime-")
 
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
+import pytest
+import yaml
+from click.testing import CliRunner
 
-from launcher.store import registry  # noqa: E402
+from launcher.store import registry
 from launcher.profiles import render
-from launcher.backends import LaunchSpec  # noqa: E402
-from launcher.backends.local import LocalBackend  # noqa: E402
-from launcher.backends.ssh import SSHBackend  # noqa: E402
-from launcher.cli import cli  # noqa: E402
+from launcher.backends import LaunchSpec
+from launcher.backends.local import LocalBackend
+from launcher.backends.ssh import SSHBackend
+from launcher.cli import cli
 from launcher.project import PACKAGE_ROOT as REPO_ROOT
-from launcher.profiles.profile import ProfileError, load_profile  # noqa: E402
-from launcher.store.registry import Run  # noqa: E402
-from test_skypilot_backend import FakeSky  # noqa: E402
+from launcher.profiles.profile import ProfileError, load_profile
+from launcher.store.registry import Run
+from test_skypilot_backend import FakeSky
 
 SHOW = 'echo "FOO=$FOO N=$N HF_TOKEN=${HF_TOKEN:-unset}"'
 TASK = {"name": "envs", "num_nodes": 1, "envs": {"LAUNCH_CONFIG": "sky/config/envs.yaml", "N": "3"},
@@ -103,7 +103,6 @@ def test_ssh_backend_passes_env_to_the_run(sshd, tmp_path):
 
 
 def test_skypilot_up_with_set_and_env_renders_per_run_and_records_both(monkeypatch):
-    from launcher.backends import skypilot as sp
     from launcher.backends.skypilot import backend as sp_backend  # where the backend looks it up
 
     fake, staged = FakeSky(monkeypatch), {}

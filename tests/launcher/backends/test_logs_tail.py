@@ -8,17 +8,17 @@ import tempfile
 if "SKY_RUNTIME_DIR" not in os.environ:  # tests/conftest.py sets it; kept for a lone run of this file
     os.environ["SKY_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="sky-runtime-")
 
-import pytest  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
+import pytest
+from click.testing import CliRunner
 
-from launcher.store import registry  # noqa: E402
-from launcher.backends import tail_offset  # noqa: E402
-from launcher.backends import skypilot as sp  # noqa: E402
-from launcher.backends.local import LocalBackend  # noqa: E402
-from launcher.backends.ssh import SSHBackend  # noqa: E402
-from launcher.cli import cli  # noqa: E402
-from launcher.store.registry import Run  # noqa: E402
-from test_skypilot_backend import FakeSky, cluster_run  # noqa: E402
+from launcher.store import registry
+from launcher.backends import tail_offset
+from launcher.backends import skypilot as sp
+from launcher.backends.local import LocalBackend
+from launcher.backends.ssh import SSHBackend
+from launcher.cli import cli
+from launcher.store.registry import Run
+from test_skypilot_backend import FakeSky, cluster_run
 
 LOG = "".join(f"step {i} café\n" for i in range(1, 2001))
 

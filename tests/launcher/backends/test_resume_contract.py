@@ -16,14 +16,14 @@ from pathlib import Path
 if "SKY_RUNTIME_DIR" not in os.environ:  # tests/conftest.py sets it; kept for a lone run of this file
     os.environ["SKY_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="sky-runtime-")
 
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
+import pytest
+import yaml
+from click.testing import CliRunner
 
-from launcher.store import registry  # noqa: E402
-from launcher.cli import cli  # noqa: E402
-from launcher.store.registry import Run  # noqa: E402
-from test_skypilot_backend import FakeSky  # noqa: E402
+from launcher.store import registry
+from launcher.cli import cli
+from launcher.store.registry import Run
+from test_skypilot_backend import FakeSky
 
 BACKENDS = ("local", "ssh", "skypilot")
 RECORDED = ["train.learning_rate=1e-3", "train.max_steps=12"]
@@ -49,7 +49,6 @@ class Machine:
             self.root = tmp_path / "remote"  # a resumed run keeps its place on the host
             handle = {"host": sshd.host, "remote_root": str(self.root), "volume": str(self.root / "volume")}
         if kind == "skypilot":
-            from launcher.backends import skypilot as sp
             from launcher.backends.skypilot import backend as sp_backend  # where the backend looks it up
 
             self.sky, self.staged = FakeSky(monkeypatch), {}

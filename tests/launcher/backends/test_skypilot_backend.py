@@ -15,28 +15,28 @@ if "SKY_RUNTIME_DIR" not in os.environ:
 os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 os.environ.setdefault("SKYPILOT_DISABLE_LOCAL_API_SERVER", "1")
 
-import io  # noqa: E402
+import io
 
-import pytest  # noqa: E402
-import sky  # noqa: E402
-import sky.client.sdk  # noqa: E402
-import sky.jobs  # noqa: E402
-import sky.volumes  # noqa: E402
-import yaml  # noqa: E402
-from sky import exceptions as ex  # noqa: E402
-from sky.jobs import ManagedJobStatus  # noqa: E402
-from sky.skylet.job_lib import JobStatus  # noqa: E402
-from sky.utils.status_lib import ClusterStatus  # noqa: E402
+import pytest
+import sky
+import sky.client.sdk
+import sky.jobs
+import sky.volumes
+import yaml
+from sky import exceptions as ex
+from sky.jobs import ManagedJobStatus
+from sky.skylet.job_lib import JobStatus
+from sky.utils.status_lib import ClusterStatus
 
-from launcher.store import registry  # noqa: E402
+from launcher.store import registry
 from launcher.profiles import render
-from launcher.backends import BackendError, LaunchSpec  # noqa: E402
-from launcher.backends import skypilot as sp  # noqa: E402
-from launcher.backends.skypilot import control  # noqa: E402
-from launcher.backends.skypilot.sdk import MANAGED_JOB_FIELDS  # noqa: E402
+from launcher.backends import BackendError, LaunchSpec
+from launcher.backends import skypilot as sp
+from launcher.backends.skypilot import control
+from launcher.backends.skypilot.sdk import MANAGED_JOB_FIELDS
 from launcher.project import PACKAGE_ROOT as REPO_ROOT
-from launcher.profiles.profile import Profile, load_profile  # noqa: E402
-from launcher.store.registry import Run  # noqa: E402
+from launcher.profiles.profile import Profile, load_profile
+from launcher.store.registry import Run
 
 HF, WANDB = "hf_test_secret_value_1234", "wandb_test_secret_value_5678"
 

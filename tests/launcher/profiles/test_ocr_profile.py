@@ -10,7 +10,6 @@ import yaml
 from click.testing import CliRunner
 
 from launcher.profiles.profile import ProfileError, load_profile
-from launcher.profiles.render import render_text
 
 REPO = Path(__file__).resolve().parents[3]
 NAME = "well-log-ocr-spot"

@@ -12,20 +12,20 @@ if "SKY_RUNTIME_DIR" not in os.environ:  # tests/conftest.py sets it; kept for a
     os.environ["SKY_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="sky-runtime-")
 os.environ.setdefault("SKYPILOT_DISABLE_LOCAL_API_SERVER", "1")
 
-import pytest  # noqa: E402
-import sky  # noqa: E402
-import sky.volumes  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
-from sky import exceptions as ex  # noqa: E402
-from sky.data.storage import StoreType  # noqa: E402
-from test_skypilot_backend import FakeSky, runpod_graphql, spec_for  # noqa: E402
+import pytest
+import sky
+import sky.volumes
+from click.testing import CliRunner
+from sky import exceptions as ex
+from sky.data.storage import StoreType
+from test_skypilot_backend import FakeSky, runpod_graphql, spec_for
 
-from launcher.store import registry  # noqa: E402
+from launcher.store import registry
 from launcher.runs import volumes
-from launcher.backends import BackendError  # noqa: E402
-from launcher.backends import skypilot as sp  # noqa: E402
-from launcher.cli import cli  # noqa: E402
-from launcher.store.registry import Run  # noqa: E402
+from launcher.backends import BackendError
+from launcher.backends import skypilot as sp
+from launcher.cli import cli
+from launcher.store.registry import Run
 
 DAY = 86400
 

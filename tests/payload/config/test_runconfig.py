@@ -8,12 +8,12 @@ import json
 import pytest
 import yaml
 
-from train_fixtures import make_config, train_env, train_in_process  # noqa: E402
+from train_fixtures import make_config, train_env, train_in_process
 
-from payload import layout  # noqa: E402
+from payload import layout
 from payload.config import resume as runconfig
-from payload.config import dump_run_config  # noqa: E402
-from payload.errors import PayloadError  # noqa: E402
+from payload.config import dump_run_config
+from payload.errors import PayloadError
 
 __all__ = ["train_env"]
 

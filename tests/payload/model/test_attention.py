@@ -12,9 +12,9 @@ import logging
 
 import pytest
 
-from train_fixtures import make_config, train_env  # noqa: E402
+from train_fixtures import make_config, train_env
 
-from payload.model.attention import (  # noqa: E402
+from payload.model.attention import (
     PACKED,
     PADDED,
     PADDING_FREE,

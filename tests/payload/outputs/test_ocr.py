@@ -156,7 +156,7 @@ def test_image_text_records_become_image_chat(tmp_path):
 # ---------------------------------------------------------------------------------- end to end
 
 
-def test_ocr_run_end_to_end_with_eval_and_wandb_offline(train_env, monkeypatch):  # noqa: F811
+def test_ocr_run_end_to_end_with_eval_and_wandb_offline(train_env, monkeypatch):
     import payload.data as data_stage
     from payload.volume import checkpoints as ck
     from payload.outputs import evaluate
@@ -211,7 +211,7 @@ def test_ocr_run_end_to_end_with_eval_and_wandb_offline(train_env, monkeypatch):
     assert b"test/cer" in eval_bytes and b"test/predictions" in eval_bytes
 
 
-def test_wandb_off_without_key_says_so_once(train_env, monkeypatch, caplog):  # noqa: F811
+def test_wandb_off_without_key_says_so_once(train_env, monkeypatch, caplog):
     from payload.outputs import tracking
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -226,7 +226,7 @@ def test_wandb_off_without_key_says_so_once(train_env, monkeypatch, caplog):  # 
 # ------------------------------------------------------------------------- launch checkpoints/eval/chat
 
 
-def test_checkpoints_eval_chat_commands_on_a_local_run(train_env, monkeypatch):  # noqa: F811
+def test_checkpoints_eval_chat_commands_on_a_local_run(train_env, monkeypatch):
     from click.testing import CliRunner
 
     import payload.data as data_stage

@@ -19,13 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from train_fixtures import (  # noqa: E402
+from train_fixtures import (
     REPO, adapter_tensors, logged_losses, make_config, subprocess_env, train_env, train_in_process,
     write_config, write_text_data,
 )
 
-from payload.volume import checkpoints as ck  # noqa: E402
-from payload import layout  # noqa: E402
+from payload.volume import checkpoints as ck
+from payload import layout
 
 __all__ = ["train_env"]
 

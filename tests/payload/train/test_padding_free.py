@@ -14,11 +14,11 @@ import json
 
 import pytest
 
-from train_fixtures import (  # noqa: E402
+from train_fixtures import (
     VL_MODEL, make_config, text_records, train_env, train_in_process, vl_records, write_text_data,
 )
 
-from payload.errors import PayloadError  # noqa: E402
+from payload.errors import PayloadError
 
 __all__ = ["train_env"]  # the fixture, imported for pytest
 

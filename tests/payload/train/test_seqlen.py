@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 
-from train_fixtures import (  # noqa: E402
+from train_fixtures import (
     _write_jsonl, make_config, run_payload, text_records, train_env, train_in_process, write_config,
 )
 
-from payload import layout  # noqa: E402
+from payload import layout
 
 __all__ = ["train_env"]  # the fixture, imported for pytest
 

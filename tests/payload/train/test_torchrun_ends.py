@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from train_fixtures import REPO, make_config, subprocess_env, write_config  # noqa: E402
+from train_fixtures import REPO, make_config, subprocess_env, write_config
 
-from payload import layout  # noqa: E402
-from payload.train.torchrun import deliberate_code  # noqa: E402
-from payload.volume import stop_request  # noqa: E402
+from payload import layout
+from payload.train.torchrun import deliberate_code
+from payload.volume import stop_request
 
 RUN = yaml.safe_load((REPO / "sky" / "local-demo.yaml").read_text())["run"]
 TIMEOUT = 240

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from train_fixtures import (  # noqa: E402
+from train_fixtures import (
     VL_MODEL, make_config, metrics, train_env, train_in_process, write_text_data, write_vl_data,
 )
 
-from payload import layout  # noqa: E402
-from payload.errors import PayloadError  # noqa: E402
+from payload import layout
+from payload.errors import PayloadError
 
 __all__ = ["train_env"]  # the fixture, imported for pytest
 

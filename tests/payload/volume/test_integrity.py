@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from train_fixtures import (  # noqa: E402
+from train_fixtures import (
     adapter_tensors, logged_losses, make_config, metrics, reference_run, train_env, train_in_process,
     write_config, write_text_data,
 )
 
-from payload.volume import checkpoints as ck  # noqa: E402
-from payload import layout  # noqa: E402
+from payload.volume import checkpoints as ck
+from payload import layout
 from payload.volume import checksums
 from payload.volume import lease
 from payload.volume import verify
-from payload.errors import EXIT_CRASH, EXIT_TRANSIENT, PayloadError, exit_code_for  # noqa: E402
+from payload.errors import EXIT_CRASH, EXIT_TRANSIENT, PayloadError, exit_code_for
 
 __all__ = ["train_env"]
 

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from train_fixtures import (  # noqa: E402
+from train_fixtures import (
     adapter_tensors, logged_losses, make_config, metrics, reference_run, start_payload, train_env,
     train_in_process, wait_for, write_config, write_text_data, KILL_TIMEOUT,
 )
 
-from payload.volume import checkpoints as ck  # noqa: E402
-from payload import layout  # noqa: E402
-from payload.errors import BudgetExhausted  # noqa: E402
-from payload.volume.money import CostTracker  # noqa: E402
+from payload.volume import checkpoints as ck
+from payload import layout
+from payload.errors import BudgetExhausted
+from payload.volume.money import CostTracker
 
 __all__ = ["train_env"]
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from stage_fixtures import stage_config, write_stage_data  # noqa: E402
-from train_fixtures import KILL_TIMEOUT, start_payload, train_env, wait_for, write_config  # noqa: E402
+from stage_fixtures import stage_config, write_stage_data
+from train_fixtures import KILL_TIMEOUT, start_payload, train_env, wait_for, write_config
 
-from payload import layout  # noqa: E402
-from payload.errors import BudgetExhausted  # noqa: E402
-from payload.outputs import manifest  # noqa: E402
-from payload.volume import checkpoints as ck  # noqa: E402
-from payload.volume import stop_request  # noqa: E402
+from payload import layout
+from payload.errors import BudgetExhausted
+from payload.outputs import manifest
+from payload.volume import checkpoints as ck
+from payload.volume import stop_request
 
 __all__ = ["train_env"]
 

@@ -9,15 +9,15 @@ import json
 
 import pytest
 
-from train_fixtures import (  # noqa: E402
+from train_fixtures import (
     KILL_TIMEOUT, adapter_tensors, make_config, reference_run, start_payload, train_env, train_in_process,
     wait_for, write_config, write_text_data,
 )
 
-from payload.volume import checkpoints as ck  # noqa: E402
-from payload import layout  # noqa: E402
+from payload.volume import checkpoints as ck
+from payload import layout
 from payload.volume import stop_request
-from payload.errors import EXIT_STOP_REQUESTED, state_for_exit  # noqa: E402
+from payload.errors import EXIT_STOP_REQUESTED, state_for_exit
 
 __all__ = ["train_env"]
 
