@@ -1,7 +1,9 @@
 """launch installed as a user installs it: the wheel built from a copy of this checkout, in a fresh
 environment outside it, its dependencies resolved by uv from the wheel's metadata, held to the pins of
 the checkout's locks (SkyPilot's own first, with its click<8.2: requirements/sky-cli.lock) and taken
-offline from uv's cache, which `make install` filled. Used by tests/walks/test_walk_install.py and the
+offline from uv's cache, which `make install` filled: its sync caches the wheels, and its last step
+(`python tests/installed.py`, online) the metadata a resolution reads, which a sync never asks for
+(without it an offline resolve says "click==8.1.8 needs to be downloaded from a registry"). Used by tests/walks/test_walk_install.py and the
 emulated cloud's scenario that runs from an installed tool (tests/cloud/scenarios/test_sigterm.py)."""
 
 from __future__ import annotations
@@ -33,6 +35,31 @@ def pins(*locks: str) -> dict[str, str]:
     return out
 
 
+# What the tool environments of the tests hold beyond the wheel: the cloud scenario's RunPod SDK, and
+# pip/setuptools for SkyPilot's wheel of itself (sky/backends/wheel_utils.py:163).
+CLOUD_PACKAGES = ("runpod", "boto3", "pip", "setuptools", "wheel")
+
+
+def write_constraints(path: Path) -> Path:
+    pinned = pins("requirements/sky-cli.lock", "requirements/dev.lock")
+    path.write_text("".join(f"{n}=={v}\n" for n, v in pinned.items()))
+    return path
+
+
+def fill_cache() -> int:
+    """Resolve the tools' installs once with the network (`make install`), so uv's cache holds every
+    package's metadata for the tests' offline resolves; nothing is installed."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        constraints = write_constraints(Path(tmp) / "constraints.txt")
+        env = {k: v for k, v in uv_env().items() if k != "UV_OFFLINE"}
+        done = subprocess.run([str(UV), "pip", "compile", "-q", "--python", sys.executable, "-c", str(constraints),
+                               "-o", os.devnull, str(REPO / "pyproject.toml"), "-"],
+                              input="\n".join(CLOUD_PACKAGES), env=env, text=True)
+    return done.returncode
+
+
 def install_tool(dest: Path, with_packages: tuple[str, ...] = ()) -> Path:
     """The `launch` of a fresh environment under `dest` holding the wheel (and `with_packages`)."""
     src = dest / "src"  # a copy: a build writes build/ and *.egg-info beside its sources
@@ -47,10 +74,12 @@ def install_tool(dest: Path, with_packages: tuple[str, ...] = ()) -> Path:
     wheel = next((dest / "dist").glob("launch-*.whl"))
     done = subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(dest / "env")], **run)
     assert done.returncode == 0, done.stderr
-    constraints = dest / "constraints.txt"
-    constraints.write_text("".join(f"{n}=={v}\n" for n, v in
-                                   pins("requirements/sky-cli.lock", "requirements/dev.lock").items()))
+    constraints = write_constraints(dest / "constraints.txt")
     done = subprocess.run([str(UV), "pip", "install", "-q", "--python", str(dest / "env" / "bin" / "python"),
                            "-c", str(constraints), str(wheel), *with_packages], **run)
     assert done.returncode == 0, done.stdout + done.stderr
     return dest / "env" / "bin" / "launch"
+
+
+if __name__ == "__main__":
+    sys.exit(fill_cache())

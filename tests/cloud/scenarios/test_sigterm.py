@@ -18,14 +18,13 @@ import re
 import pytest
 
 from tests.cloud.scenarios import profiles
-from tests.installed import install_tool
+from tests.installed import CLOUD_PACKAGES, install_tool
 from tests.cloud.scenarios.steps import cluster_of, status, up, wait_ended, wait_step
 
 
 @pytest.mark.timeout(1200)
 def test_skypilots_sigterm_saves_a_checkpoint_and_down_fetches_it(cloud, report, tmp_path):
-    # the RunPod SDK, and pip/setuptools for SkyPilot's wheel of itself (sky/backends/wheel_utils.py:163)
-    cloud.tool = install_tool(tmp_path / "tool", ("runpod", "boto3", "pip", "setuptools", "wheel"))
+    cloud.tool = install_tool(tmp_path / "tool", CLOUD_PACKAGES)
     cloud.cwd = project = tmp_path / "my-project"
     project.mkdir()
     made = cloud.launch("init", "sonia-h100", "--from", "sonia-h100", timeout=120)

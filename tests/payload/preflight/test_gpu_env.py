@@ -51,7 +51,8 @@ def test_lock_pins_torchvision_built_for_the_locked_torch_and_cuda_12():
     torch_minor = int(lock["torch"].split(".")[1])
     major, minor = (int(x) for x in lock["torchvision"].split(".")[:2])
     assert (major, minor) == (0, torch_minor + 15), lock["torchvision"]
-    cuda = {k: v for k, v in lock.items() if k.startswith("nvidia-")}
+    # nvidia-ml-py is NVML's Python binding (GPU utilisation), not a CUDA library: no CUDA version in its name
+    cuda = {k: v for k, v in lock.items() if k.startswith("nvidia-") and k != "nvidia-ml-py"}
     assert cuda and all(k.endswith("-cu12") for k in cuda), cuda
     assert lock["nvidia-cuda-runtime-cu12"].startswith("12.")
 
