@@ -6,7 +6,12 @@ the numbers: the f32 file must match the merged model's logits and differ from t
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,20 +26,33 @@ from tests.payload.outputs.test_merge_export import demo_cfg, input_ids, make_ad
 TYPES = ["f32", "f16", "q8_0", "q4_k_m"]
 
 
-def llama(path):
-    from llama_cpp import Llama
+# llama.cpp runs in a process of its own: a crash there fails the test, not the pytest worker, and its
+# threads and allocator never share a process with torch's.
+LLAMA = """
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+path, ids, text, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+# f32 KV cache: llama.cpp's default f16 cache alone puts ~3e-3 on these logits
+model = Llama(model_path=path, logits_all=True, n_ctx=64, n_threads=1, verbose=False, type_k=0, type_v=0)
+try:
+    model.eval(ids)
+    np.save(out + ".npy", np.array(model.scores[:len(ids)]))
+    tokens = model.tokenize(text.encode(), add_bos=False, special=True)
+    json.dump({"tokens": tokens, "metadata": dict(model.metadata)}, open(out + ".json", "w"))
+finally:
+    model.close()
+"""
 
-    # f32 KV cache: llama.cpp's default f16 cache alone puts ~3e-3 on these logits
-    return Llama(model_path=str(path), logits_all=True, n_ctx=64, n_threads=1, verbose=False, type_k=0, type_v=0)
 
-
-def gguf_logits(path, ids: list[int]) -> np.ndarray:
-    model = llama(path)
-    try:
-        model.eval(ids)
-        return np.array(model.scores[:len(ids)])
-    finally:
-        model.close()
+def in_llama(path, ids: list[int], text: str = "") -> tuple[np.ndarray, dict]:
+    """(the logits of `ids`, {tokens of `text`, the file's metadata}) as llama.cpp reads the GGUF."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/out"
+        done = subprocess.run([sys.executable, "-c", LLAMA, str(path), json.dumps(ids), text, out],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return np.load(out + ".npy"), json.loads(Path(out + ".json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +77,7 @@ def test_each_type_loads_in_llama_cpp_with_the_merged_models_logits(exported):
     assert summary["pending"] == [] and summary["quantize_script"] is None
     diffs = {}
     for t in TYPES:
-        got = gguf_logits(out / f"local-demo-{t.upper()}.gguf", ids)
+        got = in_llama(out / f"local-demo-{t.upper()}.gguf", ids)[0]
         diffs[t] = float(np.abs(got - expected).max())
         if t != "q4_k_m":  # 4 bits on a random tiny model's near-flat logits: the top token may swap
             assert (got.argmax(-1) == expected.argmax(-1)).mean() >= 0.75, t
@@ -74,14 +92,11 @@ def test_the_gguf_carries_the_tokenizer_and_the_chat_template(exported):
 
     cfg = exported[0]
     tok = AutoTokenizer.from_pretrained(str(cfg.run_dir / layout.MERGED_DIR))
-    model = llama(cfg.run_dir / layout.GGUF_DIR / "local-demo-F16.gguf")
-    try:
-        text = "Say hello in one sentence, please: 42 apples!"
-        assert model.tokenize(text.encode(), add_bos=False, special=True) == tok(text)["input_ids"]
-        assert model.metadata["tokenizer.ggml.pre"] == gguf.TINY_PRE_TOKENIZER
-        assert model.metadata.get("tokenizer.chat_template") == tok.chat_template
-    finally:
-        model.close()
+    text = "Say hello in one sentence, please: 42 apples!"
+    read = in_llama(cfg.run_dir / layout.GGUF_DIR / "local-demo-F16.gguf", exported[2][:4], text)[1]
+    assert read["tokens"] == tok(text)["input_ids"]
+    assert read["metadata"]["tokenizer.ggml.pre"] == gguf.TINY_PRE_TOKENIZER
+    assert read["metadata"].get("tokenizer.chat_template") == tok.chat_template
 
 
 def test_a_rerun_with_the_same_model_and_types_does_nothing(exported, caplog):
