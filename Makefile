@@ -60,7 +60,7 @@ $(STAMP): pyproject.toml $(DEV_LOCK) Makefile | $(UV)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(TORCH_CPU) $(DEV_LOCK)
 	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --no-build-isolation -e .
 	$(BIN)/python -m compileall -q launcher payload
-	$(BIN)/python tests/installed.py  # the metadata of an installed launch's resolve, for the tests' offline one (~1 s)
+	$(BIN)/python tests/installed.py  # the metadata of the installed tool's resolves (the tests' are offline), ~15 s
 	touch $(STAMP)
 
 # Three processes (pytest-xdist; a file and its module fixtures stay in one). The suite is CPU-bound

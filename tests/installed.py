@@ -46,6 +46,21 @@ def write_constraints(path: Path) -> Path:
     return path
 
 
+# The user install as `uv tool install 'launch[sky]'` resolves it, on Linux and on a Mac (the README's
+# promise): tests/walks/test_walk_install.py resolves it for each, offline.
+USER_PLATFORMS = ("x86_64-manylinux_2_28", "aarch64-apple-darwin")
+
+
+def user_resolve(platform: str, online: bool = False) -> subprocess.CompletedProcess:
+    """`uv pip compile pyproject.toml --extra sky` for `platform` (Python 3.11, macOS 14), no output file."""
+    env = {**uv_env(), "MACOSX_DEPLOYMENT_TARGET": "14.0"}
+    if online:
+        env.pop("UV_OFFLINE")
+    return subprocess.run([str(UV), "pip", "compile", "--python-platform", platform, "--python-version", "3.11",
+                           "--extra", "sky", "-o", os.devnull, str(REPO / "pyproject.toml")],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
 def fill_cache() -> int:
     """Resolve the tools' installs once with the network (`make install`), so uv's cache holds every
     package's metadata for the tests' offline resolves; nothing is installed."""
@@ -57,7 +72,14 @@ def fill_cache() -> int:
         done = subprocess.run([str(UV), "pip", "compile", "-q", "--python", sys.executable, "-c", str(constraints),
                                "-o", os.devnull, str(REPO / "pyproject.toml"), "-"],
                               input="\n".join(CLOUD_PACKAGES), env=env, text=True)
-    return done.returncode
+    if done.returncode:
+        return done.returncode
+    for platform in USER_PLATFORMS:
+        done = user_resolve(platform, online=True)
+        if done.returncode:
+            print(done.stderr, file=sys.stderr)
+            return done.returncode
+    return 0
 
 
 def install_tool(dest: Path, with_packages: tuple[str, ...] = ()) -> Path:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from installed import install_tool, pins, uv_env
+from installed import USER_PLATFORMS, install_tool, pins, user_resolve, uv_env
 from walk import REPO, assert_one_line_error, fresh_env
 
 pytestmark = pytest.mark.slow
@@ -133,3 +133,13 @@ def test_the_locks_cover_linux_and_macos():
     assert re.search(r"^torch==2\.13\.0\+cpu ; platform_machine == 'x86_64' and sys_platform == 'linux'", local, re.M)
     assert re.search(r"^torch==2\.13\.0 ; platform_machine != 'x86_64' or sys_platform != 'linux'", local, re.M)
     assert re.search(r"^torch==2\.13\.0 \\$", (REPO / "requirements/dev-macos.lock").read_text(), re.M)
+
+
+@pytest.mark.parametrize("platform", USER_PLATFORMS)
+def test_the_user_install_with_its_sky_extra_resolves_for_linux_and_macos(platform):
+    """What `uv tool install 'launch[sky]'` resolves, on Linux x86_64 and macOS arm64 (14): pyproject's
+    ranges, no lock and no override (the click SkyPilot pins and the training stack's click live in
+    separate environments), offline from the metadata `make install` cached."""
+    done = user_resolve(platform)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"Resolved \d+ packages", done.stderr), done.stderr
