@@ -103,7 +103,7 @@ def test_ssh_backend_passes_env_to_the_run(sshd, tmp_path):
 
 
 def test_skypilot_up_with_set_and_env_renders_per_run_and_records_both(monkeypatch):
-    from launcher.backends.skypilot import backend as sp_backend  # where the backend looks it up
+    from launcher.backends.skypilot import task as sp_backend  # where build_task looks it up
 
     fake, staged = FakeSky(monkeypatch), {}
     real_stage = sp_backend.stage_workdir

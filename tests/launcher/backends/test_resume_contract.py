@@ -49,7 +49,7 @@ class Machine:
             self.root = tmp_path / "remote"  # a resumed run keeps its place on the host
             handle = {"host": sshd.host, "remote_root": str(self.root), "volume": str(self.root / "volume")}
         if kind == "skypilot":
-            from launcher.backends.skypilot import backend as sp_backend  # where the backend looks it up
+            from launcher.backends.skypilot import task as sp_backend  # where build_task looks it up
 
             self.sky, self.staged = FakeSky(monkeypatch), {}
             real_stage = sp_backend.stage_workdir
