@@ -111,9 +111,6 @@ def _newest_complete(ckpts) -> int:
     return max((int(p.name.split("-")[1]) for p in ckpts.glob("checkpoint-*") if (p / "COMPLETE").exists()), default=0)
 
 
-@pytest.mark.skip(reason="not passing yet: after kill_node the run fails with its node as it should (gloo "
-                  "'Connection reset by peer' at step 20, checkpoint-20 on /shared), but replace_node's new node2 "
-                  "never registers (sinfo stays 'node2 down*' for 90 s), so the resume is never reached")
 @pytest.mark.timeout(1800)
 def test_a_node_lost_mid_training_on_slurm_resumes_from_the_newest_checkpoint(slurm, in_repo, report):
     shared_env(slurm)
@@ -127,7 +124,8 @@ def test_a_node_lost_mid_training_on_slurm_resumes_from_the_newest_checkpoint(sl
     # node2 dies as a machine does: every process at once, its network with it
     slurm.kill_node("node2")
     lost = json.loads((ckpts.parent / "status.json").read_text())
-    assert lost["state"] == "training" and lost["step"] < steps, lost
+    # mid-training: node1's rank may already have failed on the reset connection when this reads it
+    assert lost["state"] in ("training", "failed") and lost["step"] < steps, lost
     # Slurm fails the job with its node (SkyPilot submits it --no-requeue); launch says the run ended
     ended = wait_ended(slurm, run, 600, what="the run to end with its node")
     assert ended["state"] in ("failed", "stopped"), ended

@@ -155,7 +155,7 @@ class SlurmSite:
     def _start(self, image: Path) -> None:
         nodes = " ".join(f"{n}:{role}:{self.node_ns(n)}" for n, role, _ in NODES)
         hide = sorted({str(REPO), str(self.scratch)})
-        cmd = ["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation", "private", "bash",
+        cmd = ["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation", "slave", "bash",
                str(HERE / "site.sh"), str(image), str(self.dir), str(image_mod.python310()), nodes, "--", *hide]
         log = open(self.scratch / "site.log", "ab")
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

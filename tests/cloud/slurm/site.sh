@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The emulated Slurm site's machines, as one process (site.py starts it as
-#   ip netns exec SITE_NS unshare --mount --propagation private bash site.sh IMAGE SITE_DIR PY310 NODES -- HIDE...
-# so every mount it and its nodes make lives only in namespaces of their own). It loop-mounts the baked
+#   ip netns exec SITE_NS unshare --mount --propagation slave bash site.sh IMAGE SITE_DIR PY310 NODES -- HIDE...
+# so every mount it and its nodes make lives only in namespaces of their own; a slave, not private, so a
+# network namespace the host adds later, a replacement node's, is seen here: private, `ip netns exec` of it
+# said "setting the network namespace ... failed: Invalid argument"). It loop-mounts the baked
 # image read-only, starts each node (NODES: `name:role:netns ...`) in its network namespace, writes
 # SITE_DIR/ready and waits; on SIGTERM it SIGKILLs the nodes (each node's PID 1 takes its pid namespace,
 # and with it every process of the node, along) and exits; its mounts go with it.
