@@ -20,10 +20,12 @@ REPO = Path(__file__).resolve().parent.parent
 UV = Path(sys.executable).parent / "uv"  # uv is in the dev lock (and a dependency of launch)
 
 
-def uv_env() -> dict:
-    """uv offline, on the cache `make install` filled (a test's HOME is a fresh one)."""
+def uv_env(offline: bool = True) -> dict:
+    """uv on the cache `make install` filled (a test's HOME is a fresh one), offline unless `make install`
+    fills it."""
     cache = os.environ.get("UV_CACHE_DIR") or str(Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "uv")
-    return {**os.environ, "UV_CACHE_DIR": cache, "UV_OFFLINE": "1", "UV_NO_PROGRESS": "1"}
+    env = {**os.environ, "UV_CACHE_DIR": cache, "UV_NO_PROGRESS": "1"}
+    return {**env, "UV_OFFLINE": "1"} if offline else env
 
 
 def pins(*locks: str) -> dict[str, str]:
@@ -53,9 +55,7 @@ USER_PLATFORMS = ("x86_64-manylinux_2_28", "aarch64-apple-darwin")
 
 def user_resolve(platform: str, online: bool = False) -> subprocess.CompletedProcess:
     """`uv pip compile pyproject.toml --extra sky` for `platform` (Python 3.11, macOS 14), no output file."""
-    env = {**uv_env(), "MACOSX_DEPLOYMENT_TARGET": "14.0"}
-    if online:
-        env.pop("UV_OFFLINE")
+    env = {**uv_env(offline=not online), "MACOSX_DEPLOYMENT_TARGET": "14.0"}
     return subprocess.run([str(UV), "pip", "compile", "--python-platform", platform, "--python-version", "3.11",
                            "--extra", "sky", "-o", os.devnull, str(REPO / "pyproject.toml")],
                           capture_output=True, text=True, env=env, timeout=300)
@@ -68,7 +68,7 @@ def fill_cache() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         constraints = write_constraints(Path(tmp) / "constraints.txt")
-        env = {k: v for k, v in uv_env().items() if k != "UV_OFFLINE"}
+        env = uv_env(offline=False)
         done = subprocess.run([str(UV), "pip", "compile", "-q", "--python", sys.executable, "-c", str(constraints),
                                "-o", os.devnull, str(REPO / "pyproject.toml"), "-"],
                               input="\n".join(CLOUD_PACKAGES), env=env, text=True)
