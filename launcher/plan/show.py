@@ -6,7 +6,7 @@ from pathlib import Path
 
 from launcher.term.tables import Column
 from launcher.term.ui import cell, console, esc, hints, note
-from launcher.term.units import hours, money
+from launcher.term.units import hours, hours_column, money
 
 def print_plan(p, plan) -> None:
     from rich.table import Table
@@ -195,7 +195,7 @@ PROFILE_COLUMNS = [
     Column("profile", "profile", must_copy=True),
     Column("GPUs", _gpus, wrap_min=16),
     Column("$/h", _ok(lambda r: money(r["price_per_hour"])), must_copy=True, justify="right"),
-    Column("hours", _ok(lambda r: f"{r['est_hours']:.1f}"), priority=2, justify="right"),
+    Column("hours", _ok(lambda r: hours_column(r["est_hours"])), priority=2, justify="right"),
     Column("est. $", _ok(lambda r: money(r["est_usd"])), must_copy=True, justify="right"),
     Column("memory", _ok(lambda r: r["gpu_memory"] or "-"), priority=3),
     Column("$/month", _ok(lambda r: money(r["storage_usd_per_month"])), priority=1, justify="right"),

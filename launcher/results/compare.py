@@ -201,7 +201,8 @@ def _fmt(v) -> str:
 
 def table_rows(rows: list[dict], diff: dict) -> list[dict]:
     """Transposed: one table row per attribute, keyed by run id."""
-    from launcher.term.ui import duration, money
+    from launcher.term.ui import duration
+    from launcher.term.units import money_row
 
     def line(name, f):
         return {"": name, **{r["id"]: f(r) for r in rows}}
@@ -220,7 +221,8 @@ def table_rows(rows: list[dict], diff: dict) -> list[dict]:
                         r["metric"]["key"] == k else "-"))
     out.append(line("tokens/s", lambda r: "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"))
     out.append(line("billed time", lambda r: duration(r["hours"] * 3600)))
-    out.append(line("$ spent", lambda r: money(r["cost_usd"])))
+    spent = money_row([r["cost_usd"] for r in rows])
+    out.append({"": "$ spent", **{r["id"]: usd for r, usd in zip(rows, spent)}})
     return out
 
 

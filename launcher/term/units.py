@@ -44,6 +44,23 @@ def hours(h) -> str:
     return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
 
 
+def hours_column(h) -> str:
+    """Hours in a table's `hours` column: `2.4`, a plan under six minutes to two places (`0.02`), under
+    36 seconds `<0.01`, never `0.0` beside the dollars that those minutes cost."""
+    if h >= 0.1:
+        return f"{h:.1f}"
+    return f"{h:.2f}" if h >= 0.01 else "<0.01"
+
+
+def money_row(values) -> list[str]:
+    """Dollars side by side (a table's row or column): one precision for all, four places when any
+    amount under a cent is among them (`$0.0042` beside `$0.0100`, not beside `$0.01`)."""
+    known = [number(v) for v in values]
+    if not any(v is not None and 0 < abs(v) < 0.01 for v in known):
+        return [money(v) for v in values]
+    return ["-" if v is None else f"${v:,.4f}" for v in known]
+
+
 def json_text(value, indent: int = 2) -> str:
     """Every `--json` output: strict JSON (RFC 8259), so any JSON reader takes it. A number that is not
     finite (an infinite budget recorded by an older version, a NaN loss) is written `null`, never

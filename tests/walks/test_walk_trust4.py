@@ -217,3 +217,25 @@ def test_an_ended_run_keeps_the_training_cost_it_showed_live(tmp_path):
     assert ended["state"] == "completed" and ended["train_cost_usd"] == 0.05, ended
     again = json.loads(launch(tmp_path, "status", run.id, "--json", env=_shared()).stdout)  # as recorded now
     assert again["train_cost_usd"] == 0.05, again
+
+
+def test_profiles_shows_a_sub_minute_plan_in_hours_it_costs(tmp_path):
+    """`launch profiles` showed local-demo's hours as `0.0` beside its `$0.0010`."""
+    r = launch(tmp_path, "profiles")
+    [row] = [ln for ln in r.stdout.splitlines() if ln.startswith("local-demo ")]
+    assert r.returncode == 0 and row.split()[3] in ("0.01", "0.02", "<0.01") and "$0.0010" in row, r.stdout
+
+
+def test_compare_writes_the_dollars_of_its_runs_to_one_precision():
+    """`launch compare` printed `$0.0042` beside `$0.01` in its `$ spent` row."""
+    from launcher.results.compare import table_rows
+
+    runs = [{"id": rid, "profile": "local-demo", "state": "completed", "commit": None, "dirty": False,
+             "data_sha256": {}, "steps": 20, "final_eval_loss": None, "best_eval_loss": None, "metric": None,
+             "tokens_per_s": None, "hours": 0.01, "cost_usd": usd}
+            for rid, usd in (("a", 0.0042), ("b", 0.01), ("c", None))]
+    [spent] = [row for row in table_rows(runs, {}) if row[""] == "$ spent"]
+    assert spent == {"": "$ spent", "a": "$0.0042", "b": "$0.0100", "c": "-"}, spent
+    whole = [{**r, "cost_usd": usd} for r, usd in zip(runs, (1.5, 12.25, 0.0))]
+    [spent] = [row for row in table_rows(whole, {}) if row[""] == "$ spent"]
+    assert spent == {"": "$ spent", "a": "$1.50", "b": "$12.25", "c": "$0.00"}, spent
