@@ -114,3 +114,25 @@ def in_repo():
             except OSError:
                 pass  # another test's data is there
 
+
+
+# `make test-quick` (-m "not slow"): the unit tests, for the inner loop. A test is slow when it runs whole
+# programs: a trainer, torchrun, the installed `launch`, an OpenSSH server (it uses the fixtures of
+# train_fixtures, stage_fixtures, walk, installed or sshd), or it says so itself (@pytest.mark.slow).
+_WHOLE_RUNS = {"train_fixtures", "stage_fixtures", "walk", "installed", "sshd"}
+
+
+def _runs_whole_programs(module) -> bool:
+    for value in vars(module).values():
+        name = getattr(value, "__name__", "") if isinstance(value, type(sys)) else getattr(value, "__module__", "")
+        if isinstance(name, str) and name.rsplit(".", 1)[-1] in _WHOLE_RUNS:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    seen: dict = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and seen.setdefault(module.__name__, _runs_whole_programs(module)):
+            item.add_marker(pytest.mark.slow)
