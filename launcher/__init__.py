@@ -13,14 +13,15 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "launcher": (),
     "errors": (),
     "doors": (),
+    "sky_internals": (),  # SkyPilot names outside its public SDK, each with where 0.14.1 defines it
     "project": (),  # where the user's project is, and what this install ships
     "term": (),
     "store": ("errors", "term"),
     "trainenv": ("project", "store"),  # the Python with the training stack on this machine
     "profiles": ("project", "term", "store"),
-    "catalog": ("profiles", "store"),
+    "catalog": ("sky_internals", "profiles", "store"),
     "plan": ("project", "term", "store", "profiles", "catalog"),
-    "backends": ("errors", "term", "store", "trainenv", "profiles", "catalog"),
+    "backends": ("errors", "sky_internals", "term", "store", "trainenv", "profiles", "catalog"),
     "runs": ("launcher", "errors", "project", "term", "store", "trainenv", "profiles", "catalog", "plan",
              "backends"),
     "results": ("errors", "project", "term", "store", "trainenv", "profiles", "backends", "runs"),

@@ -6,7 +6,8 @@ launcher/errors.py) and `get_backend(name, **options)` (`factory`), which import
 when asked, so `launch --help` stays fast. Backends themselves import `base`, never this module.
 
 The group may import store/ (the run registry), profiles/ (render, uploads), catalog/ (prices),
-term/ and errors; runs/ and results/ drive it.
+term/, errors and launcher/sky_internals.py (every SkyPilot name outside its public SDK); runs/ and
+results/ drive it.
 """
 
 from __future__ import annotations

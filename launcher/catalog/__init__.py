@@ -8,7 +8,8 @@ snapshot, and runs SkyPilot's parser and optimizer there, with the user's own `~
 The group: `snapshot` (the snapshot installed where SkyPilot reads it, SkyPilot imported offline,
 storage prices), `optimizer` (the optimizer's answers, kept), `child` runs it in a child process
 for `up`, `build_snapshot` rebuilds `v8/` from `extract/` (its README). It may import profiles/ (a
-profile's resources) and store/ (the state dir); plan/, backends/ and runs/ ask it, through this
+profile's resources), store/ (the state dir) and launcher/sky_internals.py (SkyPilot's offline state,
+seeded as `sky check` does); plan/, backends/ and runs/ ask it, through this
 face.
 """
 

@@ -159,14 +159,14 @@ def _write_answers(path: Path, key: str, answer: dict) -> None:
 
 def _optimize(task_config: dict, about: dict) -> Choice:
     sky = import_sky_offline()
-    from sky import exceptions, optimizer
+    from sky import exceptions
 
     task = sky_task(task_config)
     with sky.Dag() as dag:
         dag.add(task)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), offline_home():
-            optimizer.Optimizer.optimize(dag, quiet=True)
+            sky.Optimizer.optimize(dag, quiet=True)
     except exceptions.ResourcesUnavailableError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no matching instance"
         raise PlanError(f"{about['name']}: SkyPilot found no instance in the catalog snapshot ({SNAPSHOT_DATE}) "

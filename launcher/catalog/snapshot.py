@@ -28,6 +28,8 @@ from typing import Optional
 
 from launcher.store.state import state_dir, unusable
 
+from .. import sky_internals
+
 HERE = Path(__file__).resolve().parent
 SNAPSHOT = HERE / "v8"
 SNAPSHOT_META = json.loads((HERE / "snapshot.json").read_text())  # written by build_snapshot.py
@@ -134,14 +136,11 @@ def _import_sky_offline():
     import logging
 
     import sky
-    from sky import check, global_user_state, skypilot_config
 
     logging.getLogger("sky").setLevel(logging.ERROR)  # "kubernetes not enabled" etc. are expected offline
-    from sky.clouds import cloud as sky_cloud
-
-    ws = skypilot_config.get_active_workspace()
-    global_user_state.set_allowed_clouds(check._get_workspace_allowed_clouds(ws), ws)  # noqa: SLF001 - as sky check
-    global_user_state.set_enabled_clouds(OFFLINE_CLOUDS, sky_cloud.CloudCapability.COMPUTE, ws)
+    ws = sky_internals.get_active_workspace()
+    sky_internals.set_allowed_clouds(sky_internals.workspace_allowed_clouds(ws), ws)  # as `sky check` does
+    sky_internals.set_enabled_clouds(OFFLINE_CLOUDS, sky_internals.cloud_capability().COMPUTE, ws)
     return sky
 
 

@@ -239,3 +239,17 @@ def test_compare_writes_the_dollars_of_its_runs_to_one_precision():
     whole = [{**r, "cost_usd": usd} for r, usd in zip(runs, (1.5, 12.25, 0.0))]
     [spent] = [row for row in table_rows(whole, {}) if row[""] == "$ spent"]
     assert spent == {"": "$ spent", "a": "$1.50", "b": "$12.25", "c": "$0.00"}, spent
+
+
+def test_skypilots_client_lines_never_reach_launchs_stdout(tmp_path):
+    """`launch status --all --json` of a starting SkyPilot run began with SkyPilot's "Failed to connect to
+    SkyPilot API server ... Starting a local server." on stdout: not JSON (the emulated RunPod's signal
+    walk, tests/cloud/scenarios/test_signal_walk.py). SkyPilot's client logs go to stderr."""
+    import sys
+
+    code = ("import logging; from launcher.backends.skypilot.sdk import sdk; sdk(); "
+            "logging.getLogger('sky').warning('Starting a local server.')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HOME": str(tmp_path), "SKY_RUNTIME_DIR": str(tmp_path / "sky")})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "" and "Starting a local server." in r.stderr, (r.stdout, r.stderr)

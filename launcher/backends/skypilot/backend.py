@@ -26,6 +26,7 @@ from typing import Optional, TextIO
 from payload import layout
 from payload.errors import END_STATES
 
+from ... import sky_internals
 from ...errors import BackendError
 from launcher.store.registry import ACTIVE_STATES, STATES, Run
 from launcher.profiles.uploads import remove_staged
@@ -125,12 +126,12 @@ class SkyPilotBackend(Backend):
         wanted = profile_clouds(p)
 
         def enabled() -> set:
-            found = {str(c).lower() for c in sky.get(sky.client.sdk.enabled_clouds()) or []}
+            found = {str(c).lower() for c in sky.get(sky_internals.sdk_enabled_clouds()) or []}
             return found | ({"kubernetes"} if "k8s" in found else set())
 
         if any(w in enabled() for w in wanted):
             return
-        sky.get(sky.client.sdk.check(tuple(wanted), verbose=False))
+        sky.get(sky_internals.sdk_check(tuple(wanted), verbose=False))
         if not any(w in enabled() for w in wanted):
             raise BackendError(credentials_message(wanted))
 

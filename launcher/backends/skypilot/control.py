@@ -22,6 +22,8 @@ from typing import Callable, Iterator, Optional
 
 from launcher.profiles.render import CONTROLLER_AUTOSTOP
 
+from ... import sky_internals
+
 DOWN_GRACE_S = 300  # bound on MOUNT_CACHED uploads (graceful down/cancel) and on a managed job's cancel
 SKY_KILL_AFTER_S = 30.0
 """`sky.cancel` SIGTERMs the job's process group and SIGKILLs its process tree 30 s later
@@ -40,16 +42,15 @@ ORIGIN_ENV = "LAUNCH_SDK_ORIGIN"
 def controller_autostop() -> Iterator[dict]:
     """The client SkyPilot config, in this process, with the controller's autostop filled in (unless
     the user's own config sets it): the launch request made inside carries it to the API server."""
-    from sky import skypilot_config
-    from sky.utils import config_utils
+    import sky
 
-    current = skypilot_config.to_dict()
+    current = sky_internals.skypilot_config_to_dict()
     if current.get_nested(("jobs", "controller", "autostop"), None) is not None:  # legacy key wins
         yield current
         return
-    ours = config_utils.Config({"jobs": {"controller": {"resources": {"autostop": dict(CONTROLLER_AUTOSTOP)}}}})
-    merged = skypilot_config.overlay_skypilot_config(original_config=ours, override_configs=current)
-    with skypilot_config.replace_skypilot_config_in_process(merged):
+    ours = sky.Config({"jobs": {"controller": {"resources": {"autostop": dict(CONTROLLER_AUTOSTOP)}}}})
+    merged = sky_internals.overlay_skypilot_config(original_config=ours, override_configs=current)
+    with sky_internals.replace_skypilot_config_in_process(merged):
         yield merged
 
 
@@ -94,17 +95,17 @@ def local_api_server_pids(origin: Optional[str] = None) -> Optional[list[int]]:
     tag `origin`, if given); None when the endpoint is remote or unknown."""
     try:
         import psutil
-        from sky.server import common as server_common
 
-        if not server_common.is_api_server_local():
+        if not sky_internals.is_api_server_local():
             return None
-        port, pids = server_common.get_local_api_server_port(), []
+        port, pids = sky_internals.get_local_api_server_port(), []
+        server_cmd, default_port = sky_internals.api_server_cmd(), sky_internals.default_server_port()
         for proc in psutil.process_iter(["pid", "cmdline"]):
             cmdline = " ".join(proc.info.get("cmdline") or [])
-            if server_common.API_SERVER_CMD not in cmdline:
+            if server_cmd not in cmdline:
                 continue
             given = re.search(r"--port[= ](\d+)", cmdline)  # as SkyPilot's own `sky api stop` reads it
-            if (int(given.group(1)) if given else server_common.DEFAULT_SERVER_PORT) != port:
+            if (int(given.group(1)) if given else default_port) != port:
                 continue
             try:
                 if origin is None or proc.environ().get(ORIGIN_ENV) == origin:
@@ -128,9 +129,7 @@ def stop_api_server_we_started(sky, before: Optional[list[int]], origin: str) ->
     try:
         if before:  # another command's server was starting meanwhile and this one started its own too
             # (seen with two `launch up` at once): stop ours only, `sky api stop` would stop both
-            from sky.utils import subprocess_utils
-
-            subprocess_utils.kill_children_processes(parent_pids=ours, force=True)
+            sky_internals.kill_children_processes(parent_pids=ours, force=True)
         else:
             sky.api_stop()
     except Exception:  # noqa: BLE001

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 from launcher.store.artifacts import list_command, parse_listing
+from ... import sky_internals
 from ...errors import BackendError
 from .. import rsync
 from ..base import remote_path
@@ -42,9 +43,7 @@ def ensure_ssh_config(host: str) -> Optional[str]:
     if ssh_config(host).is_file():
         return None
     try:
-        from sky.client.cli import command
-
-        command._get_cluster_records_and_set_ssh_config(clusters=[host])  # noqa: SLF001 - `sky status`'s own
+        sky_internals.get_cluster_records_and_set_ssh_config(clusters=[host])  # `sky status`'s own
     except Exception as e:  # noqa: BLE001
         return f"no SSH config for cluster {host} here and SkyPilot could not write it ({first_line(e)})"
     if not ssh_config(host).is_file():
@@ -289,10 +288,8 @@ class _Prefix:
 
 def _runpod_volume_id(name_on_cloud: str, zone: str) -> str:
     """RunPod's id of a network volume (its S3 bucket), via RunPod's REST API (SkyPilot's adaptor)."""
-    from sky.adaptors import runpod as runpod_api
-
     try:
-        listed = runpod_api.rest_request("GET", "/networkvolumes")
+        listed = sky_internals.runpod_rest_request("GET", "/networkvolumes")
     except Exception as e:  # noqa: BLE001
         raise BackendError(f"cannot list RunPod volumes ({first_line(e)}): set RUNPOD_API_KEY") from None
     if isinstance(listed, dict):  # some deployments wrap the list (SkyPilot handles the same keys)

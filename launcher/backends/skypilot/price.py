@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from ... import sky_internals
 from ...profiles.schema import slurm_price
 
 
@@ -56,10 +57,11 @@ def _runpod_api_price(profile, accelerator: str) -> float:
     """Secure-cloud price per GPU of `accelerator` (`NAME:COUNT`, the one the run gets) from RunPod's
     GraphQL API (the `runpod` SDK) x GPUs x nodes."""
     import runpod
-    from sky.provision.runpod.utils import GPU_NAME_MAP
+
+    gpu_ids = sky_internals.runpod_gpu_name_map()
 
     c = profile.cluster
-    gpu = runpod.get_gpu(GPU_NAME_MAP[accelerator.partition(":")[0]], gpu_quantity=c.gpus_per_node,
+    gpu = runpod.get_gpu(gpu_ids[accelerator.partition(":")[0]], gpu_quantity=c.gpus_per_node,
                          api_key=os.environ["RUNPOD_API_KEY"])
     lowest = gpu.get("lowestPrice") or {}
     per_gpu = (gpu.get("secureSpotPrice") or lowest.get("minimumBidPrice")) if c.use_spot else \

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
+from ... import sky_internals
 from .sdk import record_field
 
 TIMEOUT_S = 5.0  # a refresh waits no longer for RunPod (the SDK's own timeout is 30 s)
@@ -93,9 +94,7 @@ def pod_matcher(record, job_name: Optional[str], job_id):
         return names.__contains__, str(on_cloud)
     if not job_name or job_id is None:
         return None, ""
-    from sky.jobs.utils import generate_managed_job_cluster_name
-
-    cluster = generate_managed_job_cluster_name(str(job_name), int(job_id))
+    cluster = sky_internals.generate_managed_job_cluster_name(str(job_name), int(job_id))
     pattern = re.compile(rf"{re.escape(cluster)}-[0-9a-z]+-(head|worker)")
     return (lambda name: pattern.fullmatch(name) is not None), cluster
 

@@ -20,6 +20,7 @@ import csv
 import os
 from typing import Optional
 
+from ... import sky_internals
 from ...errors import BackendError
 from launcher.profiles.profile import CATALOG_DIR
 from .price import picked_accelerator
@@ -67,20 +68,19 @@ def region_of(datacenter: str) -> str:
 def gpu_stock(accelerator: str, count: int, datacenters: list[str], key: str) -> dict[str, str]:
     """{datacenter: "High" | "Medium" | "Low" | ""} for secure-cloud pods of `count` GPUs, one query."""
     from runpod.api.graphql import run_graphql_query
-    from sky.provision.runpod.utils import GPU_NAME_MAP
+
+    gpu_ids = sky_internals.runpod_gpu_name_map()
 
     fields = " ".join(f'd{i}: lowestPrice(input: {{gpuCount: {count}, dataCenterId: "{dc}", secureCloud: true}}) '
                       "{ stockStatus }" for i, dc in enumerate(datacenters))
-    query = f'query {{ gpuTypes(input: {{id: "{GPU_NAME_MAP[accelerator]}"}}) {{ {fields} }} }}'
+    query = f'query {{ gpuTypes(input: {{id: "{gpu_ids[accelerator]}"}}) {{ {fields} }} }}'
     gpu = (run_graphql_query(query, api_key=key).get("data") or {}).get("gpuTypes") or [{}]
     return {dc: ((gpu[0] or {}).get(f"d{i}") or {}).get("stockStatus") or "" for i, dc in enumerate(datacenters)}
 
 
 def runpod_volumes() -> list[dict]:
     """RunPod's network volumes (id, name, size, dataCenterId), through SkyPilot's RunPod REST adaptor."""
-    from sky.adaptors import runpod as runpod_api
-
-    listed = runpod_api.rest_request("GET", "/networkvolumes")
+    listed = sky_internals.runpod_rest_request("GET", "/networkvolumes")
     if isinstance(listed, dict):  # some deployments wrap the list (SkyPilot handles the same keys)
         listed = next((listed[k] for k in ("items", "data", "networkVolumes") if k in listed), [])
     return listed if isinstance(listed, list) else []

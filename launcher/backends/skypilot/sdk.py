@@ -23,6 +23,7 @@ import re
 import sys
 from typing import Optional
 
+from ... import sky_internals
 from ...errors import BackendError
 
 _CREDENTIALS_HINT = {  # SkyPilot 0.14 reads RunPod's key from ~/.runpod/config.toml only, not RUNPOD_API_KEY
@@ -46,11 +47,22 @@ def sdk():
                            "(launcher.catalog.import_sky_offline); run SDK calls in a fresh process")
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
     import sky
-    import sky.client.sdk
     import sky.jobs  # sky.jobs.* and sky.volumes.* are used as attributes
     import sky.volumes
 
+    _logs_to_stderr()
     return sky
+
+
+def _logs_to_stderr() -> None:
+    """SkyPilot's client logs to stdout ("Failed to connect to SkyPilot API server ... Starting a local
+    server.", "✓ SkyPilot API server started."): stdout is launch's own answer (`status --json | jq`
+    read those lines as JSON), so SkyPilot's lines go to stderr, where progress belongs."""
+    import logging
+
+    for h in logging.getLogger("sky").handlers:
+        if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stdout:
+            h.setStream(sys.stderr)
 
 
 def record_field(record, key, default=None):
@@ -142,15 +154,14 @@ def check_credentials_here(p) -> None:
     from . import control
 
     try:
-        from sky import clouds as sky_clouds
-        from sky.utils import env_options, registry
+        import sky
 
-        if env_options.Options.DISABLE_LOCAL_API_SERVER.get() or control.local_api_server_pids() != []:
+        compute = sky_internals.cloud_capability().COMPUTE
+        if sky_internals.local_api_server_disabled() or control.local_api_server_pids() != []:
             return  # no server would be started, a remote endpoint, or a running server: its view counts
         reasons = {}
         for name in profile_clouds(p):
-            ok, reason = registry.CLOUD_REGISTRY.from_str(name).check_credentials(
-                sky_clouds.CloudCapability.COMPUTE)
+            ok, reason = sky.CLOUD_REGISTRY.from_str(name).check_credentials(compute)
             if ok:
                 return
             text = reason if isinstance(reason, str) else "; ".join(f"{k}: {v}" for k, v in (reason or {}).items())
