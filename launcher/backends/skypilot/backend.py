@@ -52,6 +52,20 @@ _ENDED = (*END_STATES, "interrupted")
 # ------------------------------------------------------------------------------------ backend
 
 
+# `launch down` just after a signalled `launch up`: the local API server, busy with that launch on a
+# loaded machine, did not answer within the client's 5 s read timeout (requests' ReadTimeout), and down
+# gave up with the cluster still coming up. A few more tries, then the one-line error as before.
+BUSY_TRIES, BUSY_WAIT_S = 4, 5.0
+
+
+def _server_busy(e: BaseException) -> bool:
+    try:
+        import requests
+    except ImportError:
+        return False
+    return isinstance(e, (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError))
+
+
 class SkyPilotBackend(Backend):
     name = "skypilot"
 
@@ -365,17 +379,23 @@ class SkyPilotBackend(Backend):
         """Cancel the job, then the machines go (bounded waits). `launch down` has asked the trainer
         for its final checkpoint before this (final_save.py): SIGTERM is only SkyPilot's way to stop it."""
         sky, h = sdk(), run.handle
-        try:
-            if h.get("kind") == "managed_job":
-                self._cancel_managed(sky, run)
-            else:
-                self._down_cluster(sky, run)
-        except BackendError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            from sky import exceptions as ex
+        for attempt in range(1, BUSY_TRIES + 1):
+            try:
+                if h.get("kind") == "managed_job":
+                    self._cancel_managed(sky, run)
+                else:
+                    self._down_cluster(sky, run)
+                return
+            except BackendError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                from sky import exceptions as ex
 
-            if not isinstance(e, ex.ClusterDoesNotExist):
+                if isinstance(e, ex.ClusterDoesNotExist):
+                    return
+                if attempt < BUSY_TRIES and _server_busy(e):
+                    time.sleep(BUSY_WAIT_S)  # the API server is still taking a signalled `up`'s launch
+                    continue
                 raise map_sky_error(e) from None
 
     def _down_cluster(self, sky, run: Run) -> None:

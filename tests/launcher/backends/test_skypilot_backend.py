@@ -859,3 +859,38 @@ def test_an_any_of_profile_prices_and_places_the_option_skypilot_takes(monkeypat
     assert new_volume_infra(p, "rp_key") == "runpod/RO/EU-RO-1"
     (_, _, query), = seen
     assert f'gpuTypes(input: {{id: "{GPU_NAME_MAP["RTX4090"]}"}})' in query
+
+
+def test_down_tries_again_while_the_api_server_is_too_busy_to_answer(monkeypatch):
+    """`launch down` just after a signalled `up` (the signal walk on the emulated RunPod): the local API
+    server, busy with that launch, let the client's 5 s read time out, and down gave up with the
+    cluster coming up. It tries again a few times; a server that never answers still ends in one line."""
+    import requests
+
+    from launcher.backends.skypilot import backend as sb
+    from launcher.store.registry import Run
+
+    monkeypatch.setattr(sb, "BUSY_WAIT_S", 0)
+    monkeypatch.setattr(sb, "sdk", lambda: sky)
+    calls = []
+
+    def down_cluster(self, sky_, run):
+        calls.append(run.id)
+        if len(calls) < 3:
+            raise requests.exceptions.ReadTimeout("Read timed out. (read timeout=5)")
+
+    monkeypatch.setattr(sb.SkyPilotBackend, "_down_cluster", down_cluster)
+    run = Run(id="sonia-h100-20261202-211308", profile="sonia-h100", backend="skypilot", state="starting",
+              cluster="sonia-h100-20261202-211308", handle={"kind": "cluster"})
+    sb.SkyPilotBackend().down(run)
+    assert len(calls) == 3
+    calls.clear()
+
+    def never(self, sky_, run):
+        calls.append(run.id)
+        raise requests.exceptions.ReadTimeout("Read timed out. (read timeout=5)")
+
+    monkeypatch.setattr(sb.SkyPilotBackend, "_down_cluster", never)
+    with pytest.raises(BackendError, match="ReadTimeout"):
+        sb.SkyPilotBackend().down(run)
+    assert len(calls) == sb.BUSY_TRIES
