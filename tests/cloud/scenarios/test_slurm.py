@@ -107,6 +107,19 @@ def test_down_mid_training_on_slurm_saves_cancels_and_leaves_only_the_shared_che
     report(state=after["state"], usd=usd, where="(slurm, 2 nodes x A100-80GB:8)", steps=after.get("step"))
 
 
+def _losses(metrics) -> dict[int, float]:
+    """{step: training loss} of a run's metrics.jsonl (the payload's, one line per logged step)."""
+    out = {}
+    for line in metrics.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:  # the last line, cut off with its node
+            break
+        if rec.get("loss") is not None and rec.get("split") is None:
+            out[int(rec["step"])] = float(rec["loss"])
+    return out
+
+
 def _newest_complete(ckpts) -> int:
     return max((int(p.name.split("-")[1]) for p in ckpts.glob("checkpoint-*") if (p / "COMPLETE").exists()), default=0)
 
@@ -116,11 +129,15 @@ def test_a_node_lost_mid_training_on_slurm_resumes_from_the_newest_checkpoint(sl
     shared_env(slurm)
     steps, save = 80, 10
     args = profiles.qwen3_32b(in_repo, max_steps=steps, save_steps=save)
+    started = time.monotonic()
     run = up(slurm, PROFILE, *args)
     ckpts = slurm.shared / "launch" / "runs" / run / "checkpoints"
     wait_for(lambda: _newest_complete(ckpts) >= 2 * save, 900, every=0.5, what=f"checkpoint-{2 * save}",
              cloud=slurm, run=run)
 
+    # a few steps past it, so that they run twice: before the loss and after the resume (compared below)
+    wait_for(lambda: json.loads((ckpts.parent / "status.json").read_text()).get("step", 0) >= 2 * save + 3, 600,
+             every=0.5, what=f"step {2 * save + 3}", cloud=slurm, run=run)
     # node2 dies as a machine does, mid-training: every process at once, its network with it. The run's
     # state is read just before (after, node1's rank may already have failed on the reset connection).
     lost = json.loads((ckpts.parent / "status.json").read_text())
@@ -130,11 +147,14 @@ def test_a_node_lost_mid_training_on_slurm_resumes_from_the_newest_checkpoint(sl
     ended = wait_ended(slurm, run, 600, what="the run to end with its node")
     assert ended["state"] in ("failed", "stopped"), ended
     wait_for(lambda: not squeue(slurm), 120, what="the Slurm job to go")
+    ended_seen = time.monotonic()
     newest = _newest_complete(ckpts)
+    first = _losses(ckpts.parent / "metrics.jsonl")  # the uninterrupted run, up to the node's loss
 
     # the site puts a new machine in node2's place; the user resumes the run
     slurm.replace_node("node2")
     slurm.wait_idle(2)
+    gap = time.monotonic() - ended_seen  # nothing of the run is up: no bill (and at least this long)
     again = slurm.launch("up", PROFILE, "--resume", run, *args, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     done = wait_ended(slurm, run, 900, what="the resumed run to complete")
@@ -144,7 +164,21 @@ def test_a_node_lost_mid_training_on_slurm_resumes_from_the_newest_checkpoint(sl
     assert resumed and int(resumed[-1]) == newest, (newest, logs[-4000:])
     down = slurm.launch("down", run, timeout=600)
     assert down.returncode == 0, down.stdout + down.stderr
-    usd = json.loads(slurm.launch("cost", "--json", timeout=180).stdout)["total_usd"]
+    wall = time.monotonic() - started
+    # The steps after the checkpoint ran twice: before the loss, as an uninterrupted run does, and again
+    # after the resume. The same losses there mean the resumed run is the uninterrupted one (same data
+    # order, RNG state and weights from the checkpoint), so its result is that run's result.
+    second = _losses(ckpts.parent / "metrics.jsonl")
+    replayed = sorted(set(first) & set(second) - set(range(newest + 1)))
+    assert replayed, (newest, sorted(first), sorted(second))
+    worst = max(abs(first[k] - second[k]) for k in replayed)
+    assert worst <= 1e-4 * max(abs(first[k]) for k in replayed), {k: (first[k], second[k]) for k in replayed}
+    cost = json.loads(slurm.launch("cost", "--json", timeout=180).stdout)
+    usd, [row] = cost["total_usd"], cost["runs"]
+    # billed: the two jobs, not the time between them (the node down, replaced, the user's resume)
+    assert row["billed_s"] <= wall - gap + 30, (row, wall, gap)
     print(f"  node2 lost at step {lost['step']}; resumed from checkpoint-{newest} (at most one interval, "
-          f"{save} steps, lost); launch billed ${usd:.4f}")
+          f"{save} steps, lost); steps {replayed[0]}-{replayed[-1]} replayed, losses within {worst:.1e} of "
+          f"the uninterrupted run's; billed {row['billed_s']:.0f} s of {wall:.0f} s (the {gap:.0f} s between "
+          f"the jobs not billed): ${usd:.4f}")
     report(state=done["state"], usd=usd, where="(slurm, node lost, resumed)", steps=done["step"])
