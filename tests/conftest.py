@@ -115,7 +115,6 @@ def in_repo():
                 pass  # another test's data is there
 
 
-
 # `make test-quick` (-m "not slow"): the unit tests, for the inner loop. A test is slow when it runs whole
 # programs: a trainer, torchrun, the installed `launch`, an OpenSSH server (it uses the fixtures of
 # train_fixtures, stage_fixtures, walk, installed or sshd), or it says so itself (@pytest.mark.slow).
@@ -131,8 +130,12 @@ def _runs_whole_programs(module) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    seen: dict = {}
+    seen: dict = {}  # module name -> slow, each module read once
     for item in items:
         module = getattr(item, "module", None)
-        if module is not None and seen.setdefault(module.__name__, _runs_whole_programs(module)):
+        if module is None:
+            continue
+        if module.__name__ not in seen:
+            seen[module.__name__] = _runs_whole_programs(module)
+        if seen[module.__name__]:
             item.add_marker(pytest.mark.slow)

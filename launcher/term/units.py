@@ -58,7 +58,7 @@ def money_row(values) -> list[str]:
     known = [number(v) for v in values]
     if not any(v is not None and 0 < abs(v) < 0.01 for v in known):
         return [money(v) for v in values]
-    return ["-" if v is None else f"${v:,.4f}" for v in known]
+    return [money(v) if v is None or abs(v) < 0.0001 else f"${v:,.4f}" for v in known]  # `<$0.0001` kept
 
 
 def json_text(value, indent: int = 2) -> str:

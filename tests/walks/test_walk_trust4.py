@@ -239,6 +239,8 @@ def test_compare_writes_the_dollars_of_its_runs_to_one_precision():
     whole = [{**r, "cost_usd": usd} for r, usd in zip(runs, (1.5, 12.25, 0.0))]
     [spent] = [row for row in table_rows(whole, {}) if row[""] == "$ spent"]
     assert spent == {"": "$ spent", "a": "$1.50", "b": "$12.25", "c": "$0.00"}, spent
+    [spent] = [row for row in table_rows([{**runs[0], "cost_usd": 0.00001}, runs[1]], {}) if row[""] == "$ spent"]
+    assert spent == {"": "$ spent", "a": "<$0.0001", "b": "$0.0100"}, spent  # money's floor kept
 
 
 def test_skypilots_client_lines_never_reach_launchs_stdout(tmp_path):
