@@ -57,7 +57,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAM
 DEV_LOCK := $(if $(filter Darwin,$(shell uname -s)),requirements/dev-macos.lock,requirements/dev.lock)
 $(STAMP): pyproject.toml $(DEV_LOCK) Makefile | $(UV)
 	test -x $(BIN)/python || $(UV) venv -q --python $(PY) $(VENV)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(TORCH_CPU) $(DEV_LOCK)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" DS_BUILD_OPS=0 $(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(TORCH_CPU) $(DEV_LOCK)
 	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --no-build-isolation -e .
 	$(BIN)/python -m compileall -q launcher payload
 	$(BIN)/python tests/installed.py  # the metadata of the installed tool's resolves (the tests' are offline), ~15 s

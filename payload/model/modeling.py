@@ -462,5 +462,21 @@ def check_deepspeed_available(cfg) -> None:
         return
     if importlib.util.find_spec("deepspeed") is None:
         raise PayloadError("train.deepspeed is set but the deepspeed package is not installed; pip install deepspeed")
-    if not on_gpu():
-        raise PayloadError("train.deepspeed needs CUDA GPUs; remove `train.deepspeed` to train on CPU")
+
+
+def deepspeed_on_cpu() -> None:
+    """DeepSpeed without CUDA runs on its CPU accelerator, gloo between the ranks (slow, but the same
+    ZeRO sharding, checkpoints and 16-bit save: what the tests and the emulated clouds run). Called before
+    the TrainingArguments, which then use this process state (`use_configured_state`): the state they
+    would make themselves for DeepSpeed has no backend (transformers training_args.py:1887 passes none),
+    and accelerate counts such a state as one process (accelerate/state.py:288), so on CPU every rank
+    trained alone and DeepSpeed's batch check failed ("4 != 4 * 1 * 2")."""
+    import os
+
+    from accelerate import PartialState
+
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"  # read by PartialState: start DeepSpeed's comm
+    try:
+        PartialState(backend="gloo")
+    finally:
+        del os.environ["ACCELERATE_USE_DEEPSPEED"]

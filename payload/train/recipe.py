@@ -269,6 +269,8 @@ def sft_config(cfg, has_eval: bool, dtype):
     # added `every_n_layers` with it; before that, checkpointing is every layer or none
     every, _why = modeling.checkpointing_decision(cfg)
     workers = dataloader_workers(cfg, gpu)
+    if t.deepspeed and not gpu:
+        modeling.deepspeed_on_cpu()
     names = {f.name for f in dc.fields(SFTConfig)}
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     ckpt_kwargs = {"use_reentrant": False}
@@ -292,7 +294,8 @@ def sft_config(cfg, has_eval: bool, dtype):
         max_grad_norm=t.max_grad_norm,
         bf16=dtype == torch.bfloat16 and gpu,
         fp16=dtype == torch.float16 and gpu,
-        use_cpu=not gpu,
+        use_cpu=not gpu and not t.deepspeed,  # DeepSpeed on CPU: its own accelerator (modeling.deepspeed_on_cpu)
+        accelerator_config={"use_configured_state": True} if t.deepspeed and not gpu else None,
         seed=t.seed,
         logging_strategy="steps",
         logging_steps=t.logging_steps,

@@ -97,8 +97,12 @@ def pick_resume(root: Path, rank: int = 0, world: int = 1) -> Optional[Path]:
     return None
 
 
+# DeepSpeed's checkpoint files are not weights: `latest` names its global_stepN shards (never exported) and
+# zero_to_fp32.py / zero_to_torch.py rebuild weights from them; the exported model.safetensors is already
+# whole (ZeRO-3 gathers it at save: stage3_gather_16bit_weights_on_model_save).
 _NOT_ADAPTER = {"optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin",
-                layout.COMPLETE_MARKER, layout.RESOLVED_CONFIG, "README.md"}
+                layout.COMPLETE_MARKER, layout.RESOLVED_CONFIG, "README.md",
+                "latest", "zero_to_fp32.py", "zero_to_torch.py"}
 _NOT_ADAPTER_PREFIXES = ("rng_state", "loss_state_", ".")
 
 

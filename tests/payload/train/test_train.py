@@ -285,7 +285,18 @@ def test_deepspeed_zero3_config_from_switches(train_env):
     plain = modeling.deepspeed_config(DeepSpeedConfig(zero_stage=3))["zero_optimization"]
     assert "offload_param" not in plain and "offload_optimizer" not in plain
     cfg = make_config(train_env, "ds", train={"method": "full", "deepspeed": {"zero_stage": 3}})
-    with pytest.raises(PayloadError, match="deepspeed"):
+    modeling.check_deepspeed_available(cfg)  # on CPU too: DeepSpeed's CPU accelerator (test_deepspeed_cpu.py)
+
+
+def test_deepspeed_missing_is_one_line_with_the_fix(train_env, monkeypatch):
+    import importlib.util
+
+    from payload.model import modeling
+
+    cfg = make_config(train_env, "ds", train={"method": "full", "deepspeed": {"zero_stage": 3}})
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(PayloadError, match="deepspeed package is not installed; pip install deepspeed"):
         modeling.check_deepspeed_available(cfg)
 
 
