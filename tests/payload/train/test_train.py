@@ -274,6 +274,8 @@ def test_attention_fallback_order_is_logged(train_env, caplog):
 
 
 def test_deepspeed_zero3_config_from_switches(train_env):
+    import importlib.util
+
     from payload.model import modeling
     from payload.config import DeepSpeedConfig
 
@@ -285,7 +287,8 @@ def test_deepspeed_zero3_config_from_switches(train_env):
     plain = modeling.deepspeed_config(DeepSpeedConfig(zero_stage=3))["zero_optimization"]
     assert "offload_param" not in plain and "offload_optimizer" not in plain
     cfg = make_config(train_env, "ds", train={"method": "full", "deepspeed": {"zero_stage": 3}})
-    modeling.check_deepspeed_available(cfg)  # on CPU too: DeepSpeed's CPU accelerator (test_deepspeed_cpu.py)
+    if importlib.util.find_spec("deepspeed") is not None:  # the dev lock has it on Linux
+        modeling.check_deepspeed_available(cfg)  # on CPU too: DeepSpeed's CPU accelerator (test_deepspeed_cpu.py)
 
 
 def test_deepspeed_missing_is_one_line_with_the_fix(train_env, monkeypatch):
