@@ -37,7 +37,7 @@ FACES: dict[str, tuple[str, ...]] = {
     "project": ("",),
     "trainenv": ("",),
     "term": ("ui", "tables", "units", "logtext", "completion", "transfer"),
-    "store": ("state", "registry", "artifacts", "claims"),
+    "store": ("state", "registry", "handle", "artifacts", "claims"),
     "profiles": ("profile", "schema", "checks", "data_count", "render", "uploads", "preview", "scaffold"),
     "catalog": ("",),
     "plan": ("estimate", "show", "compare", "storage", "budget_gate"),

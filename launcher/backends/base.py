@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional, TextIO
 
 from ..errors import BackendError
+from launcher.store.handle import Handle
 from launcher.store.registry import Run
 
 
@@ -65,8 +66,9 @@ class RemoteStatus:
     notice: Optional[str] = None
     """A line for the user that the run's state alone does not say (`launch status` and `launch cost`
     print it with a `!`): e.g. RunPod reports the spot pod interrupted while SkyPilot says RUNNING."""
-    handle: dict = field(default_factory=dict)
-    """What the backend learnt of the run to keep in its record's handle (merged in by the refresh)."""
+    handle: Handle = field(default_factory=Handle)
+    """What the backend learnt of the run to keep in its record's handle: the keys set here are merged
+    in by the refresh (Handle.merged)."""
 
     METRICS = ("step", "max_steps", "loss", "eval_loss", "cost_usd", "eta_s", "projected_cost_usd")
 

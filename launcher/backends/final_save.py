@@ -57,7 +57,7 @@ def _complete(be, run) -> list[dict]:
 def _runs_there(run) -> bool:
     """A run ended here (`launch down --forget`: its machine was not reached) whose backend, asked now,
     says its processes run: its trainer trains on, and answers a request like a live run's."""
-    remote = getattr(run, "_remote", None)
+    remote = run.remote
     return remote is not None and remote.state == "running"
 
 
@@ -83,7 +83,7 @@ def left(be, run, saved: Optional[FinalSave]) -> Optional[str]:
     complete checkpoint, or one whose machine does not answer."""
     from launcher.term.units import human_size
 
-    remote = getattr(run, "_remote", None)
+    remote = run.remote
     if run.state == "completed" or (remote is not None and remote.state in ("unreachable", "unknown")):
         return None
     if status_json(be, run).get("state") == "completed":

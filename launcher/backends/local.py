@@ -66,7 +66,7 @@ class LocalBackend(Backend):
 
     @staticmethod
     def volume(run: Run) -> Path:
-        return Path(run.handle.get("volume") or state_dir() / "volumes" / run.profile)
+        return Path(run.handle.volume or state_dir() / "volumes" / run.profile)
 
     def run_dir(self, run: Run) -> Path:
         return layout.run_dir(self.volume(run), run.id)
@@ -114,9 +114,8 @@ class LocalBackend(Backend):
                                     start_new_session=True)
         run.state = "running"
         run.cluster = "localhost"
-        run.handle = {**run.handle, "pid": proc.pid, "pgid": proc.pid, "home": str(home),
-                      "volume": str(volume), "num_nodes": num_nodes,
-                      "run_dir": str(layout.run_dir(volume, run.id))}
+        run.handle.update(pid=proc.pid, pgid=proc.pid, home=str(home), volume=str(volume), num_nodes=num_nodes,
+                          run_dir=str(layout.run_dir(volume, run.id)))
         return run
 
     # ---------------------------------------------------------------------------------- logs
@@ -161,7 +160,7 @@ class LocalBackend(Backend):
     # -------------------------------------------------------------------------------- status
 
     def _alive(self, run: Run) -> bool:
-        pid = run.handle.get("pid")
+        pid = run.handle.pid
         if not pid:
             return False
         try:
@@ -202,7 +201,7 @@ class LocalBackend(Backend):
         code_file = self.home(run) / "exit_code"  # the driver's last word: its pid may be reused after it
         if not code_file.exists() and self._alive(run):
             return RemoteStatus.from_report("running", reported)
-        if not run.handle.get("pid") and not code_file.exists():  # `launch up` stopped before it recorded one
+        if not run.handle.pid and not code_file.exists():  # `launch up` stopped before it recorded one
             if processes_of(run):  # its driver started all the same: the run's processes carry its id
                 return RemoteStatus.from_report("running", reported)
             return RemoteStatus.from_report("failed", reported, NEVER_STARTED)
@@ -227,7 +226,7 @@ class LocalBackend(Backend):
         Once the run has ended (the driver recorded its exit code, or the registry says so) its process
         group is gone and the number may be another program's by now: only processes carrying the
         run's id are signalled then."""
-        pgid = run.handle.get("pgid")
+        pgid = run.handle.pgid
         if not pgid and not processes_of(run):  # a `launch up` stopped before its driver, or before its pid
             return
         ended = not run.active or (self.home(run) / "exit_code").exists()

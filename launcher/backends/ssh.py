@@ -39,6 +39,7 @@ from payload.volume.checksums import sha256_file
 
 from launcher.store.artifacts import list_command, parse_listing
 from ..errors import BackendError
+from launcher.store.handle import Handle
 from launcher.store.registry import Run
 from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, lost_log, remote_command,
                    restart_line, run_end, skipped_note)
@@ -73,13 +74,13 @@ class SSHBackend(Backend):
     # ---------------------------------------------------------------------------- connection
 
     def _conn(self, run: Optional[Run] = None) -> Connection:
-        h = run.handle if run else {}
-        spec = h.get("host") or self.host
+        h = run.handle if run else Handle()
+        spec = h.host or self.host
         if not spec:
             raise BackendError("no host: pass --host user@host[:port]")
-        target = Target.parse(spec, route=h.get("ssh_route", {}) if h.get("host") else None)
-        known = Path(h.get("known_hosts") or self.known_hosts or "~/.ssh/known_hosts").expanduser()
-        ident = h.get("identity_file") or self.identity_file
+        target = Target.parse(spec, route=(h.ssh_route or {}) if h.host else None)
+        known = Path(h.known_hosts or self.known_hosts or "~/.ssh/known_hosts").expanduser()
+        ident = h.identity_file or self.identity_file
         key = (target, str(known), ident)
         if key not in self._conns:
             self._conns[key] = Connection(target, known, ident, self.accept, self.connect_timeout)
@@ -139,26 +140,26 @@ class SSHBackend(Backend):
     def up(self, spec: LaunchSpec) -> Run:
         run, task = spec.run, load_task(spec.task_yaml)
         # a resume on its host (--host not given, or the same) goes the way the run went, whatever the config says now
-        conn = self._conn(run if self.host and self.host == run.handle.get("host") else None)
-        run.handle = {**run.handle, "ssh_route": conn.target.route()}  # how it was reached: every command goes so
+        conn = self._conn(run if self.host and self.host == run.handle.host else None)
+        run.handle.ssh_route = conn.target.route()  # how it was reached: every command goes so
         info = self.probe(conn)
         _fits(spec.profile, info, {**(task.get("envs") or {}), **spec.envs})  # the profile's envs: and --env
-        home, old = info["home"], run.handle if run.handle.get("host") == str(conn.target) else {}
-        root = old.get("remote_root") or _expand(self.remote_root, home)  # a resumed run keeps its place
+        home, here = info["home"], run.handle.host == str(conn.target)
+        old = run.handle if here else Handle()
+        root = old.remote_root or _expand(self.remote_root, home)  # a resumed run keeps its place
         run_root = f"{root}/{run.id}"
-        volume = old.get("volume") or _expand(self.volume or f"{root}/volume", home)
+        volume = old.volume or _expand(self.volume or f"{root}/volume", home)
         run_dir = PurePosixPath(layout.run_dir(PurePosixPath(volume), run.id).as_posix())
         log = str(run_dir / layout.LOGS_DIR / "run.log")
-        was = run.handle.get("host")  # a resume on another host finds none of the run's checkpoints there
-        if spec.resume and was and not old and self._sh(conn, f"test -d {shlex.quote(str(run_dir))} && echo y || "
+        was = run.handle.host  # a resume on another host finds none of the run's checkpoints there
+        if spec.resume and was and not here and self._sh(conn, f"test -d {shlex.quote(str(run_dir))} && echo y || "
                                                               "true").strip() != "y":
             raise BackendError(f"run {run.id} ran on {was} and its checkpoints are there, not in {conn.target}:"
                                f"{run_dir}: resume it there (--resume without --host), or copy that run directory "
                                "over first (else it would train again from step 0); a fresh run: --new")
         run.cluster = conn.target.hostname
-        run.handle = {**run.handle, "host": str(conn.target), "known_hosts": str(conn.known_hosts),
-                      "identity_file": conn.identity, "remote_root": root, "run_root": run_root,
-                      "volume": volume, "run_dir": str(run_dir), "log": log}
+        run.handle.update(host=str(conn.target), known_hosts=str(conn.known_hosts), identity_file=conn.identity,
+                          remote_root=root, run_root=run_root, volume=volume, run_dir=str(run_dir), log=log)
         spec.place(run)  # before the upload: `status` and `down` find it there whenever `up` stops
         config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
         self.last_upload = self._sync(conn, root, f"{run_root}/workdir", workdir_files(spec.profile, spec.config_yaml, config_rel))
@@ -174,7 +175,7 @@ class SSHBackend(Backend):
             "node.sh": node, "driver.sh": driver, "start.sh": START}))
         pid = self._start(conn, run_root, spec.secrets)
         run.state, run.cluster, run.job_id = "running", conn.target.hostname, str(pid)
-        run.handle = {**run.handle, "pid": pid, "pgid": pid, "gpus_per_node": gpus, "upload": self.last_upload}
+        run.handle.update(pid=pid, pgid=pid, gpus_per_node=gpus, upload=self.last_upload)
         return run
 
     @staticmethod
@@ -259,18 +260,18 @@ class SSHBackend(Backend):
         A dropped connection is re-opened with backoff and the stream resumes at the byte offset
         already printed."""
         conn, h = self._conn(run), run.handle
-        if not h.get("log"):
+        if not h.log:
             raise BackendError(f"run {run.id} never started on its host: no log")
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         offset, failures, started = None if tail is not None or follow else 0, 0, time.monotonic()
         while True:
             try:
                 if offset is None:  # --tail, or this attempt's start (base.log_start); 0 while there is no log
-                    offset, skipped = self._start_offset(conn, h["log"], follow, tail)
+                    offset, skipped = self._start_offset(conn, h.log, follow, tail)
                     if skipped:
                         out.write(skipped_note(run.id))
                 done = self._finished(conn, h) if follow else 0
-                chunk = self._read_log(conn, h["log"], offset)
+                chunk = self._read_log(conn, h.log, offset)
                 failures = 0
             except BackendError:
                 raise
@@ -286,13 +287,13 @@ class SSHBackend(Backend):
                 out.write(decoder.decode(chunk))
                 out.flush()
             elif chunk is None and not follow:
-                raise BackendError(f"run {run.id} has no log yet at {conn.target}:{h['log']}")
+                raise BackendError(f"run {run.id} has no log yet at {conn.target}:{h.log}")
             elif done is not None:
                 out.write(decoder.decode(b"", final=True))
                 out.flush()
                 return done
             elif chunk is None and time.monotonic() - started > 120:
-                raise BackendError(f"run {run.id} wrote no log in 2 min ({conn.target}:{h['log']})")
+                raise BackendError(f"run {run.id} wrote no log in 2 min ({conn.target}:{h.log})")
             else:
                 time.sleep(POLL_S)
 
@@ -317,10 +318,10 @@ class SSHBackend(Backend):
             f.seek(offset)
             return f.read(1 << 20)
 
-    def _finished(self, conn: Connection, h: dict) -> Optional[int]:
+    def _finished(self, conn: Connection, h: Handle) -> Optional[int]:
         """The driver's exit code once it is done (143 if killed without one), None while running."""
-        root = shlex.quote(h["run_root"])
-        chan = conn.channel(f"cat {root}/exit_code 2>/dev/null || {{ kill -0 -- -{int(h['pgid'])} "
+        root = shlex.quote(h.run_root)
+        chan = conn.channel(f"cat {root}/exit_code 2>/dev/null || {{ kill -0 -- -{int(h.pgid)} "
                             f"2>/dev/null && echo running || echo 143; }}", COMMAND_TIMEOUT)
         chan.shutdown_write()
         _, out, _ = collect(chan, COMMAND_TIMEOUT, "exit_code")
@@ -334,11 +335,11 @@ class SSHBackend(Backend):
         the backend keeps (StrictHostKeyChecking: a changed or unknown key is refused); the command
         (or a login shell) runs in the run's directory on the volume."""
         h = run.handle
-        if not h.get("host") or not h.get("run_dir"):
+        if not h.host or not h.run_dir:
             raise BackendError(f"run {run.id} never started on its host: nothing to connect to")
         conn = self._conn(run)
         argv = conn.ssh_argv(batch=False)  # an interactive shell may ask for a key's passphrase
-        return Access([*argv, "-t" if tty else "-T", conn.target.destination(), remote_command(h["run_dir"], command)])
+        return Access([*argv, "-t" if tty else "-T", conn.target.destination(), remote_command(h.run_dir, command)])
 
     # -------------------------------------------------------------------------------- status
 
@@ -346,12 +347,11 @@ class SSHBackend(Backend):
         """Never raises for an unreachable host: the last known state comes back with the reason
         and `extra["unreachable"]`. Host-key and authentication problems do raise (user fixes)."""
         h = run.handle
-        if not h.get("run_root"):  # a live one: `launch up` stopped before it reached the host
+        if not h.run_root:  # a live one: `launch up` stopped before it reached the host
             return RemoteStatus(state="failed" if run.active else "unknown",
                                 reason=run.reason or "never started on the host")
         conn = self._conn(run)
-        command = STATUS_CMD.format(root=shlex.quote(h["run_root"]),
-                                    status_json=shlex.quote(f"{h['run_dir']}/{layout.STATUS}"))
+        command = STATUS_CMD.format(root=shlex.quote(h.run_root), status_json=shlex.quote(f"{h.run_dir}/{layout.STATUS}"))
         try:
             out = self._sh(conn, command, tries=2, timeout=30)
         except BackendError as e:
@@ -376,11 +376,11 @@ class SSHBackend(Backend):
     def read_run_file(self, run: Run, rel: str) -> Optional[str]:
         """Over the run's stored connection, as `status` reads status.json; None when the file is
         missing or the host unreachable (host-key and authentication problems raise, as there)."""
-        h = run.handle
-        if not h.get("run_dir"):
+        run_dir = run.handle.run_dir
+        if not run_dir:
             return None
         try:
-            out = self._sh(self._conn(run), f"cat {shlex.quote(h['run_dir'] + '/' + rel)} 2>/dev/null || true",
+            out = self._sh(self._conn(run), f"cat {shlex.quote(run_dir + '/' + rel)} 2>/dev/null || true",
                            tries=2, timeout=30)
         except BackendError as e:
             if not str(e).startswith("cannot reach") and not isinstance(e, CommandTimeout):
@@ -389,7 +389,7 @@ class SSHBackend(Backend):
         return out or None
 
     def write_run_file(self, run: Run, rel: str, text: str) -> bool:
-        run_dir = run.handle.get("run_dir")
+        run_dir = run.handle.run_dir
         if not run_dir:
             return False
         target = shlex.quote(f"{run_dir}/{rel}")
@@ -406,20 +406,20 @@ class SSHBackend(Backend):
         """SIGTERM the run's process group, SIGKILL it after `grace_s`; mark the run stopped. For a run
         that has ended (only strays could be left) two tries, as `status` makes, not five."""
         h = run.handle
-        if not h.get("run_root"):  # never reached its host
+        if not h.run_root:  # never reached its host
             return
         conn = self._conn(run)
         ticks = max(1, int(grace_s / 0.5))
         marker = shlex.quote(f"LAUNCH_RUN_ID={run.id}")
         # with the volume too where known: run ids are unique per launch home, not per host (two users)
-        volume = shlex.quote(f"LAUNCH_VOLUME={h['volume']}") if h.get("volume") else marker
-        self._sh(conn, DOWN_CMD.format(root=shlex.quote(h["run_root"]), ticks=ticks, marker=marker, volume=volume),
+        volume = shlex.quote(f"LAUNCH_VOLUME={h.volume}") if h.volume else marker
+        self._sh(conn, DOWN_CMD.format(root=shlex.quote(h.run_root), ticks=ticks, marker=marker, volume=volume),
                  timeout=grace_s + COMMAND_TIMEOUT, tries=None if run.active else 2)
 
     # --------------------------------------------------------------------------------- fetch
 
     def list_files(self, run: Run, roots: tuple[str, ...]) -> dict[str, int]:
-        conn, run_dir = self._conn(run), run.handle.get("run_dir")
+        conn, run_dir = self._conn(run), run.handle.run_dir
         if not run_dir or not roots:
             return {}
         return parse_listing(self._sh(conn, list_command(shlex.quote(run_dir), roots), timeout=HASH_TIMEOUT))
@@ -428,7 +428,7 @@ class SSHBackend(Backend):
         """rsync over the system ssh, reaching the host as every command of the run does (its route,
         key and known_hosts, strictly checked: Connection.ssh_argv); a file an earlier try left in
         `into` goes on from its last byte. SFTP, resuming too, where rsync is missing on either side."""
-        conn, run_dir = self._conn(run), run.handle.get("run_dir")
+        conn, run_dir = self._conn(run), run.handle.run_dir
         if not rels or not run_dir:
             return
         try:
@@ -490,7 +490,7 @@ def _fits(profile, info: dict, envs: dict) -> None:
 def _state(facts: dict, reported: dict, run: Run) -> tuple[str, Optional[str]]:
     """(state, reason) from the driver's files and the run's own status.json (backends.end_state)."""
     if facts.get("nodir"):
-        return "failed", ("the run's directory is gone from the host" if run.handle.get("pid") else
+        return "failed", ("the run's directory is gone from the host" if run.handle.pid else
                           "never started on the host (`launch up` stopped before its upload)")
     code, stopped = facts.get("exit", ""), facts.get("stopped") == "1" or run.state == "stopped"
     if facts.get("alive") == "1" and not code:

@@ -34,12 +34,12 @@ class Measured:
 def summary_paths(run) -> list[Path]:
     """Where a run's training_summary.json may be: fetched artifacts, then a local run's volume."""
     out = []
-    if run.handle.get("run_dir"):  # local and ssh runs record where their run directory is
-        out.append(Path(run.handle["run_dir"]) / layout.SUMMARY)
+    if run.handle.run_dir:  # local and ssh runs record where their run directory is
+        out.append(Path(run.handle.run_dir) / layout.SUMMARY)
     if run.artifacts:
         out.append(Path(run.artifacts) / "training_summary.json")
     if run.backend == "local":
-        volume = Path(run.handle.get("volume") or state_dir() / "volumes" / run.profile)
+        volume = Path(run.handle.volume or state_dir() / "volumes" / run.profile)
         out.append(layout.run_dir(volume, run.id) / layout.SUMMARY)
     return out
 

@@ -102,7 +102,7 @@ def _fetched_at(d: Path) -> float:
 def last_attempt_at(run) -> tuple[float, str]:
     """(when the run's last attempt started, "started"/"resumed"), from its recorded history."""
     at, event = run.started_at, "started"
-    for h in (run.handle or {}).get("history") or []:
+    for h in run.handle.history or []:
         if isinstance(h, dict) and h.get("event") in ("start", "resume") and number(h.get("at")) is not None:
             if h["at"] >= at:
                 at, event = h["at"], "resumed" if h["event"] == "resume" else "started"
@@ -152,19 +152,19 @@ def run_row(run, dest: Path) -> dict:
     rates = [r["tokens_per_s"] for r in records if number(r.get("tokens_per_s"))]
     steps = [r["step"] for r in records if number(r.get("step")) is not None]
     best = summary.get("best_metric") if isinstance(summary.get("best_metric"), dict) else {}
-    handle = run.handle or {}
+    prov = run.handle.provenance or {}
     return {
         "id": run.id, "profile": run.profile, "state": run.state, "source": source, "fetch_note": note,
-        "commit": (handle.get("provenance") or {}).get("commit"),
-        "dirty": (handle.get("provenance") or {}).get("dirty"),
-        "data_sha256": (handle.get("provenance") or {}).get("data_sha256") or {},
+        "commit": prov.get("commit"),
+        "dirty": prov.get("dirty"),
+        "data_sha256": prov.get("data_sha256") or {},
         "steps": number(summary.get("steps")) or (max(steps) if steps else billed.get("step")),
         "final_eval_loss": number(summary.get("final_eval_loss")) or (evals[-1] if evals else None),
         "best_eval_loss": number(summary.get("best_eval_loss")) or (min(evals) if evals else None),
         "metric": {"key": best.get("key"), "value": number(best.get("value"))} if best.get("key") else None,
         "tokens_per_s": number(summary.get("tokens_per_s")) or (round(sum(rates) / len(rates), 1) if rates else None),
         "hours": round(billed["billed_s"] / 3600, 4), "cost_usd": billed["cost_usd"],
-        "config": handle.get("config") if isinstance(handle.get("config"), dict) else _config_of(run),
+        "config": run.handle.config if run.handle.config is not None else _config_of(run),
         "_records": records,
     }
 
@@ -175,7 +175,7 @@ def _config_of(run) -> dict:
     from launcher.profiles.profile import ProfileError, load_profile
 
     try:
-        return flat_config(load_profile(run.profile, tuple((run.handle or {}).get("overrides") or [])))
+        return flat_config(load_profile(run.profile, tuple(run.handle.overrides or [])))
     except (ProfileError, OSError):
         return {}
 

@@ -22,6 +22,7 @@ from payload.config import resume as runconfig
 
 from launcher import __version__
 from launcher.errors import BackendError
+from launcher.store.handle import Handle
 
 PAYLOAD_LOCK = "payload/requirements-gpu.lock"
 
@@ -46,8 +47,8 @@ def profile_arg(run) -> str:
     a file outside clusters/ (recorded with its provenance), that file's path."""
     from launcher.profiles.profile import in_clusters
 
-    prov = (run.handle or {}).get("provenance") or {}
-    recorded = prov.get("profile_path") if isinstance(prov, dict) else None
+    prov = run.handle.provenance or {}
+    recorded = prov.get("profile_path")
     return _shown(Path(recorded)) if isinstance(recorded, str) and not in_clusters(Path(recorded)) else run.profile
 
 
@@ -56,8 +57,8 @@ def own_profile(run, written) -> None:
     from a file with the same bytes: another file of the same `name:` (clusters/NAME.yaml for a run
     started from a copy given by path) would change the run without a word. BackendError names the
     run's own file and the command. A run recorded before its path was (no `profile_path`) is not held."""
-    prov = (run.handle or {}).get("provenance") or {}
-    recorded = prov.get("profile_path") if isinstance(prov, dict) else None
+    prov = run.handle.provenance or {}
+    recorded = prov.get("profile_path")
     if not isinstance(recorded, str) or written.sha256 == prov.get("profile_sha256"):
         return
     if Path(written.path).resolve() == Path(recorded):
@@ -86,8 +87,7 @@ def merge_overrides(old: list, new: tuple) -> list[str]:
 
 def carried(run, sets: tuple, envs: dict) -> tuple[tuple, dict]:
     """(overrides, environment) of a resume: the run's recorded ones with this command's on top."""
-    handle = run.handle or {}
-    return tuple(merge_overrides(handle.get("overrides") or [], sets)), {**(handle.get("envs") or {}), **envs}
+    return tuple(merge_overrides(run.handle.overrides or [], sets)), {**(run.handle.envs or {}), **envs}
 
 
 def flat_config(p) -> dict:
@@ -101,11 +101,11 @@ def check_resume(run, resolved, sets: tuple, allow: tuple) -> dict:
     overrides merged); BackendError (one line) when a key that changes the math changes without
     `--allow-change KEY`. The baseline is the config recorded when the run started (older runs: the
     profile as read now with the recorded overrides, validated from memory)."""
-    baseline = (run.handle or {}).get("config")
-    if not isinstance(baseline, dict):
+    baseline = run.handle.config
+    if baseline is None:
         from launcher.profiles.profile import validate
 
-        baseline = flat_config(validate(resolved.file, tuple((run.handle or {}).get("overrides") or [])))
+        baseline = flat_config(validate(resolved.file, tuple(run.handle.overrides or [])))
     changes = runconfig.diff(baseline, flat_config(resolved.profile))
     bad = runconfig.refused(changes, allow)
     if bad:
@@ -118,13 +118,13 @@ def start_entry(sets: tuple) -> dict:
     return {"at": time.time(), "by": "launch up", "event": "start", "set": list(sets)}
 
 
-def recorded(run, p, sets: tuple, envs: dict, entry: dict, provenance: Optional[dict]) -> dict:
-    """The run's handle after a start or resume: overrides, env, resolved config, history, provenance."""
-    handle = dict(run.handle or {})
-    handle.update(overrides=list(sets), envs=envs, config=flat_config(p),
-                  history=[*(handle.get("history") or []), entry])
+def recorded(run, p, sets: tuple, envs: dict, entry: dict, provenance: Optional[dict]) -> Handle:
+    """The run's handle after a start or resume (a copy): overrides, env, resolved config, history,
+    provenance."""
+    handle = run.handle.copy()
+    handle.update(overrides=list(sets), envs=envs, config=flat_config(p), history=[*(handle.history or []), entry])
     if provenance is not None:
-        handle["provenance"] = provenance
+        handle.provenance = provenance
     return handle
 
 

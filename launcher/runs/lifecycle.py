@@ -74,7 +74,7 @@ def _progress(run):
         task = bar.add_task(esc(run.id), total=None, info="starting")
         while True:
             run = refresh(run)
-            st = run._remote
+            st = run.remote
             if st.max_steps:
                 bar.update(task, total=st.max_steps)
             if st.step is not None:
@@ -171,7 +171,7 @@ def _stop_for_budget(run, spent: float) -> bool:
     from launcher.store import registry
     from launcher.term.ui import duration, err_console, money, note
 
-    be, st = backend_for(run), getattr(run, "_remote", None)
+    be, st = backend_for(run), run.remote
     extra = st.extra if st else {}
     checkpoint = extra.get("checkpoint_step") or extra.get("resumed_from")
     said = f"{run.id}: billed spend {money(spent)} reached the {money(run.budget_usd)} budget"
@@ -191,7 +191,7 @@ def _stop_for_budget(run, spent: float) -> bool:
         checkpoint = saved.checkpoint
     elif saved is not None:
         run = refresh(run)  # the trainer may have ended (its own save, or none) while it was asked
-        extra = run._remote.extra
+        extra = run.remote.extra
         checkpoint = extra.get("checkpoint_step") or extra.get("resumed_from") or checkpoint
     if not checkpoint:
         step = f"{st.step} steps" if st and st.step else "the work so far"

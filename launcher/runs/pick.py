@@ -50,9 +50,8 @@ def resume_place(prior, backend, host, identity_file):
     if backend is not None and backend != prior.backend:
         raise BackendError(f"--resume {prior.id}: the run ran on the {prior.backend} backend and its checkpoints are "
                            f"there; drop --backend {backend}, or start a fresh run with --new")
-    handle = prior.handle or {}
     if prior.backend == "ssh":
-        host, identity_file = host or handle.get("host"), identity_file or handle.get("identity_file")
+        host, identity_file = host or prior.handle.host, identity_file or prior.handle.identity_file
     return prior.backend, host, identity_file
 
 
@@ -71,13 +70,13 @@ def pick_run(p, backend: str, *, prior, force_new: bool, rehearse: bool, reserve
             raise BackendError(f"{p.name} already has an active run {active.id} ({state.state}): follow it with "
                                f"`launch logs {active.id} --follow`, stop it with `launch down {active.id}`, "
                                f"or start another with --new")
-    if prior is not None:  # the last refresh's RemoteStatus rides on the Run as `_remote` (launcher/runs/refresh.py)
+    if prior is not None:  # the last refresh's RemoteStatus rides on the Run as `remote` (launcher/runs/refresh.py)
         old = prior
         if old.active and (old := refresh(old)).active:  # a second start would bill beside it, or do nothing
-            seen = old._remote.state if old._remote.state == "unreachable" else old.state  # noqa: SLF001
+            seen = old.remote.state if old.remote.state == "unreachable" else old.state
             raise BackendError(f"run {old.id} is {seen}: it needs no --resume; follow it with `launch logs {old.id} "
                                f"--follow`, or stop it with `launch down {old.id}` and resume it after")
-        if old.reason == registry.FORGOTTEN and (old := refresh(old))._remote.state == "running":  # noqa: SLF001
+        if old.reason == registry.FORGOTTEN and (old := refresh(old)).remote.state == "running":
             raise BackendError(f"run {old.id} was ended here only (`launch down --forget`) and its machine answers "
                                f"again with the run still on it: a second trainer would be refused there; stop it "
                                f"with `launch down {old.id}` (its trainer saves a final checkpoint), then resume it")
@@ -105,7 +104,7 @@ def pick_run(p, backend: str, *, prior, force_new: bool, rehearse: bool, reserve
 
 
 def _trained(run) -> str:
-    cfg = (run.handle or {}).get("config") or {}
+    cfg = run.handle.config or {}
     steps, epochs = cfg.get("train.max_steps"), cfg.get("train.epochs")
     return f"{steps} steps" if steps else f"{epochs} epoch(s)" if epochs else "steps"
 
@@ -113,7 +112,7 @@ def _trained(run) -> str:
 def _trains_further(run, p) -> bool:
     """A completed run resumed with more training (train.max_steps, else train.epochs, above what it
     was started with) continues from its last checkpoint to the new end (README: Runs are experiments)."""
-    cfg = (run.handle or {}).get("config") or {}
+    cfg = run.handle.config or {}
     steps, epochs = cfg.get("train.max_steps"), cfg.get("train.epochs")
     if p.train.max_steps:
         return isinstance(steps, int) and p.train.max_steps > steps

@@ -8,7 +8,7 @@ from __future__ import annotations
 def backend_for(run):
     from launcher.backends import get_backend
 
-    options = {"ssh": {"host": run.handle.get("host")}, "local": {"num_nodes": run.handle.get("num_nodes")}}
+    options = {"ssh": {"host": run.handle.host}, "local": {"num_nodes": run.handle.num_nodes}}
     return get_backend(run.backend, **{k: v for k, v in options.get(run.backend, {}).items() if v is not None})
 
 
@@ -19,10 +19,10 @@ def refresh(run):
 
     st = backend_for(run).status(run)
     run = registry.observe(run.id, st.state, st.reason, billing=st.billing, ended_at=st.ended_at)
-    if any(run.handle.get(k) != v for k, v in st.handle.items()):  # what the backend learnt of it
+    if run.handle.merged(st.handle) != run.handle:  # what the backend learnt of it
         run = registry.update(run.id, handle=st.handle)
     run = remember(run, {**st.extra, **{k: getattr(st, k) for k in (*LAST_SEEN, "cost_usd")}})
-    run._remote = st
+    run.remote = st
     return run
 
 
@@ -32,13 +32,14 @@ LAST_SEEN = ("step", "max_steps", "loss", "eval_loss")
 def remember(run, report: dict):
     """Keep where the run got to (step, loss, stage: its status.json `report`) in its registry record,
     so that its row still says so once it has ended, when nothing is asked of its machine any more (or
-    the machine is gone, its status.json with it). Returns the run as recorded (without `_remote`)."""
+    the machine is gone, its status.json with it). Returns the run as recorded (without `remote`)."""
     from launcher.store import registry
+    from launcher.store.handle import Handle
 
     seen = _seen(report)
-    if not seen or seen == (run.handle or {}).get("last_status"):
+    if not seen or seen == run.handle.last_status:
         return run
-    return registry.update(run.id, handle={"last_status": seen})
+    return registry.update(run.id, handle=Handle(last_status=seen))
 
 
 def _seen(report) -> dict:
@@ -87,7 +88,7 @@ def status_row(run) -> dict:
     every refresh (setup and downloads included; time down after a preemption, or while a managed job
     recovers, excluded) at each session's price; `train_cost_usd` is what the payload measured while
     training (accumulated across restarts), when known."""
-    st = getattr(run, "_remote", None)
+    st = run.remote
     billed_s, billed_usd = run.billed()
     row = {"id": run.id, "profile": run.profile, "backend": run.backend, "state": run.state,
            "reason": run.reason, "price_per_hour": run.price_per_hour, "budget_usd": run.budget_usd,
@@ -95,8 +96,8 @@ def status_row(run) -> dict:
            "cost_usd": round(billed_usd, 6),
            "train_cost_usd": st.cost_usd if st else None,
            "started_at": run.started_at, "ended_at": run.ended_at, "artifacts": run.artifacts,
-           "overrides": (run.handle or {}).get("overrides") or [], "envs": (run.handle or {}).get("envs") or {},
-           "history": (run.handle or {}).get("history") or [], "provenance": (run.handle or {}).get("provenance")}
+           "overrides": run.handle.overrides or [], "envs": run.handle.envs or {},
+           "history": run.handle.history or [], "provenance": run.handle.provenance}
     if st:
         row.update(step=st.step, max_steps=st.max_steps, loss=st.loss, eval_loss=st.eval_loss,
                    **projection(run, st, billed_usd))
@@ -111,7 +112,7 @@ def status_row(run) -> dict:
         if st.notice:  # what the state alone does not say (a `!` line in status and cost)
             row["notice"] = st.notice
     if (st is None or st.step is None) and (not run.active or (st and st.state == "unreachable")):
-        last = _seen((run.handle or {}).get("last_status"))  # ended, or not answering: where it got to
+        last = _seen(run.handle.last_status)  # ended, or not answering: where it got to
         row.update({**last, "eta_s": None, "projected_cost_usd": None} if last else {})
     if st and st.state == "unreachable" and run.active:
         row.update(_unreachable(run, st))

@@ -48,8 +48,8 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
 
     run = refresh(registry.get(run_id))  # as recorded now, under its claim
     be = backend_for(run)
-    if run.active and run._remote.state == "unreachable":
-        return _forget(run, forget, run._remote.reason.removeprefix("unreachable: "))
+    if run.active and run.remote.state == "unreachable":
+        return _forget(run, forget, run.remote.reason.removeprefix("unreachable: "))
     if forget:
         note("[yellow]![/] ", f"--forget is for a machine launch cannot reach; {run.id}'s "
              "answered, so `down` goes on as usual")
@@ -74,11 +74,10 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
     note("[green]✓[/] ", f"{run.id} is down ({run.state})")
     from launcher.runs.volumes import still_billing_lines
 
-    stores = [h["name"] for k in ("volume", "bucket") if isinstance(h := (run.handle or {}).get(k), dict)
-              and h.get("name")]
+    stores = [h["name"] for h in (run.handle.volume, run.handle.bucket) if isinstance(h, dict) and h.get("name")]
     if left and not stores and run.backend != "skypilot":  # on the machine's own disk: local, or the ssh host
-        where = (run.handle or {}).get("run_dir") or "the run's directory"
-        host = f"{run.handle['host']}:" if run.backend == "ssh" and (run.handle or {}).get("host") else ""
+        where = run.handle.run_dir or "the run's directory"
+        host = f"{run.handle.host}:" if run.backend == "ssh" and run.handle.host else ""
         note("  ", f"{left} is kept in {host}{where}")
     for line in still_billing_lines(run, left if stores or run.backend == "ssh" else None):
         note("[yellow]![/] ", f"still billing: {line}")
@@ -182,11 +181,11 @@ def _await_end(be, run, saved):
                 return run
             time.sleep(SETTLE_POLL_S)
             run = refresh(run)
-            if run._remote.state in ("unreachable", "unknown"):
+            if run.remote.state in ("unreachable", "unknown"):
                 break
     if run.active:
         why = {"unreachable": "its machine stopped answering", "unknown": "its processes cannot be seen from here"}\
-            .get(run._remote.state, f"it had not ended after {limit:g} s")
+            .get(run.remote.state, f"it had not ended after {limit:g} s")
         note("[yellow]![/] ", f"fetching before {run.id} finished ({why}): what exists now "
              "comes home, a MANIFEST only if the run wrote one (post, or its stop)")
     return run

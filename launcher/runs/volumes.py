@@ -93,9 +93,9 @@ def _from_skypilot(sky, declared: dict) -> list[Stored]:
 
 
 def _stored(run, kind: str) -> Optional[dict]:
-    """The SkyPilot volume or bucket a run used (`handle[kind]`, a dict with its name), else None: a
-    local or ssh run's `handle["volume"]` is the path of its directory there, no storage of SkyPilot's."""
-    h = (run.handle or {}).get(kind)
+    """The SkyPilot volume or bucket a run used (`handle.volume` / `.bucket`, a dict with its name), else
+    None: a local or ssh run's `handle.volume` is the path of its directory there, no storage of SkyPilot's."""
+    h = getattr(run.handle, kind)
     return h if isinstance(h, dict) and h.get("name") else None
 
 
@@ -294,9 +294,9 @@ def still_billing_lines(run, checkpoint: Optional[str] = None) -> list[str]:
     from launcher.catalog import storage_price
     from launcher.term.ui import money
 
-    h, lines = run.handle or {}, []
+    h, lines = run.handle, []
     if run.backend == "ssh":
-        line = f"the machine {h.get('host', '(ssh host)')} is yours: it bills until you stop it at your provider"
+        line = f"the machine {h.host or '(ssh host)'} is yours: it bills until you stop it at your provider"
         if checkpoint:  # on that machine's disk: a pod terminated takes it along
             line += (f"; terminating it deletes {checkpoint} unless its disk outlives it (a network volume): "
                      "copy the run's directory off first if you will `--resume` elsewhere")
@@ -322,7 +322,7 @@ def still_billing_lines(run, checkpoint: Optional[str] = None) -> list[str]:
             f"the model cache and checkpoints for `launch up {run.profile} --resume`"
         lines.append(f"{kind} {name} ({size}{typ}) keeps billing {cost}: it holds {holds}; "
                      f"delete: launch volumes rm {name}")
-    if h.get("kind") == "managed_job":
+    if h.kind == "managed_job":
         lines.append("SkyPilot's managed-jobs controller is a machine of its own and bills until it autostops "
                      "(`sky status` lists it)")
     return lines

@@ -1,8 +1,9 @@
 """The local run registry: one SQLite database under the launch state dir (`$LAUNCH_HOME/runs.db`).
 
-One idea at ~440 lines: the run registry, the `Run` record and the SQLite file that keeps it,
+One idea at ~480 lines: the run registry, the `Run` record and the SQLite file that keeps it,
 with the rules every write follows (a state only moves forward, billed time accrues, a damaged database
-is moved aside). Opening, migrating and writing are the one place those rules hold.
+is moved aside). Opening, migrating and writing are the one place those rules hold. The run's handle,
+one JSON column, is typed in launcher/store/handle.py.
 
 SQLite gives atomic writes and safe concurrent access from two `launch` commands at once (WAL mode,
 a busy timeout, each change in its own transaction). No secret is ever stored here.
@@ -10,6 +11,7 @@ a busy timeout, each change in its own transaction). No secret is ever stored he
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
@@ -17,9 +19,10 @@ import sqlite3
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Iterator, Optional
 
+from launcher.store.handle import Handle
 from launcher.store.state import state_dir, tighten
 
 ACTIVE_STATES = ("starting", "running")
@@ -50,6 +53,11 @@ CREATE TABLE IF NOT EXISTS runs (
 # Columns added after the first release: (name, SQL type). Older databases get them on open; a NULL
 # billed_s marks a run recorded before billing was accrued (its cost falls back to elapsed x price).
 _ADDED_COLUMNS = (("billed_s", "REAL"), ("billed_usd", "REAL"), ("billing_since", "REAL"), ("seen_at", "REAL"))
+# The layout a database has (`PRAGMA user_version`): 0, a database of a launch before it was kept
+# (its columns as that launch had them), is migrated on open to 1: the table above, every added column
+# in it, the handle one JSON object (launcher/store/handle.py). A database of a newer launch (a higher
+# version) is used as it is: columns it added are left alone, keys its handles added are kept.
+SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -67,8 +75,10 @@ class Run:
     state: str = "starting"
     reason: Optional[str] = None
     artifacts: Optional[str] = None
-    handle: dict = field(default_factory=dict)
-    """Backend-specific, JSON-serialisable (pids, host, remote run dir, managed job name...)."""
+    handle: Handle = field(default_factory=Handle)
+    """What its backend, its start and its refreshes learnt of it (pids, host, run dir, managed job
+    name...: launcher/store/handle.py). A dict given here is read as a stored one (Handle.from_dict),
+    so a Run is built from a plain handle as before."""
     billed_s: Optional[float] = None
     """Seconds a machine billed for this run, accrued on every refresh across restarts (setup included,
     time down between a preemption and `--resume`, or while a managed job recovers, excluded). None:
@@ -79,6 +89,14 @@ class Run:
     """Start of the interval billing now, not yet in billed_s (None: nothing bills)."""
     seen_at: Optional[float] = None
     """When its backend last answered for it (a refresh that saw a state, not `unreachable`)."""
+    remote: Optional[object] = field(default=None, repr=False, compare=False, metadata={"column": False})
+    """The launcher.backends.base.RemoteStatus its backend gave at the refresh that returned it
+    (launcher/runs/refresh.py), None for a run as recorded; never stored, not in `to_dict`. Typed
+    `object`: store sits below backends and imports nothing of theirs, not even for a type."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.handle, Handle):
+            self.handle = Handle.from_dict(self.handle)
 
     @property
     def active(self) -> bool:
@@ -102,10 +120,11 @@ class Run:
         return self.billed_s + open_s, (self.billed_usd or 0.0) + open_s / 3600 * self.price_per_hour
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The record as stored and as `--json` prints it: its columns, the handle a plain dict."""
+        return {c: copy.deepcopy(self.handle.to_dict() if c == "handle" else getattr(self, c)) for c in COLUMNS}
 
 
-_FIELDS = {f.name for f in fields(Run)}
+COLUMNS = tuple(f.name for f in fields(Run) if f.metadata.get("column", True))
 
 
 def db_path():
@@ -225,11 +244,21 @@ def _move_aside(path, err: Exception) -> None:
 
 
 def _migrate(con: sqlite3.Connection) -> None:
-    """Add the columns a database from an older launch lacks (no data changes)."""
-    have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
-    for name, sql_type in _ADDED_COLUMNS:
-        if name not in have:
-            con.execute(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}")
+    """Bring a database of an older launch to SCHEMA_VERSION in one transaction: add the columns it
+    lacks (no data changes), then stamp the version."""
+    if con.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+        return
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+        for name, sql_type in _ADDED_COLUMNS:
+            if name not in have:
+                con.execute(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}")
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
 def _row_to_run(row: sqlite3.Row) -> Run:
@@ -238,8 +267,8 @@ def _row_to_run(row: sqlite3.Row) -> Run:
         handle = json.loads(d.get("handle") or "{}")
     except ValueError:
         handle = None
-    d["handle"] = handle if isinstance(handle, dict) else {}
-    return Run(**{k: v for k, v in d.items() if k in _FIELDS})
+    d["handle"] = Handle.from_dict(handle)  # not an object: an empty handle
+    return Run(**{k: v for k, v in d.items() if k in COLUMNS})
 
 
 def save(run: Run) -> None:
@@ -249,11 +278,10 @@ def save(run: Run) -> None:
         run.seen_at = time.time()
     d = run.to_dict()
     d["handle"] = json.dumps(d["handle"], sort_keys=True)
-    cols = [f.name for f in fields(Run)]
     with _connect() as con:
         con.execute("BEGIN IMMEDIATE")
-        con.execute(f"INSERT OR REPLACE INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                    [d[c] for c in cols])
+        con.execute(f"INSERT OR REPLACE INTO runs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                    [d[c] for c in COLUMNS])
         con.execute("COMMIT")
 
 
@@ -267,11 +295,12 @@ def delete(run_id: str) -> None:
 
 
 def update(run_id: str, **changes) -> Run:
-    """Change some fields of a run in one transaction (read-modify-write under a write lock)."""
+    """Change some fields of a run in one transaction (read-modify-write under a write lock); `handle`
+    (a Handle, or a dict of its keys) is merged into the run's, key by key (Handle.merged)."""
     with _write(run_id) as run:
         for k, v in changes.items():
             if k == "handle":
-                run.handle = {**run.handle, **v}
+                run.handle = run.handle.merged(v)
             else:
                 setattr(run, k, v)
     return run

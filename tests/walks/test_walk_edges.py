@@ -92,7 +92,7 @@ def resumed(rid: str, rd: Path, upto: int) -> None:
 
     run = registry.get(rid)
     entry = {"at": time.time(), "by": "launch up --resume", "event": "resume", "set": []}
-    registry.update(rid, handle={**run.handle, "history": [*run.handle["history"], entry]})
+    registry.update(rid, handle={"history": [*run.handle.history, entry]})
     steps = max(json.loads(ln)["step"] for ln in (rd / "metrics.jsonl").read_text().splitlines())
     add_metrics(rd, steps, upto)
 

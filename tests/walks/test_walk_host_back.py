@@ -92,7 +92,7 @@ def test_a_second_down_after_forget_names_the_checkpoint_the_trainer_saved(tmp_p
     run.state, run.price_per_hour = "running", 3600.0
     registry.save(run)
     registry.accrue(run.id, True)
-    rd = Path(run.handle["run_dir"])
+    rd = Path(run.handle.run_dir)
     try:
         deadline = time.monotonic() + 60
         while not (rd / "status.json").exists():

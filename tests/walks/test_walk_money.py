@@ -103,7 +103,7 @@ def test_two_runs_on_one_ssh_host_each_get_a_free_torchrun_port(tmp_path, sshd):
     time.sleep(1)  # the first holds its port
     second = be.up(_spec(tmp_path, "walk-money-port-2", HOLD_PORT))
     ends = [_wait_ended(be, run) for run in (first, second)]
-    log = Path(second.handle["log"]).read_text()
+    log = Path(second.handle.log).read_text()
     assert [st.state for st in ends] == ["completed", "completed"], (ends, log)
 
 
@@ -242,7 +242,7 @@ def test_the_final_checkpoint_wait_ends_when_the_machine_stops_answering(tmp_pat
             assert time.monotonic() < deadline, "the stand-in trainer never said it trains"
             time.sleep(0.2)
         monkeypatch.setattr(final_save, "UNREACHABLE_S", 2.0, raising=False)
-        request = Path(run.handle["run_dir"]) / final_save.REQUEST
+        request = Path(run.handle.run_dir) / final_save.REQUEST
 
         def gone_once_asked():  # the machine goes once the request is written (a timer raced the write)
             end = time.monotonic() + 60

@@ -74,7 +74,7 @@ def _drivers(run_id: str) -> list[int]:
 def _preempt(run_id: str) -> None:
     """Kill the run's whole process group (a lost machine) and wait until nothing of it runs."""
     try:
-        os.killpg(registry.get(run_id).handle["pgid"], signal.SIGKILL)
+        os.killpg(registry.get(run_id).handle.pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + 30
@@ -117,12 +117,12 @@ def test_two_resumes_started_together_train_once_20_times(tmp_path):
             assert f"run {run_id} is running: it needs no --resume" in flat, lost
         run = registry.get(run_id)
         (driver,) = _drivers(run_id)  # one trainer's driver, and the record is that one's
-        assert run.state == "running" and run.handle["pid"] == driver and run.billing_since is not None, run
+        assert run.state == "running" and run.handle.pid == driver and run.billing_since is not None, run
         _preempt(run_id)
     assert held_by_winner, "no loser ever met the winner's claim: the two did not start together"
     # The last winner trains on: its record and bill follow it, never `failed` while it trains.
     winner, _ = _one_won(_together(tmp_path, *resume), "resumed", run_id)
-    rd = Path(registry.get(run_id).handle["run_dir"])
+    rd = Path(registry.get(run_id).handle.run_dir)
     deadline = time.monotonic() + 120
     while json.loads((rd / "status.json").read_text() or "{}").get("state") != "training" \
             if (rd / "status.json").exists() else True:
@@ -141,7 +141,7 @@ def test_two_plain_ups_at_once_start_one_run(tmp_path):
     flat = " ".join(lost.split())
     assert (f"`launch up local-demo` (pid {winner.pid}) is starting or resuming a run of local-demo right now"
             in flat) or f"local-demo already has an active run {run.id}" in flat, lost
-    assert run.state == "running" and _drivers(run.id) == [run.handle["pid"]]
+    assert run.state == "running" and _drivers(run.id) == [run.handle.pid]
 
 
 HOLDER = """
@@ -204,4 +204,4 @@ def test_a_run_started_from_a_profile_path_is_not_resumed_from_clusters(tmp_path
     r = launch(tmp_path, "up", str(mine), "--resume", run_id, env=_shared())
     assert r.returncode == 0 and f"✓ resumed {run_id}" in r.stdout, r.stdout + r.stderr
     after = registry.get(run_id)
-    assert after.handle["config"]["train.max_steps"] == 10 and after.handle["history"][-1]["changes"] == {}
+    assert after.handle.config["train.max_steps"] == 10 and after.handle.history[-1]["changes"] == {}

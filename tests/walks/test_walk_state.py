@@ -134,10 +134,10 @@ def test_down_fetches_after_the_final_checkpoint(tmp_path):
     run_id = _started(launch(tmp_path, "up", "local-demo", *QUICK, "--set", "train.max_steps=100000",
                              "--set", "train.checkpoints.save_steps=2", env=env))
     try:
-        rd = Path(registry.get(run_id).handle["run_dir"])
+        rd = Path(registry.get(run_id).handle.run_dir)
         deadline = time.time() + 180
         while not list(rd.glob("checkpoints/checkpoint-*/COMPLETE")):  # training, one periodic save done
-            assert time.time() < deadline, (Path(registry.get(run_id).handle["home"]) / "run.log").read_text()
+            assert time.time() < deadline, (Path(registry.get(run_id).handle.home) / "run.log").read_text()
             time.sleep(0.3)
         dest = tmp_path / "artifacts"
         r = launch(tmp_path, "down", run_id, "--fetch-artifacts", "--dest", str(dest), env=env)
@@ -180,7 +180,7 @@ def test_fetch_eval_fetch_again_verifies(tmp_path):
     run_id = _started(launch(tmp_path, "up", "local-demo", *QUICK, "--set", "train.max_steps=2",
                              "--set", "train.checkpoints.save_steps=2", "--set", "evaluation.max_new_tokens=4",
                              "--set", "evaluation.max_test_samples=3", env=env))
-    home = Path(registry.get(run_id).handle["home"])
+    home = Path(registry.get(run_id).handle.home)
     try:
         deadline = time.time() + 300
         while not (home / "exit_code").exists():  # the driver's last word (polling `launch status` costs more)
@@ -190,7 +190,7 @@ def test_fetch_eval_fetch_again_verifies(tmp_path):
         _leave_nothing(run_id)
     row = _status(tmp_path, run_id)
     assert row["state"] == "completed", row
-    rd = Path(registry.get(run_id).handle["run_dir"])
+    rd = Path(registry.get(run_id).handle.run_dir)
     machine = {p: p.read_bytes() for p in (rd / "outputs").rglob("*") if p.is_file()}
     assert rd / "outputs" / "eval_test.json" in machine  # the run's own evaluation, in its MANIFEST
     dest = tmp_path / "artifacts"

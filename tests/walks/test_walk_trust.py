@@ -166,7 +166,7 @@ fake.results.update({"volumes.delete": None, "storage_delete": None, "storage_ls
 
 def test_volumes_and_rm_beside_a_local_run_whose_volume_is_a_path(tmp_path, monkeypatch):
     """A user of a cloud profile and of local-demo: SkyPilot lists a volume, and the registry holds a
-    local run whose handle["volume"] is its directory (a path string). `launch volumes` and `launch
+    local run whose handle.volume is its directory (a path string). `launch volumes` and `launch
     volumes rm NAME` ended in `AttributeError: 'str' object has no attribute 'get'`."""
     import json
 

@@ -98,7 +98,7 @@ def test_a_local_run_is_billed_until_its_end_not_until_status_looked(tmp_path):
     run, driver = _local_run("local-demo-20261202-050200", tmp_path, status, post_running=False)
     driver.kill()
     driver.wait(timeout=30)
-    home = Path(run.handle["home"])
+    home = Path(run.handle.home)
     (home / "exit_code").write_text("0\n")
     end = run.started_at + 100  # it ran 100 s; the look comes 500 s later
     os.utime(home / "exit_code", (end, end))
@@ -171,7 +171,7 @@ def test_down_signalled_while_it_waits_says_to_run_it_again_and_keeps_the_run(tm
     try:
         proc = subprocess.Popen([str(LAUNCH), "down", run.id], cwd=REPO, env=fresh_env(tmp_path, _shared()),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        request = Path(run.handle["run_dir"]) / "stop_request.json"
+        request = Path(run.handle.run_dir) / "stop_request.json"
         deadline = time.monotonic() + 60
         while not request.exists() and time.monotonic() < deadline:  # it asked the trainer, and waits
             time.sleep(0.05)
@@ -210,8 +210,8 @@ def test_an_ended_run_keeps_the_training_cost_it_showed_live(tmp_path):
     finally:
         driver.kill()
         driver.wait(timeout=30)
-    (Path(run.handle["home"]) / "exit_code").write_text("0\n")
-    Path(run.handle["run_dir"], "status.json").write_text(json.dumps({**status, "state": "completed", "exit_code": 0,
+    (Path(run.handle.home) / "exit_code").write_text("0\n")
+    Path(run.handle.run_dir, "status.json").write_text(json.dumps({**status, "state": "completed", "exit_code": 0,
                                                                       "step": 20, "cost_usd": 0.05}))
     ended = json.loads(launch(tmp_path, "status", run.id, "--json", env=_shared()).stdout)
     assert ended["state"] == "completed" and ended["train_cost_usd"] == 0.05, ended

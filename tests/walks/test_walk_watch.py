@@ -33,18 +33,18 @@ def _kill_after_first_checkpoint(rid: str) -> str:
     from launcher.store import registry
 
     run = registry.get(rid)
-    done = Path(run.handle["run_dir"]) / "checkpoints" / "checkpoint-4" / "COMPLETE"
+    done = Path(run.handle.run_dir) / "checkpoints" / "checkpoint-4" / "COMPLETE"
     deadline = time.time() + 180
     while not done.is_file():
         assert time.time() < deadline, "checkpoint-4 never appeared"
         time.sleep(0.3)
-    os.killpg(run.handle["pgid"], signal.SIGKILL)
+    os.killpg(run.handle.pgid, signal.SIGKILL)
     from launcher.backends.local import processes_of
 
     while processes_of(run):
         assert time.time() < deadline, "the run's processes outlived SIGKILL"
         time.sleep(0.2)
-    return (Path(run.handle["home"]) / "run.log").read_text()
+    return (Path(run.handle.home) / "run.log").read_text()
 
 
 def test_follow_after_resume_shows_the_new_attempt_only(user_home):

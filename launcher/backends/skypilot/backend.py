@@ -28,6 +28,7 @@ from payload.errors import END_STATES
 
 from ... import sky_internals
 from ...errors import BackendError
+from launcher.store.handle import Handle
 from launcher.store.registry import ACTIVE_STATES, STATES, Run
 from launcher.profiles.uploads import remove_staged
 from ..base import Access, Backend, LaunchSpec, RemoteStatus, remote_command, remote_path
@@ -94,8 +95,8 @@ class SkyPilotBackend(Backend):
     def _up(self, sky, spec: LaunchSpec) -> Run:
         p, run = spec.profile, spec.run
         run.cluster = None if p.cluster.use_spot else cluster_name(run.id)  # a volume may bill from here on
-        run.handle = {**run.handle, "kind": "managed_job" if p.cluster.use_spot else "cluster", "job_name": run.id,
-                      **({} if p.cluster.use_spot else {"cluster": run.cluster})}
+        kind = "managed_job" if p.cluster.use_spot else "cluster"
+        run.handle.update(kind=kind, job_name=run.id, **({} if p.cluster.use_spot else {"cluster": run.cluster}))
         spec.place(run)
         try:
             self._check_clouds(sky, p)
@@ -109,17 +110,14 @@ class SkyPilotBackend(Backend):
         except (ValueError, OSError) as e:  # schema errors of a hand-edited or stale render
             raise BackendError(f"{spec.task_yaml}: {first_line(e)}; re-render with `launch render "
                                f"{p.name}`") from None
-        run_dir = str(layout.run_dir(p.runtime_volume(), run.id))
-        handle = {"kind": "managed_job" if p.cluster.use_spot else "cluster", "job_name": run.id,
-                  "run_dir": run_dir, "volume": volume, "push_to_hub": p.outputs.push_to_hub,
-                  "infra": p.cluster.infra_list,
-                  "bucket": p.cluster.bucket.model_dump() if p.cluster.bucket else None}
+        run.handle.update(kind=kind, job_name=run.id, run_dir=str(layout.run_dir(p.runtime_volume(), run.id)),
+                          volume=volume, push_to_hub=p.outputs.push_to_hub, infra=p.cluster.infra_list,
+                          bucket=p.cluster.bucket.model_dump() if p.cluster.bucket else None)
         if p.cluster.on_slurm:  # the run dir outlives the cluster on the shared filesystem (slurm_login.py)
-            handle["slurm_login"] = p.cluster.infra_list[0].split("/", 1)[1]
+            run.handle.slurm_login = p.cluster.infra_list[0].split("/", 1)[1]
         if not p.cluster.use_spot:
             run.cluster = cluster_name(run.id)
-            handle["cluster"], handle["autostop_minutes"] = run.cluster, p.cluster.autostop_minutes
-        run.handle = {**run.handle, **handle}
+            run.handle.update(cluster=run.cluster, autostop_minutes=p.cluster.autostop_minutes)
         spec.place(run)  # before SkyPilot provisions: `status` and `down` find the job or cluster by name
         if p.cluster.use_spot:
             job_id, reason = self._launch_managed(sky, task, run.id, p)
@@ -127,9 +125,8 @@ class SkyPilotBackend(Backend):
             job_id, reason = self._launch_cluster(sky, task, run.cluster, p)
         if reason is None:  # the request has read the staged workdir (a detached one may still)
             remove_staged(run.id)
-        handle["job_id"] = job_id
+        run.handle.job_id = job_id
         run.job_id = None if job_id is None else str(job_id)
-        run.handle = {**run.handle, **handle}
         run.state, run.reason = "starting", reason
         return run
 
@@ -222,12 +219,12 @@ class SkyPilotBackend(Backend):
     def logs(self, run: Run, follow: bool, out: TextIO, tail: Optional[int] = None) -> int:
         sky, h = sdk(), run.handle
         try:
-            if h.get("kind") == "managed_job":
-                by = {"job_id": h["job_id"]} if h.get("job_id") is not None else {"name": h["job_name"]}
+            if h.kind == "managed_job":
+                by = {"job_id": h.job_id} if h.job_id is not None else {"name": h.job_name}
                 code = sky.jobs.tail_logs(**by, follow=follow, output_stream=out,
                                           **({"tail": tail} if tail else {}))
             else:  # SkyPilot's tail=0 (its default) is the whole log
-                code = sky.tail_logs(run.cluster, h.get("job_id"), follow, output_stream=out,
+                code = sky.tail_logs(run.cluster, h.job_id, follow, output_stream=out,
                                      **({"tail": tail} if tail else {}))
         except Exception as e:  # noqa: BLE001
             raise map_sky_error(e) from None
@@ -239,27 +236,27 @@ class SkyPilotBackend(Backend):
         the run's directory on the volume. A managed job's machine is SkyPilot's to manage (recreated
         on recovery, reached through its jobs controller), so there is nothing stable to ssh into."""
         h = run.handle
-        if h.get("kind") == "managed_job":
+        if h.kind == "managed_job":
             raise BackendError(f"{run.id} is a managed job: SkyPilot owns its machine (it is replaced on "
                                f"recovery); watch it with `launch logs {run.id} --follow`, or run on a cluster "
                                "(cluster.use_spot: false) to ssh in")
-        if not run.cluster or not h.get("run_dir"):
+        if not run.cluster or not h.run_dir:
             raise BackendError(f"run {run.id} has no cluster yet: nothing to connect to")
         missing = ensure_ssh_config(run.cluster)
         if missing:
             raise BackendError(missing)
         return Access([*ssh_argv(run.cluster), "-t" if tty else "-T", run.cluster,
-                       remote_command(h["run_dir"], command)])
+                       remote_command(h.run_dir, command)])
 
     def status(self, run: Run) -> RemoteStatus:
         sky, h, said = sdk(), run.handle, None
         try:
-            if h.get("kind") == "managed_job":
+            if h.kind == "managed_job":
                 state, reason, billing, said = self._managed_state(sky, run)
             else:
                 state, reason, billing = self._cluster_state(sky, run)
         except Exception as e:  # noqa: BLE001 - never raises: the state says what is known
-            if h.get("kind") == "managed_job" and controller_gone(e):
+            if h.kind == "managed_job" and controller_gone(e):
                 return self._settled(run)
             return RemoteStatus(state=run.state, reason=f"SkyPilot not reachable: {map_sky_error(e)}")
         reported = self._reported(run, up=state in ("running", "completed", "failed"))
@@ -269,7 +266,8 @@ class SkyPilotBackend(Backend):
             st.ended_at, st.notice, st.handle = said.interrupted_at, said.notice, said.keep
         if state is None:  # its machine is gone: it billed until the run ended (or was seen ended), + autostop idle
             end = control.epoch((reported or {}).get("ended_at")) or (None if run.active else run.ended_at)
-            idle = 0 if h.get("kind") == "managed_job" else h.get("autostop_minutes", control.CLUSTER_IDLE_MIN)
+            idle = 0 if h.kind == "managed_job" else h.autostop_minutes
+            idle = control.CLUSTER_IDLE_MIN if idle is None else idle
             st.ended_at = min(end + 60 * idle, time.time()) if end else None  # not past now: torn down sooner
         return st
 
@@ -283,7 +281,7 @@ class SkyPilotBackend(Backend):
             return "starting", "provisioning or setting up", True
         if cluster == "STOPPED":
             return "stopped", f"cluster {run.cluster} is stopped", False
-        job_id = run.handle.get("job_id")
+        job_id = run.handle.job_id
         jobs = job_statuses(sky, run.cluster, job_id)
         job = enum_name(jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else
                     next(iter(jobs.values()), None))
@@ -291,9 +289,9 @@ class SkyPilotBackend(Backend):
             return "failed", f"job {job}: see `launch logs`", True
         return _JOB_STATES.get(job, "starting"), None, True  # up: bills until autostop takes it down
 
-    def _managed_record(self, sky, h: dict):
+    def _managed_record(self, sky, h: Handle):
         """The jobs controller's queue record of the run's managed job (None: unknown to it)."""
-        match = managed_records(sky, h.get("job_id"), h["job_name"])
+        match = managed_records(sky, h.job_id, h.job_name)
         return match[-1] if match else None
 
     def _managed_state(self, sky, run: Run) -> tuple:
@@ -337,13 +335,13 @@ class SkyPilotBackend(Backend):
     def _run_text(self, run: Run, rel: str, up: bool) -> Optional[str]:
         """A run-dir-relative file of the run: over SSH while the cluster is up, else from the volume (S3)."""
         h = run.handle
-        if h.get("kind") == "cluster" and up:
-            return cluster_ssh(run.cluster, f"cat {remote_path(h['run_dir'] + '/' + rel)}", check=False)
+        if h.kind == "cluster" and up:
+            return cluster_ssh(run.cluster, f"cat {remote_path(h.run_dir + '/' + rel)}", check=False)
         if slurm_login.login_host(h):
-            return slurm_login.read(slurm_login.login_host(h), f"{h['run_dir']}/{rel}")
+            return slurm_login.read(slurm_login.login_host(h), f"{h.run_dir}/{rel}")
         if s3_ready(h):
             try:
-                return S3Volume(h["volume"]).read(f"{h['volume']['key_prefix']}/{run.id}/{rel}")
+                return S3Volume(h.volume).read(f"{h.volume['key_prefix']}/{run.id}/{rel}")
             except Exception:  # noqa: BLE001
                 return None
         return None
@@ -352,7 +350,7 @@ class SkyPilotBackend(Backend):
         """As `status` reads status.json: over SSH while the cluster is up (asked of SkyPilot), else
         from the volume (S3); None when neither has it."""
         up = False
-        if run.handle.get("kind") == "cluster" and run.cluster:
+        if run.handle.kind == "cluster" and run.cluster:
             try:
                 state, _, _ = self._cluster_state(sdk(), run)
                 up = state in ("running", "completed", "failed")
@@ -363,13 +361,13 @@ class SkyPilotBackend(Backend):
     def write_run_file(self, run: Run, rel: str, text: str) -> bool:
         """Over SSH into a cluster's run dir, else through the RunPod volume's S3 API (managed jobs)."""
         h = run.handle
-        if h.get("kind") == "cluster" and run.cluster and h.get("run_dir"):
-            d, target = remote_path(h["run_dir"]), remote_path(f"{h['run_dir']}/{rel}")
+        if h.kind == "cluster" and run.cluster and h.run_dir:
+            d, target = remote_path(h.run_dir), remote_path(f"{h.run_dir}/{rel}")
             return cluster_ssh(run.cluster, f"test -d {d} && cat > {target}.part && mv {target}.part {target}",
                                check=False, stdin=text) is not None
         if s3_ready(h):
             try:
-                S3Volume(h["volume"]).write(f"{h['volume']['key_prefix']}/{run.id}/{rel}", text)
+                S3Volume(h.volume).write(f"{h.volume['key_prefix']}/{run.id}/{rel}", text)
                 return True
             except Exception:  # noqa: BLE001 - not writable: the caller says what that means
                 return False
@@ -381,7 +379,7 @@ class SkyPilotBackend(Backend):
         sky, h = sdk(), run.handle
         for attempt in range(1, BUSY_TRIES + 1):
             try:
-                if h.get("kind") == "managed_job":
+                if h.kind == "managed_job":
                     self._cancel_managed(sky, run)
                 else:
                     self._down_cluster(sky, run)
@@ -404,15 +402,15 @@ class SkyPilotBackend(Backend):
         MOUNT_CACHED checkpoint uploads finish first."""
         if self._cluster_up(run) and self._job_active(sky, run):
             before = self._reported(run, up=True) or {}
-            sky.get(sky.cancel(run.cluster, job_ids=[run.handle["job_id"]]))
+            sky.get(sky.cancel(run.cluster, job_ids=[run.handle.job_id]))
             if before.get("state") and before["state"] not in _ENDED:  # a trainer to wait for
                 control.wait_until(lambda: (self._reported(run, up=True) or {}).get("state") in _ENDED,
                                    control.SKY_KILL_AFTER_S + control.POLL_S)
-        flush = {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S} if run.handle.get("bucket") else {}
+        flush = {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S} if run.handle.bucket else {}
         sky.get(sky.down(run.cluster, **flush))
 
     def _job_active(self, sky, run: Run) -> bool:
-        job_id = run.handle.get("job_id")
+        job_id = run.handle.job_id
         if job_id is None:
             return False
         jobs = job_statuses(sky, run.cluster, job_id)
@@ -422,7 +420,7 @@ class SkyPilotBackend(Backend):
         """`sky.jobs.cancel` (graceful: the task gets SIGTERM, then its cluster goes), then wait until
         the controller says the job ended, so nothing of it bills when `launch down` returns."""
         h = run.handle
-        by = {"job_ids": [h["job_id"]]} if h.get("job_id") is not None else {"name": h["job_name"]}
+        by = {"job_ids": [h.job_id]} if h.job_id is not None else {"name": h.job_name}
         try:
             sky.get(sky.jobs.cancel(**by, graceful=True, graceful_timeout=control.DOWN_GRACE_S))
         except Exception as e:
@@ -440,7 +438,7 @@ class SkyPilotBackend(Backend):
             return rec is None or enum_name(record_field(rec, "status")).startswith(control.MANAGED_TERMINAL)
 
         if not control.wait_until(ended, 2 * control.DOWN_GRACE_S):
-            raise BackendError(f"managed job {h.get('job_id') or h['job_name']} is still being cancelled "
+            raise BackendError(f"managed job {h.job_id or h.job_name} is still being cancelled "
                                f"after {2 * control.DOWN_GRACE_S:g} s and may bill until it ends: check "
                                "`sky jobs queue`, then `sky jobs cancel` it")
 

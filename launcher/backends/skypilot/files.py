@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 from launcher.store.artifacts import list_command, parse_listing
+from launcher.store.handle import Handle
 from ... import sky_internals
 from ...errors import BackendError
 from .. import rsync
@@ -124,21 +125,21 @@ class RunFiles(NamedTuple):
         """The cluster over ssh/rsync while it is up, else the RunPod volume's S3 API (managed jobs,
         or a cluster that autostopped); else one line saying where the files are."""
         h = run.handle
-        if h.get("kind") == "cluster" and cluster_up() and not ensure_ssh_config(run.cluster):
-            return cls(lambda roots: cluster_list(run.cluster, h["run_dir"], roots),
-                       lambda rels, into: cluster_copy(run.cluster, h["run_dir"], rels, into))
-        host = h.get("slurm_login")  # a Slurm run: its dir is on the shared filesystem the login node sees
+        if h.kind == "cluster" and cluster_up() and not ensure_ssh_config(run.cluster):
+            return cls(lambda roots: cluster_list(run.cluster, h.run_dir, roots),
+                       lambda rels, into: cluster_copy(run.cluster, h.run_dir, rels, into))
+        host = h.slurm_login  # a Slurm run: its dir is on the shared filesystem the login node sees
         if host:
             from . import slurm_login
 
-            return cls(lambda roots: slurm_login.listing(host, h["run_dir"], roots),
-                       lambda rels, into: slurm_login.copy(host, h["run_dir"], rels, into))
+            return cls(lambda roots: slurm_login.listing(host, h.run_dir, roots),
+                       lambda rels, into: slurm_login.copy(host, h.run_dir, rels, into))
         if s3_ready(h, explain=True):
-            volume, prefix = S3Volume(h["volume"]), f"{h['volume']['key_prefix']}/{run.id}"
+            volume, prefix = S3Volume(h.volume), f"{h.volume['key_prefix']}/{run.id}"
             return cls(lambda roots: volume.list(prefix, roots), lambda rels, into: volume.copy(prefix, rels, into))
-        bucket, hub = h.get("bucket"), h.get("push_to_hub")
+        bucket, hub = h.bucket, h.push_to_hub
         where = (f"bucket {bucket['name']} ({bucket['store']}; `sky storage ls`)" if bucket else
-                 f"volume {(h.get('volume') or {}).get('name')}" if h.get("volume") else "its disk, now gone")
+                 f"volume {h.volume.get('name')}" if isinstance(h.volume, dict) else "its disk, now gone")
         hint = f"; the model was pushed to the hub: `hf download {hub}`" if hub else ""
         raise BackendError(f"run {run.id}: the cluster is gone and its files are on {where}{hint}")
 
@@ -146,9 +147,9 @@ class RunFiles(NamedTuple):
 # ------------------------------------------------------------------------ files: RunPod S3 API
 
 
-def s3_ready(h: dict, explain: bool = False) -> bool:
+def s3_ready(h: Handle, explain: bool = False) -> bool:
     """Whether the run's volume is a RunPod network volume reachable through the S3 API."""
-    vol = h.get("volume") or {}
+    vol = h.volume if isinstance(h.volume, dict) else {}
     if vol.get("type") != "runpod-network-volume":
         return False
     missing = [k for k in ("RUNPOD_S3_ACCESS_KEY", "RUNPOD_S3_SECRET_KEY") if not os.environ.get(k)]

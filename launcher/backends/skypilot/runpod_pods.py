@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
+from launcher.store.handle import Handle
 from ... import sky_internals
 from .sdk import record_field
 
 TIMEOUT_S = 5.0  # a refresh waits no longer for RunPod (the SDK's own timeout is 30 s)
 ASKED = ("RUNNING", "STARTING", "RECOVERING")  # SkyPilot states in which a pod of the job may bill
 DEAD = ("EXITED", "TERMINATED")
-SEEN_KEY = "runpod_pods_seen"  # run.handle: the job's cluster on RunPod, once a pod of it was listed
 QUERY = "query myselfPods { myself { pods { id name desiredStatus lastStatusChange } } }"
 SKY_LINE = "sky/provision/runpod/instance.py:259"
 
@@ -46,15 +46,15 @@ class Verdict:
     interrupted_at: Optional[float] = None  # when its pod was interrupted (None: alive, or not known)
     notice: Optional[str] = None  # the `!` line for `launch status` / `launch cost`
     dead: bool = False  # RunPod shows the job's pod dead (EXITED/TERMINATED) or gone
-    listed: bool = True  # RunPod listed a pod of the job (remembered in run.handle[SEEN_KEY])
+    listed: bool = True  # RunPod listed a pod of the job (remembered in run.handle.runpod_pods_seen)
 
     @property
-    def keep(self) -> dict:
+    def keep(self) -> Handle:
         """What the run's handle keeps of it: that RunPod listed a pod of this cluster."""
-        return {SEEN_KEY: self.cluster} if self.listed else {}
+        return Handle(runpod_pods_seen=self.cluster) if self.listed else Handle()
 
 
-def check(handle: dict, record, status: str) -> Optional[Verdict]:
+def check(handle: Handle, record, status: str) -> Optional[Verdict]:
     """RunPod's view of the managed job of `record` (its queue record, in SkyPilot state `status`;
     `handle`: the run's), or None where launch does not ask (not RunPod, no key) or RunPod did not
     answer in TIMEOUT_S."""
@@ -66,21 +66,21 @@ def check(handle: dict, record, status: str) -> Optional[Verdict]:
     if not key:
         return None
     try:
-        match, cluster = pod_matcher(record, handle.get("job_name"), handle.get("job_id"))
+        match, cluster = pod_matcher(record, handle.job_name, handle.job_id)
         if match is None:
             return None
         pods = [p for p in list_pods(key) if isinstance(p, dict) and match(str(p.get("name") or ""))]
     except Exception:  # noqa: BLE001 - no answer: the run reads as SkyPilot says, as before
         return None
-    return judge(pods, cluster, status, handle.get(SEEN_KEY) == cluster)
+    return judge(pods, cluster, status, handle.runpod_pods_seen == cluster)
 
 
-def on_runpod(handle: dict, record) -> bool:
+def on_runpod(handle: Handle, record) -> bool:
     """The job's cluster is on RunPod: its queue record says so, else every infra of the profile is."""
     cloud = record_field(record, "cloud")
     if cloud:
         return str(cloud).lower() == "runpod"
-    infra = handle.get("infra") or []
+    infra = handle.infra or []
     return bool(infra) and all(str(i).split("/")[0].lower() == "runpod" for i in infra)
 
 

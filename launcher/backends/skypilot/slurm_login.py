@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.store.artifacts import list_command, parse_listing
+from launcher.store.handle import Handle
 from ...errors import BackendError
 from .. import rsync
 from ..base import remote_path
@@ -25,9 +26,9 @@ SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15")
 SSH_TIMEOUT_S = 60
 
 
-def login_host(h: dict) -> Optional[str]:
+def login_host(h: Handle) -> Optional[str]:
     """The login node's `Host` (of `infra: slurm/<Host>`) of a run's handle, None for other runs."""
-    return h.get("slurm_login")
+    return h.slurm_login
 
 
 def config() -> Path:

@@ -185,7 +185,7 @@ def test_contract_up_fetch_verify_down(kind, tmp_path, template, sshd, monkeypat
     assert registry.get(run.id).artifacts == str(home.resolve())
     if kind in ("local", "ssh"):  # a machine of the user's own: the run's temporary files stay in the run's place
         [temp] = re.findall(r"contract job: temp (\S+)", (home / "logs" / "run.log").read_text())
-        own = run.handle["home"] if kind == "local" else run.handle["run_root"]
+        own = run.handle.home if kind == "local" else run.handle.run_root
         assert Path(temp).resolve().parent == (Path(own) / "tmp").resolve(), (temp, own)
     check_down()
 

@@ -33,7 +33,7 @@ def _ended_an_hour_ago(kind, run, tmp_path, monkeypatch) -> float:
     beyond that hour (a cluster's idle minutes before its autostop)."""
     end = time.time() - HOUR
     if kind in ("local", "ssh"):  # the driver's exit marker (ssh: the host is this machine, its root in tmp)
-        marker = Path(run.handle["home"] if kind == "local" else run.handle["run_root"]) / "exit_code"
+        marker = Path(run.handle.home if kind == "local" else run.handle.run_root) / "exit_code"
         os.utime(marker, (end, end))
         return 0.0
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end))
@@ -46,7 +46,7 @@ def _ended_an_hour_ago(kind, run, tmp_path, monkeypatch) -> float:
         return 0.0
     runpod_edge(monkeypatch, fake, tmp_path / "volume", volume="sonia-workspace")
     fake.results["status"] = []  # autostopped after its idle minutes, and torn down
-    return 60.0 * run.handle["autostop_minutes"]
+    return 60.0 * run.handle.autostop_minutes
 
 
 @pytest.mark.parametrize("kind", BACKENDS)

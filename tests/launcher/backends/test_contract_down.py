@@ -164,7 +164,7 @@ def test_contract_down_gets_the_final_checkpoint_before_any_signal(kind, honour,
     step = max(int(m.split("/")[1].removeprefix("checkpoint-")) for m in marked)  # final, or the periodic one
     assert f"checkpoint step {step} (checkpoint-{step}" in said and f"→ launch up {run.profile} --resume {run.id}" \
         in said, said  # what down left, where, and what next
-    volume = run.handle["volume"].get("name") if isinstance(run.handle.get("volume"), dict) else None
+    volume = run.handle.volume.get("name") if isinstance(run.handle.volume, dict) else None
     assert (f"volume {volume} (" in said and f"holds checkpoint step {step} " in said
             and f"→ launch volumes rm {volume}" in said) if volume else "is kept in" in said, said
     if honour:
@@ -225,7 +225,7 @@ def test_contract_a_finished_run_settles_from_its_status_json(kind, tmp_path, te
     run, _ = start(kind, tmp_path, template, sshd, monkeypatch)
     end = control.epoch(ENDED)
     rd = tmp_path / "volume" / "runs" / run.id if kind.startswith("skypilot") else \
-        __import__("pathlib").Path(run.handle["run_dir"])
+        __import__("pathlib").Path(run.handle.run_dir)
     (rd / "status.json").write_text(json.dumps({"state": "completed", "exit_code": 0, "step": 8, "max_steps": 8,
                                                 "ended_at": ENDED, "updated_at": ENDED}))
     if kind == "skypilot-managed":
@@ -262,7 +262,7 @@ def _machine_says_live(kind, run, sshd, tmp_path):
     if kind == "local":
         other = subprocess.Popen(["sleep", "60"], start_new_session=True)
         registry.update(run.id, handle={"pid": other.pid, "pgid": other.pid})
-        (__import__("pathlib").Path(run.handle["home"]) / "exit_code").unlink(missing_ok=True)
+        (__import__("pathlib").Path(run.handle.home) / "exit_code").unlink(missing_ok=True)
         return other
     if kind == "ssh":
         from sshd import free_port

@@ -81,10 +81,10 @@ def spec(tmp_path, run_id, backend):
 
 def test_local_backend_passes_env_to_the_run(tmp_path):
     run = LocalBackend().up(spec(tmp_path, "envs-local-1", "local"))
-    log = Path(run.handle["home"]) / "run.log"
+    log = Path(run.handle.home) / "run.log"
     wait_for(lambda: log.exists() and "FOO=" in log.read_text())
     assert "FOO=from --env N=3 HF_TOKEN=hf_secret_value" in log.read_text()
-    assert "hf_secret_value" not in (Path(run.handle["home"]) / "node.sh").read_text()
+    assert "hf_secret_value" not in (Path(run.handle.home) / "node.sh").read_text()
 
 
 
@@ -95,7 +95,7 @@ def test_ssh_backend_passes_env_to_the_run(sshd, tmp_path):
                     remote_root=str(tmp_path / "remote"))
     run = be.up(spec(tmp_path, "envs-ssh-1", "ssh"))
     try:
-        log = Path(run.handle["log"])
+        log = Path(run.handle.log)
         wait_for(lambda: log.exists() and "FOO=" in log.read_text())
         assert "FOO=from --env N=3 HF_TOKEN=hf_secret_value" in log.read_text()
     finally:
@@ -124,7 +124,7 @@ def test_skypilot_up_with_set_and_env_renders_per_run_and_records_both(monkeypat
     uploaded = staged["sky/config/sonia-h100.yaml"]  # what is uploaded as the run's config: the override
     assert uploaded.parent.name == run.id and uploaded != render.config_path("sonia-h100")
     assert yaml.safe_load(uploaded.read_text())["train"]["learning_rate"] == 1e-4
-    assert run.handle["overrides"] == ["train.learning_rate=1e-4"] and run.handle["envs"] == {"NCCL_DEBUG": "INFO"}
+    assert run.handle.overrides == ["train.learning_rate=1e-4"] and run.handle.envs == {"NCCL_DEBUG": "INFO"}
     rendered = next(Path(os.environ["LAUNCH_HOME"]).rglob(f"rendered/{run.id}/task.yaml"))
     assert yaml.safe_load(rendered.read_text())["envs"]["LAUNCH_PROFILE"] == "sonia-h100"
     fake.results["status"] = []  # the cluster is gone: status still shows what differs

@@ -40,7 +40,7 @@ def wait_done(run_id, timeout=240):
 
 def run_dir(run_id):
     run = registry.get(run_id)
-    return Path(run.handle["run_dir"])
+    return Path(run.handle.run_dir)
 
 
 def adapter_tensors(path):
@@ -77,7 +77,7 @@ def test_kill_and_resume_matches_uninterrupted_run():
     while not any((c / "COMPLETE").exists() for c in (rd / "checkpoints").glob("checkpoint-*")):
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.2)
-    os.killpg(registry.get(killed).handle["pgid"], signal.SIGKILL)  # a spot machine dying
+    os.killpg(registry.get(killed).handle.pgid, signal.SIGKILL)  # a spot machine dying
     # torchrun's worker runs in a session of its own: it must die with its agent, not train on.
     wait_gone(killed)
     d = json.loads(launch("status", killed, "--json").output)
@@ -86,7 +86,7 @@ def test_kill_and_resume_matches_uninterrupted_run():
     resumed = launch("up", "local-demo", *QUICK, "--resume", killed)
     assert resumed.exit_code == 0 and f"resumed {killed}" in resumed.output
     d = wait_done(killed)
-    data_log = (Path(registry.get(killed).handle["home"]) / "run.log").read_text()
+    data_log = (Path(registry.get(killed).handle.home) / "run.log").read_text()
     assert d["state"] == "completed", f"{d['state']}: {d.get('reason')}\n--- run.log (end)\n{data_log[-6000:]}"
     assert "cached" in data_log.lower()  # data preparation was not redone
     assert data_log.count("launch: setup on node 0") == 2  # the log goes on across the restart
@@ -163,7 +163,7 @@ def test_multi_node_task_runs_as_two_local_nodes(tmp_path, in_repo):
     r = launch("up", "qwen3-32b-4x4-a100", "--backend", "local", "--nodes", "2", *sets)
     rid = started_id(r)
     d = wait_done(rid, timeout=300)
-    home = Path(registry.get(rid).handle["home"])
+    home = Path(registry.get(rid).handle.home)
     assert d["state"] == "completed", (home / "run.log").read_text()[-3000:]
     assert (home / "node1.log").exists()
     summary = json.loads((run_dir(rid) / "outputs" / "training_summary.json").read_text())

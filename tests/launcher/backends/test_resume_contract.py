@@ -76,11 +76,11 @@ class Machine:
             (task,), _ = self.sky.one("launch")[1:]
             return yaml.safe_load(self.staged[rel].read_text()), dict(task.envs)
         if self.kind == "ssh":
-            node = (Path(run.handle["run_root"]) / "node.sh").read_text()
+            node = (Path(run.handle.run_root) / "node.sh").read_text()
             env = dict(line[len("export "):].split("=", 1) for line in node.splitlines() if line.startswith("export "))
-            return yaml.safe_load((Path(run.handle["run_root"]) / "workdir" / rel).read_text()), env
-        home = Path(run.handle["home"])
-        environ = Path(f"/proc/{run.handle['pid']}/environ").read_bytes().split(b"\0")
+            return yaml.safe_load((Path(run.handle.run_root) / "workdir" / rel).read_text()), env
+        home = Path(run.handle.home)
+        environ = Path(f"/proc/{run.handle.pid}/environ").read_bytes().split(b"\0")
         env = dict(x.decode().split("=", 1) for x in environ if b"=" in x)
         return yaml.safe_load((home / "workdir" / rel).read_text()), env
 
@@ -106,7 +106,7 @@ def test_a_math_change_on_resume_is_refused_before_any_backend_is_reached(machin
     assert f"launch up {machine.profile} --new" in line and "--allow-change train.learning_rate" in line
     assert not machine.started()
     run = registry.get(machine.run_id)
-    assert run.state == "preempted" and run.handle["overrides"] == RECORDED and "history" not in run.handle
+    assert run.state == "preempted" and run.handle.overrides == RECORDED and run.handle.history is None
 
 
 def test_resume_gives_the_machine_the_runs_config_with_the_new_cadence_on_top(machine):
@@ -119,8 +119,8 @@ def test_resume_gives_the_machine_the_runs_config_with_the_new_cadence_on_top(ma
     assert config["train"]["eval_steps"] == 4
     assert env["FOO"] == "bar" and "LAUNCH_ALLOW_CHANGE" not in env
     run = registry.get(machine.run_id)
-    assert run.handle["overrides"] == ["train.learning_rate=1e-3", "train.max_steps=16", "train.eval_steps=4"]
-    (entry,) = run.handle["history"]
+    assert run.handle.overrides == ["train.learning_rate=1e-3", "train.max_steps=16", "train.eval_steps=4"]
+    (entry,) = run.handle.history
     assert entry["event"] == "resume" and entry["set"] == ["train.max_steps=16", "train.eval_steps=4"]
     assert entry["changes"]["train.max_steps"] == [12, 16] and entry["allowed"] == []
     assert set(entry["changes"]) == {"train.max_steps", "train.eval_steps"}
@@ -133,7 +133,7 @@ def test_an_allowed_math_change_reaches_the_payload_and_is_recorded(machine):
     config, env = machine.received()
     assert config["train"]["learning_rate"] == 5e-4 and config["train"]["max_steps"] == 12
     assert env["LAUNCH_ALLOW_CHANGE"] == "train.learning_rate"  # the payload's own check lets it through
-    (entry,) = registry.get(machine.run_id).handle["history"]
+    (entry,) = registry.get(machine.run_id).handle.history
     assert entry["changes"] == {"train.learning_rate": [1e-3, 5e-4]} and entry["allowed"] == ["train.learning_rate"]
 
 
@@ -146,7 +146,7 @@ def test_resume_without_backend_options_continues_where_the_run_ran(machine):
     """No --backend (nor --host/--identity for ssh): the run's own backend and host, not the default."""
     if machine.kind == "ssh":  # the key is part of the run's record on a real run
         run = registry.get(machine.run_id)
-        registry.update(run.id, handle={**run.handle, "identity_file": str(machine.sshd.client_key)})
+        registry.update(run.id, handle={"identity_file": str(machine.sshd.client_key)})
     r = launch("up", machine.profile, "--resume", machine.run_id)
     assert r.exit_code == 0, r.output
     assert f"resumed {machine.run_id} ({machine.profile} on {machine.kind}" in r.output

@@ -186,7 +186,7 @@ def test_a_pod_gone_while_skypilot_says_running_stops_the_bill(sky, runpod, cloc
     pod = spot_pod(cluster_on_cloud())
     queue(sky)
     assert cost()["state"] == "running"  # seen listed: remembered with the run
-    assert registry.get(RUN_ID).handle["runpod_pods_seen"] == cluster_on_cloud()
+    assert registry.get(RUN_ID).handle.runpod_pods_seen == cluster_on_cloud()
     runpod.preempt(pod, "vanish")  # host lost: RunPod lists no pod of the job
     row = cost()
     assert row["state"] == "starting" and "RunPod lists no pod of cluster" in row["notice"], row

@@ -104,9 +104,9 @@ def test_sonia_cluster_volume_first_autostop_down_and_secrets_by_name_only(fake,
     assert fake.waited("launch") == [("stream_and_get", {"output_stream": None})]
 
     assert run.cluster == "sonia-h100-20260102-030405" and run.job_id == "7" and run.state == "starting"
-    assert run.handle["kind"] == "cluster"
-    assert run.handle["run_dir"] == "/workspace/runs/sonia-h100-20260102-030405"
-    assert run.handle["volume"]["zone"] == "US-CA-2" and run.handle["volume"]["key_prefix"] == "runs"
+    assert run.handle.kind == "cluster"
+    assert run.handle.run_dir == "/workspace/runs/sonia-h100-20260102-030405"
+    assert run.handle.volume["zone"] == "US-CA-2" and run.handle.volume["key_prefix"] == "runs"
 
     # Values only ever in memory: not in the rendered YAML, not in the registry.
     assert render.task_path("sonia-h100").read_text() == rendered and HF not in rendered
@@ -114,7 +114,7 @@ def test_sonia_cluster_volume_first_autostop_down_and_secrets_by_name_only(fake,
     db = registry.db_path().read_bytes() + b"".join(
         p.read_bytes() for p in registry.db_path().parent.glob("runs.db*"))
     assert HF.encode() not in db and WANDB.encode() not in db
-    assert registry.get(run.id).handle == json.loads(json.dumps(run.handle))
+    assert registry.get(run.id).handle.to_dict() == json.loads(json.dumps(run.handle.to_dict()))
 
 
 def test_lovecraft_spot_is_a_managed_job_with_recovery_on_the_volume(fake, monkeypatch):
@@ -143,8 +143,8 @@ def test_lovecraft_spot_is_a_managed_job_with_recovery_on_the_volume(fake, monke
     assert task.envs["LAUNCH_RUN_ID"] == "lovecraft-a100-spot-1"
     assert {k: v.get_secret_value() for k, v in task.secrets.items()} == {"HF_TOKEN": HF}
     assert task.managed_secret_refs == []
-    assert run.cluster is None and run.job_id == "3" and run.handle["kind"] == "managed_job"
-    assert run.handle["run_dir"] == "/workspace/runs/lovecraft-a100-spot-1"
+    assert run.cluster is None and run.job_id == "3" and run.handle.kind == "managed_job"
+    assert run.handle.run_dir == "/workspace/runs/lovecraft-a100-spot-1"
 
 
 def test_qwen_multi_node_cluster_ordered_infra_bucket_no_volume(fake):
@@ -160,8 +160,8 @@ def test_qwen_multi_node_cluster_ordered_infra_bucket_no_volume(fake):
     (store,) = task.storage_mounts.values()
     assert list(task.storage_mounts) == ["/checkpoints"] and store.name == "qwen3-32b-checkpoints"
     assert task.volumes == {} and task.secrets == {} and task.managed_secret_refs == []
-    assert run.handle["run_dir"] == "/checkpoints/runs/qwen3-32b-4x4-a100-1"
-    assert run.handle["bucket"]["name"] == "qwen3-32b-checkpoints" and run.handle["volume"] is None
+    assert run.handle.run_dir == "/checkpoints/runs/qwen3-32b-4x4-a100-1"
+    assert run.handle.bucket["name"] == "qwen3-32b-checkpoints" and run.handle.volume is None
 
 
 def test_existing_volume_is_reused_not_applied(fake):
@@ -169,7 +169,7 @@ def test_existing_volume_is_reused_not_applied(fake):
                                    "name_on_cloud": "sonia-workspace-ab12cd"}]
     run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-2"))
     assert "volumes.apply" not in fake.names() and "launch" in fake.names()
-    assert run.handle["volume"]["zone"] == "CA-MTL-1" and run.handle["volume"]["created"] is False
+    assert run.handle.volume["zone"] == "CA-MTL-1" and run.handle.volume["created"] is False
 
 
 def test_volume_in_another_region_than_the_profile_is_refused_before_launch(fake):
@@ -430,7 +430,7 @@ def test_down_gives_the_trainer_its_sigterm_checkpoint_before_the_cluster_goes(f
     fake.calls.clear()
     monkeypatch.setattr(sp.SkyPilotBackend, "_reported", lambda self, run, up: {"state": "training"})
     run = cluster_run()
-    run.handle["bucket"] = {"name": "b", "store": "azure", "mount": "/checkpoints", "mode": "MOUNT_CACHED"}
+    run.handle.bucket = {"name": "b", "store": "azure", "mount": "/checkpoints", "mode": "MOUNT_CACHED"}
     sp.SkyPilotBackend().down(run)  # the trainer never confirms: the wait is bounded
     assert fake.one("down")[2] == {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S}
 
@@ -735,7 +735,7 @@ def test_a_cluster_without_a_job_yet_is_starting_not_unreachable(fake):
     fake.results["status"] = [{"name": "r1", "status": ClusterStatus.UP}]
     fake.results["job_status"] = {None: None}  # what the server answers for job_ids=None and no job
     run = cluster_run()
-    run.handle["job_id"] = None  # detached while launching: no job id known
+    run.handle.job_id = None  # detached while launching: no job id known
     st = sp.SkyPilotBackend().status(run)
     assert st.state == "starting" and "not reachable" not in (st.reason or "") and st.billing is True
     sp.SkyPilotBackend().down(run)  # nothing to cancel, the cluster goes
@@ -771,14 +771,14 @@ def test_a_volume_skypilot_created_elsewhere_is_adopted_not_duplicated(fake, mon
     assert (volume.name, volume.zone, volume.use_existing) == (made, "EU-RO-1", True)
     (task,), _ = fake.one("launch")[1:]
     assert task.volumes == {"/workspace": made}
-    assert run.handle["volume"]["name"] == made and run.handle["volume"]["adopted"] is True
+    assert run.handle.volume["name"] == made and run.handle.volume["adopted"] is True
 
     # Next launch: SkyPilot knows it under that name, so it is reused as it is.
     fake.calls.clear()
     fake.results["volumes.ls"] = [{"name": made, "region": "RO", "zone": "EU-RO-1", "name_on_cloud": made}]
     run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-12"))
     assert "volumes.apply" not in fake.names() and fake.one("launch")[1][0].volumes == {"/workspace": made}
-    assert run.handle["volume"]["name"] == made
+    assert run.handle.volume["name"] == made
 
 
 def test_ssh_config_missing_here_is_written_from_the_cluster_handle(fake, tmp_path):

@@ -9,6 +9,7 @@ import json
 
 from launcher.backends.skypilot.backend import SkyPilotBackend
 from launcher.backends.skypilot.files import RunFiles
+from launcher.store.handle import Handle
 from launcher.store.registry import Run
 
 
@@ -26,7 +27,7 @@ def _site(tmp_path, sshd, monkeypatch):
     (run_dir / "outputs" / "model.safetensors").write_bytes(b"w" * 100)
     run = Run(id="r1", profile="p", backend="skypilot", state="stopped")
     run.cluster = "r1"
-    run.handle = {"kind": "cluster", "run_dir": str(run_dir), "slurm_login": "lab"}
+    run.handle = Handle(kind="cluster", run_dir=str(run_dir), slurm_login="lab")
     return run
 
 

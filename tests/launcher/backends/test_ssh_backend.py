@@ -107,7 +107,7 @@ def fake_run(sshd, env):
 
 
 def run_dir(run: Run) -> Path:
-    return Path(run.handle["run_dir"])
+    return Path(run.handle.run_dir)
 
 
 def release(run: Run) -> None:
@@ -186,23 +186,23 @@ def wait_for(predicate, timeout=60, what="condition"):
 def test_up_uploads_workdir_and_starts_detached(fake_run, sshd):
     backend, run = fake_run
     h = run.handle
-    assert run.state == "running" and h["host"] == sshd.host and h["identity_file"] == str(sshd.client_key)
-    workdir = Path(h["run_root"]) / "workdir"
+    assert run.state == "running" and h.host == sshd.host and h.identity_file == str(sshd.client_key)
+    workdir = Path(h.run_root) / "workdir"
     assert (workdir / "payload" / "layout.py").read_bytes() == (REPO_ROOT / "payload" / "layout.py").read_bytes()
     assert (workdir / "sky" / "config" / "fake.yaml").read_text() == "name: fake\n"
     assert not list(workdir.rglob("*.pyc"))  # caches stay home
-    up = h["upload"]
+    up = h.upload
     assert up["files_sent"] > 5 and up["bytes_sent"] > 1000 and up["files_removed"] == 0
-    assert h["volume"] == str(Path(h["remote_root"]) / "volume")
-    assert os.getpgid(h["pid"]) == h["pid"]  # its own process group: `down` signals all of it
-    node_sh = (Path(h["run_root"]) / "node.sh").read_text()
+    assert h.volume == str(Path(h.remote_root) / "volume")
+    assert os.getpgid(h.pid) == h.pid  # its own process group: `down` signals all of it
+    node_sh = (Path(h.run_root) / "node.sh").read_text()
     assert "export LAUNCH_LOCAL=1" in node_sh and f"export LAUNCH_RUN_ID={run.id}" in node_sh
-    assert f"export LAUNCH_VOLUME={h['volume']}" in node_sh and "SKYPILOT_NUM_GPUS_PER_NODE=0" in node_sh
+    assert f"export LAUNCH_VOLUME={h.volume}" in node_sh and "SKYPILOT_NUM_GPUS_PER_NODE=0" in node_sh
 
 
 def test_secret_reaches_the_process_but_no_command_line(fake_run):
     backend, run = fake_run
-    pid = run.handle["pid"]
+    pid = run.handle.pid
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"HF_TOKEN={SECRET}".encode() in environ
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -237,7 +237,7 @@ def test_logs_follow_survives_dropped_connection(fake_run, sshd):
     assert not follower.is_alive() and result == [0]
     assert sshd.log.read_text().count("Accepted publickey") > accepted_before
     text = out.text()
-    assert text == Path(run.handle["log"]).read_text()  # every byte once: no gap, no duplicate
+    assert text == Path(run.handle.log).read_text()  # every byte once: no gap, no duplicate
     steps = [int(line.split()[1]) for line in text.splitlines() if line.startswith("step ")]
     assert steps == list(range(1, len(steps) + 1)) and "café" in text and text.endswith("fake run done\n")
 
@@ -260,7 +260,7 @@ def test_completed_status_and_fetch_verified(fake_run, tmp_path):
     assert (tmp_path / "art" / "metrics.jsonl").read_bytes() == (run_dir(run) / layout.METRICS).read_bytes()
     assert not list((tmp_path / "art").rglob("*.part")) and not (tmp_path / "art" / ".incoming").exists()
     out = Collector()
-    assert backend.logs(run, False, out) == 0 and out.text() == Path(run.handle["log"]).read_text()
+    assert backend.logs(run, False, out) == 0 and out.text() == Path(run.handle.log).read_text()
     assert (tmp_path / "art" / "logs" / "run.log").read_text() == out.text()  # the log is in the run dir
 
 
@@ -268,7 +268,7 @@ def test_secret_never_written_anywhere(fake_run, env, sshd):
     backend, run = fake_run
     release(run)
     wait_state(backend, run, ("completed", "failed"))
-    log = Path(run.handle["log"]).read_text()
+    log = Path(run.handle.log).read_text()
     assert f"token sha256 {hashlib.sha256(SECRET.encode()).hexdigest()}" in log  # the run saw it
     scanned = assert_secret_absent(log, env["base"], Path(os.environ["LAUNCH_HOME"]), Path(os.environ["HOME"]),
                                    sshd.root)
@@ -287,7 +287,7 @@ def assert_secret_absent(text: str, *tops: Path) -> int:
 
 
 def test_second_run_uploads_incrementally_and_down_stops_it(fake_run, sshd, env):
-    first_workdir = Path(fake_run[1].handle["run_root"]) / "workdir"
+    first_workdir = Path(fake_run[1].handle.run_root) / "workdir"
     backend = make_backend(sshd, env)
     config_text = "name: fake\n# changed\n"
     spec = fake_spec(env, "fake-2", config_text=config_text)
@@ -296,10 +296,10 @@ def test_second_run_uploads_incrementally_and_down_stops_it(fake_run, sshd, env)
     try:
         # The new workdir is seeded from the newest one (hard links): only files that differ from it
         # travel: the changed config, plus any repo file edited since the first upload.
-        workdir = Path(run.handle["run_root"]) / "workdir"
+        workdir = Path(run.handle.run_root) / "workdir"
         new, old = _files(workdir), _files(first_workdir)
         sent = {rel for rel in new if rel not in old or new[rel].read_bytes() != old[rel].read_bytes()}
-        up = run.handle["upload"]
+        up = run.handle.upload
         assert "sky/config/fake.yaml" in sent and up["files_sent"] == len(sent)
         assert up["bytes_sent"] == sum(new[rel].stat().st_size for rel in sent)
         assert up["files_unchanged"] == len(new) - len(sent)
@@ -309,7 +309,7 @@ def test_second_run_uploads_incrementally_and_down_stops_it(fake_run, sshd, env)
         wait_for(lambda: (run_dir(run) / layout.STATUS).exists(), what="the second run to start")
         wait_for(lambda: len(tagged_pids(run.id)) >= 3, what="the detached child")
         backend.down(run, grace_s=5)
-        assert group_members(run.handle["pgid"]) == []  # a zombie leader waiting for its reaper is gone
+        assert group_members(run.handle.pgid) == []  # a zombie leader waiting for its reaper is gone
         assert tagged_pids(run.id) == []  # the detached child (new session) was stopped as well
         st = backend.status(run)
         assert st.state == "stopped"
@@ -332,15 +332,15 @@ def test_exit_codes_and_vanished_processes_map_to_states(sshd, env):
     st = wait_state(backend, failed, ("budget_exhausted", "failed", "completed"))
     assert st.state == "failed" and "exit code 7" in st.reason
     wait_for(lambda: len(tagged_pids(killed.id)) >= 2, what="the run to start")
-    os.killpg(killed.handle["pgid"], 9)  # what a host reboot does: no exit code recorded
+    os.killpg(killed.handle.pgid, 9)  # what a host reboot does: no exit code recorded
     st = wait_state(backend, killed, ("preempted", "failed", "completed"))
     assert st.state == "preempted" and "--resume" in st.reason
     # `launch up --resume`: same run, same place, a fresh driver; the log goes on after the old one.
     resumed = backend.up(fake_spec(env, killed.id, run=killed))
-    assert resumed.handle["run_root"] == killed.handle["run_root"]
+    assert resumed.handle.run_root == killed.handle.run_root
     release(resumed)
     assert wait_state(backend, resumed, ("preempted", "failed", "completed")).state == "completed"
-    assert Path(resumed.handle["log"]).read_text().count("launch: setup on node 0") == 2
+    assert Path(resumed.handle.log).read_text().count("launch: setup on node 0") == 2
     # Following it shows the new attempt (after a restart mark and the old one's last lines), not both.
     whole, followed = Collector(), Collector()
     assert backend.logs(resumed, False, whole) == 0 and backend.logs(resumed, True, followed) == 0
@@ -468,7 +468,7 @@ def test_local_demo_end_to_end_over_ssh(sshd, env, tmp_path):
                      checkpoints={"save_steps": 5, "keep_best": 1, "keep_recent": 2})
     backend = make_backend(sshd, env)
     run = backend.up(spec)
-    assert f"HF_TOKEN={SECRET}".encode() in Path(f"/proc/{run.handle['pid']}/environ").read_bytes()
+    assert f"HF_TOKEN={SECRET}".encode() in Path(f"/proc/{run.handle.pid}/environ").read_bytes()
     out = Collector()
     code = backend.logs(run, True, out)
     assert code == 0, out.text()[-3000:]
@@ -508,7 +508,7 @@ def test_preemption_and_down_leave_no_process_of_the_run(sshd, env, tmp_path):
     run = backend.up(demo_spec(tmp_path, "demo-kill", **train))
     try:
         wait_for(lambda: _training_step(run) >= 4, timeout=180, what="training to start")
-        os.killpg(run.handle["pgid"], 9)
+        os.killpg(run.handle.pgid, 9)
         wait_for(lambda: tagged_pids(run.id) == [], timeout=20, what="the torchrun worker to die with its agent")
         st = wait_state(backend, run, ("preempted", "failed", "completed"), timeout=30)  # once init reaped them
         assert st.state == "preempted" and "--resume" in st.reason
@@ -519,7 +519,7 @@ def test_preemption_and_down_leave_no_process_of_the_run(sshd, env, tmp_path):
         assert tagged_pids(run.id) == []
         st = backend.status(run)
         assert st.state == "stopped" and st.extra["payload_state"] == "stopped"
-        log = Path(run.handle["log"]).read_text()
+        log = Path(run.handle.log).read_text()
         assert log.count("launch: setup on node 0") == 2 and "took over this run's stale lease" in log
         assert "stopped by SIGTERM at step" in log
     finally:

@@ -76,7 +76,7 @@ def test_a_config_alias_with_its_identity_file_and_proxycommand(sshd, tmp_path):
     assert (tmp_path / "got" / "outputs/f.bin").read_bytes() == b"x" * 1000 and again.last_fetch["via"] == "rsync"
     done = system_ssh(again, run, "echo via-system-ssh")
     assert done.returncode == 0 and "via-system-ssh" in done.stdout, done.stderr
-    resumed = SSHBackend(host=run.handle["host"], known_hosts=str(kh))  # `up --resume`: the recorded host
+    resumed = SSHBackend(host=run.handle.host, known_hosts=str(kh))  # `up --resume`: the recorded host
     assert resumed._conn(run).target == t and resumed.probe(resumed._conn(run))["home"]
 
 
@@ -244,7 +244,7 @@ Host bastion
     (rd / "outputs").mkdir(parents=True)
     (rd / "outputs" / "w.bin").write_bytes(os.urandom(300_000))
     run = run_on(backend, "pod", rd)
-    assert [j["host"] for j in run.handle["ssh_route"]["jumps"]] == [f"{jump.user}@127.0.0.1:{jump.port}"]
+    assert [j["host"] for j in run.handle.ssh_route["jumps"]] == [f"{jump.user}@127.0.0.1:{jump.port}"]
     fetcher = SSHBackend()
     fetcher.copy_files(run, ["outputs/w.bin"], tmp_path / "got")
     assert (tmp_path / "got/outputs/w.bin").read_bytes() == (rd / "outputs/w.bin").read_bytes()
@@ -255,6 +255,6 @@ Host bastion
     with pytest.raises(BackendError, match=f"unknown host key for \\[127.0.0.1\\]:{jump.port}"):
         SSHBackend(host="pod", known_hosts=str(bad)).probe()
     stranger = SSHBackend()
-    run.handle["known_hosts"] = str(bad)
+    run.handle.known_hosts = str(bad)
     with pytest.raises(BackendError, match="host key"):
         stranger.copy_files(run, ["outputs/w.bin"], tmp_path / "got2")

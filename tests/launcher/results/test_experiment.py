@@ -46,7 +46,7 @@ def wait_done(run_id, timeout=240):
 
 
 def run_dir(run_id) -> Path:
-    return Path(registry.get(run_id).handle["run_dir"])
+    return Path(registry.get(run_id).handle.run_dir)
 
 
 def _processes(run_id):
@@ -71,7 +71,7 @@ def runs(tmp_path_factory):
         while not any((c / "COMPLETE").exists() for c in (rd / "checkpoints").glob("checkpoint-*")):
             assert time.time() < deadline, "no checkpoint appeared"
             time.sleep(0.2)
-        os.killpg(registry.get(a).handle["pgid"], signal.SIGKILL)  # the machine dies
+        os.killpg(registry.get(a).handle.pgid, signal.SIGKILL)  # the machine dies
         deadline = time.time() + 20
         while _processes(a):
             assert time.time() < deadline
@@ -111,9 +111,9 @@ def test_resume_keeps_the_runs_overrides_and_completes_at_its_max_steps(in_runs_
     (change,) = [json.loads(x) for x in (run_dir(a) / "config_history.jsonl").read_text().splitlines()]
     assert change["changes"] == {"train.max_steps": [12, 16]} and change["by"] == "payload"
     run = registry.get(a)
-    assert "train.learning_rate=1e-3" in run.handle["overrides"] and "train.max_steps=16" in run.handle["overrides"]
-    assert "train.max_steps=12" not in run.handle["overrides"]
-    start, resume = run.handle["history"]
+    assert "train.learning_rate=1e-3" in run.handle.overrides and "train.max_steps=16" in run.handle.overrides
+    assert "train.max_steps=12" not in run.handle.overrides
+    start, resume = run.handle.history
     assert start["event"] == "start" and "train.max_steps=12" in start["set"]
     assert resume["event"] == "resume" and resume["changes"] == {"train.max_steps": [12, 16]}
     assert resume["set"] == ["train.max_steps=16"] and resume["allowed"] == []
@@ -138,7 +138,7 @@ def test_status_shows_provenance_and_override_history(in_runs_home):
     out = seen["status"].output
     assert seen["status"].exit_code == 0, out
     flat = " ".join(out.split())
-    head = registry.get(a).handle["provenance"]["commit"][:12]
+    head = registry.get(a).handle.provenance["commit"][:12]
     assert f"code {head}" in flat and "launch 0.1.0" in flat
     assert "started with train.max_steps=12, train.learning_rate=1e-3" in flat
     assert "resumed: train.max_steps 12 -> 16" in flat

@@ -45,7 +45,8 @@ class FakeBackend:
     def up(self, spec):
         self.specs.append(spec)
         run = spec.run
-        run.cluster, run.handle = run.id, {**run.handle, "kind": "cluster", "cluster": run.id}
+        run.cluster = run.id
+        run.handle.update(kind="cluster", cluster=run.id)
         return run
 
 

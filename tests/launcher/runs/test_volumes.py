@@ -186,7 +186,7 @@ def test_an_existing_runpod_volume_is_adopted_by_name_not_created_again(fake, mo
     run = sp.SkyPilotBackend().up(spec_for("sonia-h100", "sonia-h100-4"))
     (volume,), _ = fake.one("volumes.apply")[1:]
     assert (volume.name, volume.use_existing, volume.region, volume.zone) == ("sonia-workspace", True, "RO", "EU-RO-1")
-    assert run.handle["volume"]["adopted"] and not run.handle["volume"]["created"]
+    assert run.handle.volume["adopted"] and not run.handle.volume["created"]
     assert seen == []  # adopted: no stock question asked
 
 
@@ -203,7 +203,7 @@ def test_a_new_volume_goes_where_the_gpus_are_in_stock(fake, monkeypatch):
     assert (volume.zone, volume.size) == ("EU-SE-1", "420")  # in stock beats "has S3 API"
     (url, auth, query), = seen
     assert 'id: "NVIDIA H100 80GB HBM3"' in query and 'gpuCount: 2, dataCenterId: "EU-SE-1"' in query
-    assert run.handle["volume"]["created"]
+    assert run.handle.volume["created"]
 
 
 def test_no_stock_anywhere_creates_nothing_and_launches_nothing(fake, monkeypatch):

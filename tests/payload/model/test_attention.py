@@ -110,7 +110,7 @@ def test_launch_status_says_which_attention_ran_and_why(capsys):
     run = Run(id="r1", profile="sonia-h100", backend="skypilot", started_at=1000.0, state="running",
               price_per_hour=6.58, budget_usd=40.0)
     said = "flex_attention: padding-free batch, flash-attn not installed: flex_attention skips the masked blocks"
-    run._remote = RemoteStatus.from_report("running", {"state": "training", "step": 3, "attention": said})
+    run.remote = RemoteStatus.from_report("running", {"state": "training", "step": 3, "attention": said})
     row = runs.status_row(run)
     assert row["attention"] == said
     experiment.print_differences(row)
