@@ -116,8 +116,9 @@ def in_repo():
 
 
 # `make test-quick` (-m "not slow"): the unit tests, for the inner loop. A test is slow when it runs whole
-# programs: a trainer, torchrun, the installed `launch`, an OpenSSH server (it uses the fixtures of
-# train_fixtures, stage_fixtures, walk, installed or sshd), or it says so itself (@pytest.mark.slow).
+# programs: a trainer, torchrun, the installed `launch`, an OpenSSH server (its module uses the fixtures of
+# train_fixtures, stage_fixtures, walk, installed or sshd, or the test asks for the `sshd` fixture), or it
+# says so itself (@pytest.mark.slow, with what it runs and how long it took in the census by duration).
 _WHOLE_RUNS = {"train_fixtures", "stage_fixtures", "walk", "installed", "sshd"}
 
 
@@ -137,5 +138,5 @@ def pytest_collection_modifyitems(config, items):
             continue
         if module.__name__ not in seen:
             seen[module.__name__] = _runs_whole_programs(module)
-        if seen[module.__name__]:
+        if seen[module.__name__] or "sshd" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)

@@ -85,6 +85,7 @@ def test_the_tool_environment_is_its_lock_with_the_click_skypilot_requires():
         REPO / "requirements" / "dev.lock")["skypilot"]
 
 
+@pytest.mark.slow  # 8 s: the sky CLI and launch in subprocesses
 def test_sky_help_and_launch_help(tmp_path):
     top = subprocess.run(["sky", "--help"], env=sky_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert top.returncode == 0, top.stderr
@@ -95,6 +96,7 @@ def test_sky_help_and_launch_help(tmp_path):
     assert "--dryrun" in launch.stdout and "--secret" in launch.stdout
 
 
+@pytest.mark.slow  # 5 s: the sky CLI in a subprocess
 def test_sky_launch_gets_past_its_options_to_the_api_server(tmp_path):
     """The bug itself, without a server: with click 8.2+ SkyPilot's CLI turns `--backend`'s default into
     False and raises before any request. Here it parses the task and asks the API server, which is

@@ -77,6 +77,7 @@ def test_a_failing_data_stage_exits_with_its_own_code(node):
     assert run_job(env, data_rc=EXIT_CONFIG).returncode == EXIT_CONFIG
 
 
+@pytest.mark.slow  # 3 s: payload processes retried
 def test_transient_failures_are_retried_only_while_training_progresses(node):
     env, run_dir = node
     codes = [run_job(env, torchrun_rc=1, status={"step": 7, "exit_code": EXIT_TRANSIENT}).returncode

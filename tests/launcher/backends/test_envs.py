@@ -102,6 +102,7 @@ def test_ssh_backend_passes_env_to_the_run(sshd, tmp_path):
         be.down(run, grace_s=2)
 
 
+@pytest.mark.slow  # 19 s: launch up through SkyPilot's SDK and optimizer
 def test_skypilot_up_with_set_and_env_renders_per_run_and_records_both(monkeypatch):
     from launcher.backends.skypilot import task as sp_backend  # where build_task looks it up
 

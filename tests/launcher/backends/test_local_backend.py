@@ -60,6 +60,7 @@ def started_id(result):
         result.output.split("resumed ")[1].split()[0]
 
 
+@pytest.mark.slow  # 53 s: two local runs, one killed and resumed
 def test_kill_and_resume_matches_uninterrupted_run():
     import torch
 
@@ -125,6 +126,7 @@ def wait_gone(run_id, timeout=20):
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # 19 s: a whole local run to its budget
 def test_budget_stop_is_budget_exhausted_end_to_end():
     # $1 a second against $6: the payload stops itself a few seconds into training, saves, exits 3
     # (torchrun turns that into 1; the payload's status.json says 3).
@@ -146,6 +148,7 @@ def test_budget_stop_is_budget_exhausted_end_to_end():
     assert json.loads(launch("status", rid, "--json").output)["state"] == "budget_exhausted"
 
 
+@pytest.mark.slow  # 20 s: a run on two local nodes (torchrun)
 def test_multi_node_task_runs_as_two_local_nodes(tmp_path, in_repo):
     csv_path = (in_repo / "qa.csv").relative_to(REPO)  # a run reads repo files only (profiles/boundary.py)
     rows = ["prompt,question,response"] + [
@@ -191,6 +194,7 @@ def test_the_first_node_that_fails_ends_the_others(tmp_path):
     assert (home / "node1.log").read_text() == "node 1 fails\n" and "went on" not in (home / "run.log").read_text()
 
 
+@pytest.mark.slow  # 11 s: a local run started and stopped
 def test_down_stops_every_process_of_the_run(monkeypatch, tmp_path):
     from launcher.backends.local import processes_of
 

@@ -300,6 +300,7 @@ def runpod_graphql(monkeypatch, answer):
     return seen
 
 
+@pytest.mark.slow  # 39 s: SkyPilot's optimizer in a child, several times
 def test_price_from_runpod_api_then_catalog_then_profile(monkeypatch):
     sonia = load_profile("sonia-h100")
     gpu = {"id": "NVIDIA H100 80GB HBM3", "securePrice": 2.99, "secureSpotPrice": 1.75,
@@ -834,6 +835,7 @@ def test_down_of_a_run_it_cannot_read_says_which_checkpoint_it_keeps(fake):
     assert "jobs.cancel" in fake.names()
 
 
+@pytest.mark.slow  # 8 s: SkyPilot's optimizer in a child
 def test_an_any_of_profile_prices_and_places_the_option_skypilot_takes(monkeypatch):
     """[H100:1, RTX4090:1]: SkyPilot's optimizer takes the cheaper RTX 4090, so the live price asks RunPod
     for the 4090 and a new volume goes where 4090s are, not where the first-listed H100 is."""

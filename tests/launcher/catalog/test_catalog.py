@@ -99,6 +99,7 @@ print(json.dumps({"choice": optimize(p).__dict__, "sky": "sky" in sys.modules,
 """
 
 
+@pytest.mark.slow  # 6 s: SkyPilot's optimizer in a child
 def test_the_optimizers_answer_is_kept_so_a_later_plan_imports_no_skypilot(tmp_path):
     """Issue 32 item 13: SkyPilot's import (~1.7 s) and optimizer (~0.9 s) were most of every `launch plan`.
     The answer is a function of the task, the snapshot and SkyPilot's version; a later process reuses it."""

@@ -207,6 +207,7 @@ def test_compare_lists_options_that_fit_ranked_by_total_dollars_at_80_columns():
         assert f"~${x['total_usd']:,.2f}" in r.output
 
 
+@pytest.mark.slow  # 14 s: a whole local-demo run
 def test_a_finished_local_demo_run_calibrates_plan_local_demo():
     """A real local-demo run (12 steps): its summary records tokens/s/GPU and phase durations, and
     `launch plan local-demo` then uses them: "calibrated from 1 run"."""

@@ -83,6 +83,7 @@ def test_local_up_dry_run_and_resume_read_and_validate_the_profile_once(monkeypa
     assert (reads, validations) == (1, 2), r.output
 
 
+@pytest.mark.slow  # 10 s: launch up through SkyPilot's SDK
 def test_skypilot_up_reads_and_validates_the_profile_once(monkeypatch):
     pytest.importorskip("sky")
     try:
@@ -97,6 +98,7 @@ def test_skypilot_up_reads_and_validates_the_profile_once(monkeypatch):
     assert (reads, validations) == (1, 1), r.output
 
 
+@pytest.mark.slow  # 9 s: SkyPilot's optimizer in a child
 def test_the_optimizers_child_neither_reads_nor_validates_the_profile():
     """`launch up`'s price and budget gate ask SkyPilot's optimizer in a child process
     (launcher/catalog/child.py): it gets the planning task on stdin, opens no profile and never

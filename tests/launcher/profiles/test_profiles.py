@@ -114,6 +114,7 @@ def test_unknown_profile_suggests_the_closest():
         load_profile("sonia-h10")
 
 
+@pytest.mark.slow  # 12 s: every profile rendered through SkyPilot's task parser
 def test_rendered_tasks_are_committed_and_fresh():
     assert stale(render_all(None, plan_price)) == []
 

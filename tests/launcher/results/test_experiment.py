@@ -97,6 +97,7 @@ def in_runs_home(runs, monkeypatch):
     return runs
 
 
+@pytest.mark.slow  # 41 s: a local run, then its resume
 def test_resume_keeps_the_runs_overrides_and_completes_at_its_max_steps(in_runs_home):
     a, _, seen, _ = in_runs_home
     assert seen["killed"]["state"] == "preempted"

@@ -94,6 +94,7 @@ def test_a_kept_part_that_is_not_the_machines_comes_again_whole(ssh_run, tmp_pat
     assert_home(dest, files)
 
 
+@pytest.mark.slow  # 3 s: a fetch over ssh
 def test_files_already_home_are_kept_not_fetched_again(ssh_run, tmp_path):
     backend, run, files = ssh_run
     dest = tmp_path / "art" / "r1"
@@ -143,6 +144,7 @@ def s3_run(tmp_path):
         server.close()
 
 
+@pytest.mark.slow  # 3 s: a fetch from an S3 server
 def test_s3_fetch_reads_in_ranges_and_goes_on_from_the_cut(s3_run, tmp_path):
     backend, v, files, log = s3_run
     run = Run(id="r1", profile="p", backend="skypilot", state="completed")
@@ -195,6 +197,7 @@ def test_local_fetch_goes_on_from_the_cut(tmp_path):
 # ------------------------------------------------------------------------------------ display
 
 
+@pytest.mark.slow  # 4 s: a fetch over ssh
 def test_terminal_shows_bytes_speed_and_time_left_and_a_pipe_one_line(ssh_run, tmp_path):
     from rich.console import Console
 

@@ -197,6 +197,7 @@ def test_unwritable_output_is_one_line(tmp_path):
                             f"free space on the volume holding {tmp_path / 'occupied'}")
 
 
+@pytest.mark.slow  # 3 s: the datasets library's loader
 def test_missing_hf_dataset_is_one_line(tmp_path, caplog):
     cfg = DataConfig.model_validate({"sources": [{"name": "hub", "hf_dataset": str(tmp_path / "absent")}]})
     with pytest.raises(PayloadError) as e:
@@ -431,6 +432,7 @@ def test_each_distinct_image_file_is_decoded_once(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ tokens and the cache
 
 
+@pytest.mark.slow  # 9 s: the payload's data stage in a subprocess
 def test_standalone_data_stage_applies_max_tokens_with_the_models_tokenizer(tmp_path):
     """`python -m payload data` (main without a tokenizer) loads the tiny model's tokenizer itself."""
     from payload.config import RunConfig

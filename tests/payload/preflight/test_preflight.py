@@ -114,6 +114,7 @@ def test_gradient_checkpointing_auto_decided_by_the_estimate():
     assert preflight.estimate_gpu_memory_gb(auto, None, 1)["gradient_checkpointing"] is True  # unknown GPU: on
 
 
+@pytest.mark.slow  # 8 s: models built from config
 def test_model_shapes_by_name_and_from_config():
     from payload.model.tiny import build_tiny_model, build_tiny_tokenizer
 
