@@ -143,14 +143,16 @@ def test_model_flops_and_gpu_peaks():
 
 
 def test_wheels_fill_only_what_is_missing_or_too_old(tmp_path):
-    for name in ("trl-1.16.0-py3-none-any.whl", "hjson-3.1.0-py3-none-any.whl",
+    # pynvml stands for a carried dependency this environment lacks (not in the dev lock; hjson was,
+    # until deepspeed brought it in)
+    for name in ("trl-1.16.0-py3-none-any.whl", "pynvml-12.0.0-py3-none-any.whl",
                  "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"):
         (tmp_path / (".whl-bnb" if name.startswith("bits") else ".whl")).mkdir(exist_ok=True)
         (tmp_path / (".whl-bnb" if name.startswith("bits") else ".whl") / name).write_bytes(b"")
     have = gpu_env.wheels(tmp_path)
-    assert set(have) == {"trl", "hjson", "bitsandbytes"}
+    assert set(have) == {"trl", "pynvml", "bitsandbytes"}
     picked = {p.name.split("-")[0] for p in gpu_env.to_install(gpu_env.wanted([]), have)}
-    assert picked == {"hjson", "bitsandbytes"}  # trl 1.16 installed here satisfies the minimum
+    assert picked == {"pynvml", "bitsandbytes"}  # trl 1.16 installed here satisfies the minimum
     picked = {p.name.split("-")[0] for p in gpu_env.to_install({"trl": "99"}, have)}
     assert "trl" in picked
     assert gpu_env.wanted([gpu_modes.mode("lora-bf16-vl")])["transformers"] == "5.18"
