@@ -83,8 +83,9 @@ chroot "$m" /usr/bin/env -i HOME=/root PATH=/root/.local/bin:/usr/local/bin:/usr
   # less llama-cpp-python (an sdist, built for this Python: minutes on 2 cores), which only the tests of the
   # GGUF export load, never a pod
   awk '"'"'/^[^ #]/ { skip = ($0 ~ /^llama-cpp-python==/) } !skip'"'"' /mnt/req/dev.lock >/tmp/payload.lock
-  UV_CACHE_DIR=/mnt/uvcache uv pip sync -q --python /opt/launch-payload-env/bin/python $TORCH_FLAGS /tmp/payload.lock
-  /opt/launch-payload-env/bin/python -c "import torch, transformers, peft, trl, datasets"
+  # (deepspeed, an sdist, builds as pure Python: its ops are compiled only when a run uses one)
+  DS_BUILD_OPS=0 UV_CACHE_DIR=/mnt/uvcache uv pip sync -q --python /opt/launch-payload-env/bin/python $TORCH_FLAGS /tmp/payload.lock
+  /opt/launch-payload-env/bin/python -c "import torch, transformers, peft, trl, datasets, deepspeed"
 '
 umount -R "$m"
 rm -f "$img/usr/sbin/policy-rc.d"

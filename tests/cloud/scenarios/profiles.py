@@ -114,14 +114,15 @@ def qa_csv(dest: Path, n: int = 64) -> list[str]:
 def qwen3_32b(data: Path, max_steps: int, save_steps: int) -> list[str]:
     """qwen3-32b-4x4-a100 (runbook 004) on the emulated Slurm site: its full fine-tune of a tiny Qwen3,
     on both nodes, 8 ranks per node (the 8 GRES GPUs SkyPilot schedules; torchrun's ranks on CPU), its
-    cluster.slurm as shipped but for /shared's layout. DeepSpeed is off: ZeRO-3 needs CUDA here, so the
-    job is plain DDP over gloo (what differs on GPUs: ZeRO-3's sharding, NCCL over InfiniBand)."""
+    cluster.slurm as shipped but for /shared's layout, and its DeepSpeed ZeRO-3 as shipped: on CPU it runs
+    on DeepSpeed's CPU accelerator, gloo between the 16 ranks, float32 (what differs on GPUs: bf16, NCCL
+    over InfiniBand, the speed)."""
     return [
         "--set", "cluster.infra=slurm/hpc",
         "--set", "model={name_or_path: tiny-qwen3, kind: causal_lm, dtype: float32, attn_implementation: auto, "
                  f"tiny: {{arch: qwen3, {TINY}}}}}",
         *qa_csv(data),
-        "--set", "train.deepspeed=null", "--set", "train.gradient_checkpointing=false",
+        "--set", "train.gradient_checkpointing=false",
         "--set", "train.per_device_batch_size=1", "--set", "train.gradient_accumulation_steps=1",
         "--set", "train.effective_batch_size=null", "--set", "train.max_seq_length=128",
         "--set", f"train.max_steps={max_steps}", "--set", "train.logging_steps=1",
