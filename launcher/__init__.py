@@ -13,6 +13,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "launcher": (),
     "errors": (),
     "doors": (),
+    "heavy": (),  # what is imported only inside functions, and why (tests/house/test_heavy_imports.py)
     "sky_internals": (),  # SkyPilot names outside its public SDK, each with where 0.14.1 defines it
     "project": (),  # where the user's project is, and what this install ships
     "term": (),

@@ -1,6 +1,7 @@
 """`launch`: fine-tune LLMs on rented GPUs from profiles in your project's clusters/.
 
-This module stays light (click only) so `launch --help` is fast; each command imports what it needs.
+`launch --help` loads this module and the command modules it registers, no more (launcher/heavy.py
+STARTUP): what a command needs beyond them it imports inside itself.
 
 One idea at ~450 lines: the command line's frame: the group and its global options (`--project`),
 the planning commands that are a few lines each, and the one place where an error, a Ctrl-C or a
@@ -16,10 +17,16 @@ import os
 import signal
 import sys
 import textwrap
+import threading
 
 import click
 
-from . import __version__
+from . import __version__, project
+from .errors import BackendError, StateError
+from .project import NoProject
+from launcher.term.ui import err_console, note
+from launcher.term.units import json_text
+from .trainenv import TrainEnvError
 
 # Fewer cyclic-GC passes while a command imports what it needs (a `plan` that counts tokens through TRL
 # imports torch and transformers: 3.1 -> 2.7 CPU-s); the payload's reason: payload/__main__.py.
@@ -44,8 +51,6 @@ class LaunchGroup(click.Group):
         except KeyboardInterrupt:  # Ctrl-C: what it stopped, and what goes on billing (not click's `Aborted!`)
             if os.environ.get("LAUNCH_DEBUG"):
                 raise
-            from launcher.term.ui import err_console, note
-
             e = sys.exc_info()[1]
             how = _how(e)
             mark, line = interrupted_line(ctx.invoked_subcommand, how, getattr(e, "run_id", None))
@@ -61,8 +66,6 @@ class LaunchGroup(click.Group):
             lines = user_error_lines(e)
             if lines is None:
                 raise
-            from launcher.term.ui import err_console, note
-
             for line in lines:  # error text carries user and remote text: printed literally, never as markup
                 note("[red]✗[/] ", line, out=err_console())
             ctx.exit(1)
@@ -175,10 +178,7 @@ def user_error_lines(e: Exception):
     from payload.config import ConfigError
     from payload.errors import PayloadError  # a payload step run here (eval, chat): its one line
 
-    from .errors import BackendError, StateError
     from .catalog import PlanError
-    from .project import NoProject
-    from .trainenv import TrainEnvError
     from launcher.store.registry import RegistryError, RunNotFound
 
     if isinstance(e, ConfigError):
@@ -237,7 +237,6 @@ def validate(profile, sets=()):
     from launcher.profiles.checks import load_checked
     from launcher.plan.estimate import MEMORY_FIX, memory_verdict
     from launcher.profiles.profile import ProfileError, resolve_profile_path
-    from launcher.term.ui import note
 
     p, data_files = load_checked(profile, tuple(sets))
     mem = memory_verdict(p)
@@ -271,7 +270,6 @@ def render(profiles, all_, check):
     from .catalog import plan_price
     from launcher.profiles.profile import profile_names
     from launcher.profiles.render import render_all, stale, write
-    from launcher.term.ui import note
 
     names = list(profiles) or (profile_names() if all_ or check else None)
     if not names:
@@ -309,7 +307,6 @@ def plan(profile, as_json, rehearse=False, compare=False, sets=()):
     from launcher.profiles.checks import resolve
     from launcher.plan.estimate import plan_profile
     from launcher.plan.show import print_plan
-    from launcher.term.ui import err_console
 
     r = resolve(profile, tuple(sets))  # planning costs nothing: missing data is a warning here
     if rehearse:  # the rehearsal's cuts on the file already read
@@ -323,8 +320,6 @@ def plan(profile, as_json, rehearse=False, compare=False, sets=()):
 
         print_compare(compare_options(p, result), as_json)
     elif as_json:
-        from launcher.term.units import json_text
-
         click.echo(json_text({**result.to_dict(), "data_problems": data_problems}))
     else:
         print_plan(p, result)
@@ -396,8 +391,6 @@ def _profile_names():
 
 def _source_names():
     """What `launch init --from` copies: the project's profiles and the shipped examples."""
-    from launcher import project
-
     return sorted({*_profile_names(), *project.example_names()})
 
 
@@ -427,8 +420,6 @@ EXIT_GRACE_S = 5.0
 def _bounded_exit(code) -> None:
     """Let the interpreter exit as usual, but for at most EXIT_GRACE_S (a daemon thread that outlives
     the joins and the atexit handlers, and ends the process if they still run)."""
-    import threading
-
     status = code if isinstance(code, int) else 0 if code is None else 1
 
     def flush():

@@ -11,8 +11,11 @@ import abc
 import shlex
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional, TextIO
+
+from payload.errors import EXIT_CRASH, EXIT_INTERRUPTED, state_for_exit
 
 from ..errors import BackendError
 from launcher.store.handle import Handle
@@ -268,8 +271,6 @@ def end_state(code: Optional[int], reported: Optional[dict], asked_to_stop: bool
     from the driver defers to the payload's own code). `asked_to_stop`: `launch down` stopped it.
     A SIGTERM nobody here asked for (143) is a preemption.
     """
-    from payload.errors import EXIT_CRASH, EXIT_INTERRUPTED, state_for_exit
-
     rs = reported or {}
     if code is None:
         if asked_to_stop:
@@ -302,8 +303,6 @@ def run_end(marker_mtime: Optional[float], reported: Optional[dict]) -> Optional
 
 def _epoch(stamp) -> Optional[float]:
     """Seconds since the epoch of the payload's `now_iso()` stamps (YYYY-mm-ddTHH:MM:SSZ)."""
-    from datetime import datetime, timezone
-
     try:
         return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
     except (TypeError, ValueError):

@@ -22,6 +22,8 @@ from payload import layout
 from payload.errors import END_STATES
 from payload.volume.stop_request import REQUEST
 
+from launcher.term.units import human_size
+
 FINAL_SAVE_TIMEOUT_S = 1800.0  # a ZeRO-3 save of a 32B model onto a network volume: minutes, not seconds
 POLL_S = 5.0
 UNREACHABLE_S = 120.0  # the machine not answering this long while asked: waiting on would see nothing
@@ -81,8 +83,6 @@ def left(be, run, saved: Optional[FinalSave]) -> Optional[str]:
     (checkpoint-71, 1.2 GB)`): the final one `request` got, else the newest complete one the run
     lists. None for a run that completed training (its adapter is the result), one without a
     complete checkpoint, or one whose machine does not answer."""
-    from launcher.term.units import human_size
-
     remote = run.remote
     if run.state == "completed" or (remote is not None and remote.state in ("unreachable", "unknown")):
         return None

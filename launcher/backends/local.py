@@ -32,12 +32,14 @@ from typing import Optional, TextIO
 from payload import layout
 from payload.volume.checksums import regular_files
 
+from launcher import trainenv
 from ..errors import BackendError
 from launcher.store.registry import Run
 from launcher.store.state import state_dir
 from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, mark_restart, run_end,
                    skipped_note)
 from .tasks import load_task, node_env, node_script, workdir_files
+from launcher.term.ui import err_console, literal
 
 DRIVER = (Path(__file__).resolve().parent / "sh" / "local_driver.sh").read_text()  # shellcheck reads it there
 
@@ -348,7 +350,4 @@ def _check_disk(path: Path, need_mb: int = 200) -> None:
 
 def _train_python() -> Path:
     """The Python the run's stages use (launcher/trainenv.py), told on the terminal when it is built."""
-    from launcher import trainenv
-    from launcher.term.ui import err_console, literal
-
     return trainenv.python(say=lambda line: err_console().print(literal("  ", line), soft_wrap=True))

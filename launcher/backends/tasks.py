@@ -14,6 +14,8 @@ from typing import Optional
 
 import yaml
 
+from launcher.profiles.uploads import upload_plan
+
 
 def load_task(task_yaml: Path) -> dict:
     with open(task_yaml) as f:
@@ -56,8 +58,5 @@ def export_lines(env: dict[str, str], skip: Optional[set[str]] = None) -> str:
 
 def workdir_files(profile, config_yaml: Path, config_rel: str) -> dict[str, Path]:
     """What is uploaded as the workdir (launcher/profiles/uploads.py: an allowlist of the payload's code, the
-    run's resolved config at the path the task's LAUNCH_CONFIG names, and the profile's data files).
-    Imported here: it loads the profile schema, which `status`, `logs` and `down` never need (~0.1 s)."""
-    from launcher.profiles.uploads import upload_plan
-
+    run's resolved config at the path the task's LAUNCH_CONFIG names, and the profile's data files)."""
     return upload_plan(profile, config_yaml, config_rel).files

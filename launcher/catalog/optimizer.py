@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
+import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
@@ -87,7 +91,6 @@ _OPTIMIZED: dict[str, dict] = {}
 
 @functools.cache
 def _snapshot_key() -> str:
-    import hashlib
     from importlib.metadata import version
 
     h = hashlib.sha256(version("skypilot").encode())
@@ -97,8 +100,6 @@ def _snapshot_key() -> str:
 
 
 def _answer_key(task: dict) -> str:
-    import hashlib
-
     text = json.dumps(task, sort_keys=True, default=str)
     return hashlib.sha256(f"{_snapshot_key()}\0{text}".encode()).hexdigest()[:32]
 
@@ -143,8 +144,6 @@ def _read_answers(path: Path) -> dict:
 
 def _write_answers(path: Path, key: str, answer: dict) -> None:
     """Add one answer (atomically: other launch processes may read or write beside this one)."""
-    import tempfile
-
     answers = {**_read_answers(path), key: answer}
     answers = dict(list(answers.items())[-CACHE_ENTRIES:])
     try:
@@ -197,9 +196,6 @@ def choice_apart(p) -> Choice:
     would start against them) nor ~/.sky. In this process only when it already is the offline
     planner. Once per profile per process: the price, an any_of pick and the budget gate share it.
     Raises PlanError with SkyPilot's reason (no instance fits), RuntimeError when the child failed."""
-    import subprocess
-    import sys
-
     key = p.model_dump_json()
     if key in _CHOICES:
         return _CHOICES[key]

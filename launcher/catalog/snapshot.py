@@ -21,8 +21,10 @@ import csv
 import datetime
 import functools
 import json
+import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -121,8 +123,6 @@ def import_sky_offline():
 
 @functools.cache
 def _import_sky_offline():
-    import sys
-
     rt = offline_runtime_dir()
     if "sky" not in sys.modules:
         os.environ["SKY_RUNTIME_DIR"] = str(rt)
@@ -133,8 +133,6 @@ def _import_sky_offline():
                         "fresh process (SkyPilot was already imported against ~/.sky)")
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
     install_snapshot(Path(os.environ.get("SKY_RUNTIME_DIR") or rt))
-    import logging
-
     import sky
 
     logging.getLogger("sky").setLevel(logging.ERROR)  # "kubernetes not enabled" etc. are expected offline

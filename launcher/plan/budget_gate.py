@@ -9,16 +9,17 @@ into the process that goes on to call the SDK (issue 32: that process could not 
 
 from __future__ import annotations
 
+import click
+
+from launcher.catalog import PlanError, choice_apart, fallback_choice
+from launcher.term.ui import err_console, note
+
 
 def confirm_over_budget(p, backend: str, interactive: bool) -> None:
     """Before `launch up` starts a run planned over its budget cap (`backend`: any): say so in red and
     ask (a script, with no terminal to ask on, gets the red line: the budget stop still ends the run at
     the cap)."""
-    import click
-
-    from launcher.catalog import PlanError
     from launcher.profiles.profile import ProfileError
-    from launcher.term.ui import err_console, note
 
     try:
         line = budget_note(p)
@@ -36,7 +37,6 @@ def confirm_over_budget(p, backend: str, interactive: bool) -> None:
 
 def budget_note(p):
     """The plan's over-budget line (None within the cap), as `launch plan PROFILE` prints it."""
-    from launcher.catalog import PlanError, choice_apart, fallback_choice
     from launcher.plan.estimate import local_choice, make_plan, with_accelerator
 
     if p.cluster.is_local:  # planned as `launch plan` plans it: this machine at the notional price

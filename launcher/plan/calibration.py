@@ -18,6 +18,7 @@ from typing import Optional
 from payload import layout
 
 from launcher.plan.speed import SPREAD, Throughput
+from launcher.store.registry import all_runs
 from launcher.store.state import state_dir
 
 
@@ -58,7 +59,6 @@ def read_summary(run) -> Optional[dict]:
 def measured_runs() -> list[Measured]:
     """Every completed run whose summary holds a measured tokens/s/GPU."""
     from launcher.profiles.profile import ProfileError, load_profile
-    from launcher.store.registry import all_runs
 
     out, accel = [], {}
     for run in all_runs():

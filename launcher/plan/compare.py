@@ -21,6 +21,8 @@ from typing import Optional
 from launcher.catalog import SNAPSHOT, Choice
 from launcher.plan.estimate import Plan, make_plan, memory_verdict
 from launcher.profiles.schema import Profile, total_gpus
+from launcher.term.tables import Column, print_table
+from launcher.term.ui import console, money
 
 CLOUD_DIRS = {"runpod": "RunPod", "azure": "Azure"}
 
@@ -122,9 +124,6 @@ def _plan_row(plan: Plan) -> dict:
 
 
 def columns():
-    from launcher.term.tables import Column
-    from launcher.term.ui import money
-
     def hours(r):
         return f"{r['hours']['low']:.1f}-{r['hours']['high']:.1f}"
 
@@ -145,9 +144,6 @@ def columns():
 
 
 def print_compare(result: dict, as_json: bool) -> None:
-    from launcher.term.tables import print_table
-    from launcher.term.ui import console
-
     title = f"{result['profile']}: options that fit in GPU memory, by total $ for this job"
     print_table(result["rows"], columns(), as_json, console=console(), json_value=result, title=title)
     if not as_json:

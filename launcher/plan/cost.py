@@ -20,7 +20,10 @@ honestly, what the checkpoint cadence costs, and the over-budget line (`launch u
 from __future__ import annotations
 
 import math
+import random
 from typing import Optional
+
+from launcher.term.units import hours, money  # money: sub-cent figures keep their digits, "$0.0042", never "$0.00"
 
 SCALES_WITH_TRAINING = ("training", "spot recoveries")
 TEST_SHARE_ASSUMED = 0.1
@@ -88,8 +91,6 @@ def over_budget(plan) -> Optional[str]:
     """One line when the planned cost (middle figure) exceeds the profile's own budget cap."""
     if not plan.budget_usd or plan.total_usd <= plan.budget_usd:
         return None
-    from launcher.term.units import money  # sub-cent figures keep their digits: "$0.0042", never "$0.00"
-
     usd = plan.ranges.get("usd", {}) if plan.ranges else {}
     rng = f" (range {money(usd['low'])}-{money(usd['high'])})" if usd else ""
     return (f"planned ~{money(plan.total_usd)}{rng} is over the budget cap {money(plan.budget_usd)}: the run stops "
@@ -99,8 +100,6 @@ def over_budget(plan) -> Optional[str]:
 
 def padding_share(lengths: list, batch: int, seed: int) -> float:
     """Share of padding in padded batches of `batch` records, in a seeded random order (the Trainer's)."""
-    import random
-
     order = list(lengths)
     random.Random(seed).shuffle(order)
     padded = sum(len(order[i:i + batch]) * max(order[i:i + batch]) for i in range(0, len(order), batch))
@@ -110,7 +109,6 @@ def padding_share(lengths: list, batch: int, seed: int) -> float:
 def packing_note(p, data, train_hours: float, price: float) -> Optional[str]:
     """One line: what `train.packing` would save for this profile, from the counted record lengths."""
     from launcher.profiles.schema import total_gpus
-    from launcher.term.units import hours, money
 
     t = p.train
     if t.packing:

@@ -25,7 +25,7 @@ from payload.model.memory import (
 )
 
 from launcher import project
-from launcher.catalog import Rental
+from launcher.catalog import SNAPSHOT_DATE, PlanError, Rental, fallback_choice, optimize, snapshot_warning
 from launcher.profiles.schema import Profile, slurm_price, total_gpus
 from launcher.profiles.render import profile_secrets
 from launcher.plan.storage import disk_needed_gb, storage_for
@@ -45,6 +45,7 @@ from launcher.plan.throughput import (
     model_size_b,
     slurm_link,
 )
+from launcher.profiles.data_count import estimate_from_files
 
 BYTES_PER_TOKEN = 4.0  # ~4 bytes of UTF-8 JSON per token for English chat data (documented guess)
 TIGHT_FRACTION = 0.9  # as the payload's preflight: above 90% of GPU memory "tight, may OOM"
@@ -115,8 +116,6 @@ def estimate_data(p: Profile) -> DataEstimate:
     records, nbytes = 0, 0.0
     paths = [_local_path(s.path) if s.path else None for s in p.data.sources]
     if all(paths):
-        from launcher.profiles.data_count import estimate_from_files
-
         counted = estimate_from_files(p, project.root())
         if counted is not None and counted.records:
             kept = counted.records - (0 if p.train.packing else counted.untrained)  # TRL drops them unpacked
@@ -349,8 +348,6 @@ def plan_profile(p: Profile, compare_layouts: bool = True, twin: bool = True) ->
         return make_plan(p, local_choice(p), None, "profile (notional local price)")
     if p.cluster.on_slurm:  # your own cluster: its price and network are the profile's (cluster.slurm)
         return make_plan(p, *slurm_choice(p))
-    from launcher.catalog import SNAPSHOT_DATE, PlanError, fallback_choice, optimize, snapshot_warning
-
     try:
         choice, source = optimize(p), f"catalog snapshot {SNAPSHOT_DATE}"
     except PlanError:
@@ -376,8 +373,6 @@ def with_accelerator(p: Profile, spec: str) -> Profile:
 def plan_any_of(p: Profile, compare_layouts: bool = True, twin: bool = True) -> Plan:
     """`any_of` accelerators: SkyPilot's optimizer picks among all options (the cheapest it can
     place); the plan is made for that choice and lists every option's price as the fallbacks."""
-    from launcher.catalog import PlanError, optimize
-
     rows = []
     for spec in p.cluster.accelerator_options:
         try:
@@ -400,8 +395,6 @@ def plan_any_of(p: Profile, compare_layouts: bool = True, twin: bool = True) -> 
 
 def layout_alternative(p: Profile) -> Optional[dict]:
     """The same GPUs arranged 4 or 8 per node (the other one): its instance, network, hours, dollars."""
-    from launcher.catalog import PlanError
-
     gpus, per_node = total_gpus(p), p.cluster.gpus_per_node
     other = next((n for n in (8, 4) if n != per_node and gpus % n == 0), None)
     if other is None or not p.cluster.accelerator_name:

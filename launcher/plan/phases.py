@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from launcher.plan import cost as plan_ranges
+from launcher.plan.calibration import measured_phases
 from launcher.plan.storage import checkpoint_gb, model_gb
 from launcher.plan.throughput import decode_steps_per_s, model_size_b
 from launcher.profiles.schema import Profile, total_gpus
@@ -101,8 +102,6 @@ MEASURED_PHASES = {"data": "data", "eval": "eval by generation", "merge": "merge
 
 def measured(p: Profile, steps: list[Phase]) -> list[Phase]:
     """Phases the user's finished runs of the same GPU, method and model measured (calibration.py)."""
-    from launcher.plan.calibration import measured_phases
-
     seen = measured_phases(p.cluster.accelerator_name, p.train.method, p.model.name_or_path)
     by_name = {MEASURED_PHASES[k]: v for k, v in seen.items() if k in MEASURED_PHASES}
     return [Phase(ph.name, round(by_name[ph.name] / 3600, 4), "measured in your runs (median)")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.term.tables import Column
+from launcher import project
+from launcher.store.state import StateError
+from launcher.term.tables import Column, print_table
 from launcher.term.ui import cell, console, esc, hints, note
 from launcher.term.units import hours, hours_column, money
 
@@ -133,7 +135,6 @@ def plan_warnings(plan) -> list[str]:
 
 def print_profiles(as_json: bool) -> None:
     from launcher.plan.estimate import plan_profile
-    from launcher.store.state import StateError
     from launcher.profiles.profile import ProfileError, load_profile, profile_names
 
     rows = []
@@ -152,10 +153,6 @@ def print_profiles(as_json: bool) -> None:
             raise
         except (ProfileError, Exception) as e:  # noqa: BLE001 - one broken profile must not hide the others
             rows.append({"profile": name, "error": str(e).splitlines()[0]})
-    from launcher.term.tables import print_table
-
-    from launcher import project
-
     if rows or as_json or project.find() is not None:
         print_table(rows, PROFILE_COLUMNS, as_json, console=console())
     for r in rows if not as_json else ():  # the error is a sentence with a path: whole, on a line of its own

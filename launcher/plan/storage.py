@@ -19,6 +19,8 @@ from typing import Optional
 
 from payload.model.memory import dims_from_name, lora_trainable_params
 
+from launcher.catalog import storage_price
+
 GB = 1e9
 PACKAGES_GB = 20.0
 MIN_DISK_GB = 50
@@ -66,8 +68,6 @@ def footprint_gb(p) -> dict[str, float]:
 
 def storage_for(p) -> list[Storage]:
     """The profile's volume and bucket with size and $/month (empty for local profiles)."""
-    from launcher.catalog import storage_price
-
     c, out = p.cluster, []
     needed = round(sum(footprint_gb(p).values()), 1)
     if c.volume:

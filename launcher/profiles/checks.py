@@ -17,6 +17,7 @@ file as written, the overrides, the profile, what the checks found) and hands th
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
@@ -24,6 +25,7 @@ from typing import Optional
 from payload.config import ConfigError
 
 from launcher import project
+from launcher.profiles.data_count import estimate_from_files
 from launcher.profiles.datahints import missing_file_hint
 from launcher.profiles.profile import ProfileError, ProfileFile, read_profile, validate
 from launcher.profiles.schema import Profile
@@ -202,8 +204,6 @@ def count_refusal(p: Profile) -> None:
     past the sample read above) is refused here, so no backend starts what `plan` refuses. Hub datasets
     are counted on the machine."""
     if p.data.sources and all(s.path and (project.root() / s.path).is_file() for s in p.data.sources):
-        from launcher.profiles.data_count import estimate_from_files
-
         estimate_from_files(p, project.root())
 
 
@@ -221,8 +221,6 @@ def record_report(file: ProfileFile, p: Profile, overrides: tuple[str, ...] = ()
     blocks = [(prefix, block) for prefix, block in blocks if not all(s.hf_dataset for s in block.sources)]
     if not blocks:  # hub datasets only: read on the machine (`launch data preview` says so)
         return [], []
-    import tempfile
-
     from payload.data.pipeline import SAMPLE_RECORDS, check_sample
 
     _, where = file.overridden(overrides)

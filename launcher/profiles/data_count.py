@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from payload.errors import PayloadError
+
 CHARS_PER_TOKEN = 4.0  # English text with a ~150k-token BPE (Qwen, Llama 3): ~4 characters per token
 CHAT_TOKENS_PER_MESSAGE = 5
 QWEN3_VL_MAX_PIXELS = 16_777_216
@@ -206,8 +208,6 @@ def _stamp(base_dir: Path, rel: Optional[str]) -> tuple:
 
 
 def _estimate_from_files(p, base_dir: Path) -> Optional[Counted]:
-    from payload.errors import PayloadError
-
     from launcher.profiles.profile import ProfileError
 
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from launcher import project
 from launcher.term.ui import console, err_console, literal, note
 
 
@@ -41,7 +42,6 @@ def preview(ctx, profile, sets, n):
     from payload.errors import PayloadError
 
     from launcher.profiles.checks import load_checked
-    from launcher import project
     from launcher.profiles.render import resolved_run_config
 
     p = load_checked(profile, overrides=tuple(sets))[0]

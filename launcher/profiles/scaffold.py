@@ -16,6 +16,9 @@ from pathlib import Path
 
 import click
 
+from launcher import project
+from launcher.term.ui import hints, note
+
 
 def profile_text(source_text: str, source: str, name: str) -> str:
     """The source profile's text for a profile called `name`: the top-level `name:` line (its comment
@@ -39,7 +42,6 @@ def profile_text(source_text: str, source: str, name: str) -> str:
 def source_path(source: str) -> tuple[Path, Path]:
     """(the source profile's file, the root its relative data paths are read from): a path or a profile
     of this project first, else a shipped example (its data lies in this install: payload/samples/)."""
-    from launcher import project
     from launcher.profiles import profile as profiles
 
     p = Path(source)
@@ -91,7 +93,6 @@ def init_profile(name: str, source: str) -> tuple[Path, list[str], list[str]]:
     next, the data files copied). Raises ProfileError."""
     from payload.config import ConfigError, check_name
 
-    from launcher import project
     from launcher.profiles import profile as profiles
 
     try:
@@ -140,8 +141,6 @@ def init(name, source):
 
     Example: launch init my-h100 --from sonia-h100
     """
-    from launcher.term.ui import hints, note
-
     dest, edits, copied = init_profile(name, source)
     try:
         shown = dest.relative_to(Path.cwd())

@@ -28,6 +28,9 @@ from typing import Optional
 
 from launcher import project
 from launcher.profiles.boundary import inside
+from launcher.store.state import state_dir
+from launcher.term.ui import console
+from launcher.term.units import human_size
 
 PAYLOAD_DIR = "payload"
 PAYLOAD_SUFFIXES = (".py", ".sh", ".txt", ".lock", ".jinja")
@@ -123,8 +126,6 @@ def stage_workdir(run_id: str, files: dict[str, Path]) -> Path:
     """A directory holding exactly `files` (hard links, or copies across filesystems) for SkyPilot to
     upload as the workdir. It must outlive the launch request (a local API server reads it while the
     request runs): `remove_staged` after the launch returns; stale ones go after a day."""
-    from launcher.store.state import state_dir
-
     base = state_dir() / "workdirs"
     base.mkdir(mode=0o700, exist_ok=True)
     for old in base.iterdir():
@@ -145,8 +146,6 @@ def stage_workdir(run_id: str, files: dict[str, Path]) -> Path:
 
 
 def remove_staged(run_id: str) -> None:
-    from launcher.store.state import state_dir
-
     shutil.rmtree(state_dir() / "workdirs" / run_id, ignore_errors=True)
 
 
@@ -157,9 +156,6 @@ def print_dry_run(p, backend: str, run_id: str, task_yaml: Path, config_yaml: Pa
     """What `launch up` would upload and start, without starting anything."""
     import yaml
     from rich.markup import escape
-
-    from launcher.term.units import human_size
-    from launcher.term.ui import console
 
     task = yaml.safe_load(Path(task_yaml).read_text())
     config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{Path(config_yaml).name}"

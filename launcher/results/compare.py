@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +33,10 @@ from launcher import project
 from payload import layout
 
 from launcher.errors import BackendError
-from launcher.term.units import number
+from launcher.runs.refresh import backend_for, current_row
+from launcher.term.tables import Column, print_table
+from launcher.term.ui import cell, console, duration, literal, note
+from launcher.term.units import money_row, number
 
 
 def _json(text: Optional[str]):
@@ -120,8 +124,6 @@ def _from_fetch(d: Path) -> tuple[dict, list[dict]]:
 
 def _live(run) -> tuple[dict, list[dict], str]:
     """(summary, records, where) read where the run runs (or ran: a local run dir stays)."""
-    from launcher.runs.refresh import backend_for
-
     try:
         be = backend_for(run)
         summary, metrics = be.read_run_file(run, layout.SUMMARY), be.read_run_file(run, layout.METRICS)
@@ -143,8 +145,6 @@ def _read(path: Path) -> Optional[str]:
 
 def run_row(run, dest: Path) -> dict:
     """One run's column: metrics from what it produced, cost from the registry (billed time)."""
-    from launcher.runs.refresh import current_row
-
     billed = current_row(run)
     run = billed.pop("_run")
     summary, records, source, note = produced(run, dest)
@@ -201,9 +201,6 @@ def _fmt(v) -> str:
 
 def table_rows(rows: list[dict], diff: dict) -> list[dict]:
     """Transposed: one table row per attribute, keyed by run id."""
-    from launcher.term.ui import duration
-    from launcher.term.units import money_row
-
     def line(name, f):
         return {"": name, **{r["id"]: f(r) for r in rows}}
 
@@ -228,8 +225,6 @@ def table_rows(rows: list[dict], diff: dict) -> list[dict]:
 
 @contextmanager
 def _matplotlib_home():
-    import os
-
     from launcher.store.state import state_dir
 
     before = os.environ.get("MPLCONFIGDIR")
@@ -264,8 +259,6 @@ def compare(run_ids, dest, plot_to, as_json):
     from payload.volume.observe import plot_overlay
 
     from launcher.store import registry
-    from launcher.term.tables import Column, print_table
-    from launcher.term.ui import cell, console, literal, note
 
     if len(set(run_ids)) < 2:
         raise click.BadParameter("name at least two different runs", param_hint="RUN")

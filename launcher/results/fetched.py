@@ -21,6 +21,11 @@ from typing import Optional
 import click
 
 from launcher import project, trainenv
+from launcher.errors import BackendError
+from launcher.runs.refresh import backend_for
+from launcher.term.tables import Column, print_table
+from launcher.term.ui import cell, console, err_console, note
+from launcher.term.units import human_size, json_text
 
 from payload import layout
 
@@ -28,8 +33,6 @@ DEST_HELP = "Where `launch down --fetch-artifacts` put the run's artifacts."
 
 
 def _say(line: str) -> None:
-    from launcher.term.ui import err_console, note
-
     note("  ", line, out=err_console())
 
 
@@ -65,8 +68,6 @@ def checkpoint_rows(run, dest: Path) -> tuple[list[dict], str]:
     elif listing.is_file():
         rows, source = _rows(listing.read_text()), str(listing)
     else:
-        from launcher.errors import BackendError
-
         raise BackendError(f"no checkpoint listing for {run.id}: {why or 'the run has none yet'}, and none "
                            f"fetched here ({listing}); fetch it with `launch down {run.id} --fetch-artifacts` "
                            "(or give --dest)")
@@ -86,9 +87,6 @@ def _live_index(run) -> tuple[Optional[list], Optional[str]]:
     """(rows, None) from the checkpoint index the payload rewrites at every save
     (payload/checkpoints.write_index), read where the run is by its backend (as `launch status`
     reads status.json); (None, why not) when it cannot be had there."""
-    from launcher.errors import BackendError
-    from launcher.runs.refresh import backend_for
-
     try:
         text = backend_for(run).read_run_file(run, layout.CHECKPOINT_LISTING)
     except BackendError as e:
@@ -108,9 +106,6 @@ def checkpoints(run_id, dest, as_json):
     Example: launch checkpoints well-log-ocr-spot-20261123-101500
     """
     from rich.text import Text
-
-    from launcher.term.tables import Column, print_table
-    from launcher.term.ui import cell, console
 
     run = _run(run_id)
     rows, source = checkpoint_rows(run, Path(dest))
@@ -132,8 +127,6 @@ def _fmt(v) -> str:
 
 
 def _size(n) -> str:
-    from launcher.term.units import human_size
-
     return human_size(int(n)) if isinstance(n, (int, float)) else "-"
 
 
@@ -163,8 +156,6 @@ def local_config(run, dest: Path):
 def _require_adapter(run, adapter: Path, fetched: bool) -> None:
     """One line naming the real fix when `adapter` is not there: fetch it, or (a run that ended
     before training finished: the adapter is written at its end) resume it or start a new one."""
-    from launcher.errors import BackendError
-
     if adapter.is_dir() and any(adapter.iterdir()):
         return
     if not fetched:
@@ -222,8 +213,6 @@ def eval_(run_id, split, dest, as_json):
     from payload.outputs import evaluate
     from payload.volume import observe
 
-    from launcher.term.ui import console, note
-
     run = _run(run_id)
     cfg, adapter, out = local_config(run, Path(dest))
     out.mkdir(parents=True, exist_ok=True)  # a --dest it cannot write: said before the model loads and scores
@@ -232,8 +221,6 @@ def eval_(run_id, split, dest, as_json):
     with console().status(f"evaluating {run.id} on {split or 'the final split'}..."), _base_model_reach(cfg.model):
         result = evaluate.main(cfg, split, str(adapter), out_dir=out)
     if as_json:
-        from launcher.term.units import json_text
-
         click.echo(json_text(result))
         return
     scores = ", ".join(f"{k} {result[k]:.4f}" for k in ("cer", "wer", "exact_match") if result.get(k) is not None)
@@ -256,8 +243,6 @@ def chat(run_id, prompt, image, max_new_tokens, dest):
     """
     from payload.outputs import infer
     from payload.volume import observe
-
-    from launcher.term.ui import console
 
     run = _run(run_id)
     cfg, adapter, _ = local_config(run, Path(dest))
@@ -282,8 +267,6 @@ def _base_model_reach(model):
     fix (transformers says so with a bare OSError, the Hub with its own errors), not a traceback."""
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    from launcher.errors import BackendError
-
     try:
         yield
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as e:
@@ -298,8 +281,6 @@ def _base_model_reach(model):
 def _check_image(model, image: str) -> None:
     """`--image` only for a model that sees images (a text model's chat template drops it without a
     word), and only a file PIL can open."""
-    from launcher.errors import BackendError
-
     if model.kind != "image_text_to_text":
         raise BackendError(f"--image: {model.name_or_path} is a text-only model (model.kind {model.kind}): it "
                            "would answer without seeing the image; drop --image")

@@ -14,12 +14,13 @@ import sys
 
 import click
 
+from launcher.errors import BackendError
+from launcher.runs.refresh import backend_for
+
 
 def run_access(run_id, command) -> int:
     """Start the backend's access process for the run (the terminal stays the user's); its exit code."""
     from launcher.store import registry
-    from launcher.errors import BackendError
-    from launcher.runs.refresh import backend_for
 
     run = registry.get(run_id)
     access = backend_for(run).access(run, command, tty=sys.stdin.isatty())

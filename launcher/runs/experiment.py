@@ -20,9 +20,13 @@ from typing import Optional
 
 from payload.config import resume as runconfig
 
-from launcher import __version__
+from launcher import __version__, project
 from launcher.errors import BackendError
+from launcher.profiles.uploads import repo_relative
+from launcher.store import registry
 from launcher.store.handle import Handle
+from launcher.store.state import private_dir, state_dir, write_private
+from launcher.term.ui import console, literal, note
 
 PAYLOAD_LOCK = "payload/requirements-gpu.lock"
 
@@ -32,8 +36,6 @@ PAYLOAD_LOCK = "payload/requirements-gpu.lock"
 
 def resume_target(profile_name: str, resume: str):
     """The run `--resume [RUN]` names (`latest`: the profile's newest run)."""
-    from launcher.store import registry
-
     if resume != "latest":
         return registry.get(resume)
     candidates = [r for r in registry.all_runs() if r.profile == profile_name]
@@ -138,8 +140,6 @@ def allow_env(allow: tuple) -> dict:
 
 def _git(*args: str) -> Optional[str]:
     """git in the project (the user's repository, when the project is one), or None."""
-    from launcher import project
-
     try:
         done = subprocess.run(["git", "-C", str(project.root()), *args], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
@@ -157,10 +157,6 @@ def _sha256(path: Path) -> Optional[str]:
 def provenance(resolved, run_id: str) -> dict:
     """What produced the run: code (commit, dirty + stored diff), profile (the bytes `launch up` read,
     launcher/profiles/checks.py ResolvedProfile), payload lock, data, version."""
-    from launcher import project
-    from launcher.store.state import private_dir, state_dir, write_private
-    from launcher.profiles.uploads import repo_relative
-
     commit = (_git("rev-parse", "HEAD") or "").strip() or None
     changed = (_git("status", "--porcelain") or "").splitlines() if commit else []
     dirty = bool(changed) if commit else None
@@ -239,8 +235,6 @@ def print_differences(row: dict) -> None:
     """Under `launch status RUN`'s table: the payload's budget warning, the attention kernel it loaded
     and why, the records its trainer dropped, then one line per way the run differs from its profile
     (`--set` overrides, `--env` additions), what produced it, its history."""
-    from launcher.term.ui import console, literal, note
-
     if row.get("budget_warning"):
         note("[yellow]![/] ", row["budget_warning"])
     if row.get("attention"):

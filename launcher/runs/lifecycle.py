@@ -10,7 +10,9 @@ import time
 import click
 
 from launcher.runs.refresh import backend_for, refresh, refreshed, status_row
-from launcher.runs.teardown import say_others_live
+from launcher.runs.teardown import ask_final_checkpoint, say_others_live
+from launcher.term.tables import Column, print_table
+from launcher.term.ui import console, duration, err_console, esc, money, note, print_status
 
 # ----------------------------------------------------------------------------------- logs
 
@@ -56,8 +58,6 @@ def follow_run(run, progress: bool, tail=None):
     else:
         _progress(run)
     run = refresh(run)
-    from launcher.term.ui import note
-
     mark = "[green]✓[/] " if run.state == "completed" else "[yellow]![/] "
     note(mark, f"{run.id}: {run.state}" + (f" ({run.reason})" if run.reason else ""))
     if run.state != "completed":
@@ -66,8 +66,6 @@ def follow_run(run, progress: bool, tail=None):
 
 def _progress(run):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from launcher.term.ui import console, esc
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console()) as bar:
@@ -100,14 +98,11 @@ def status(run_id, all_, as_json):
     Example: launch status --json
     """
     from launcher.store import registry
-    from launcher.term.ui import print_status
 
     if not run_id and not registry.all_runs():  # no runs yet: said, not an error, as with --all
         if as_json:  # one type with or without runs: the latest run's object ({}: none), --all's list
             click.echo("[]" if all_ else "{}")
             return
-        from launcher.term.ui import note
-
         note("", "no runs yet: start one with `launch up PROFILE` (`launch profiles` lists them)")
         return
     runs = registry.all_runs() if all_ and not run_id else [registry.get(run_id)]
@@ -124,7 +119,6 @@ def status(run_id, all_, as_json):
         say_notices(rows)
     if not as_json and all_:  # one line per run whose trainer dropped records (`status RUN` says the rest)
         from launcher.runs.experiment import dropped_line
-        from launcher.term.ui import note
 
         for row in (r for r in rows if r.get("dropped_reason")):
             note("[yellow]![/] ", f"{row['id']}: {dropped_line(row)}")
@@ -147,7 +141,6 @@ def _budget_teardown(run, spent: float) -> bool:
     """_stop_for_budget under the run's claim; a run another command acts on (a `down` of it already,
     launcher/store/claims.py) is left to it, said on stderr."""
     from launcher.store import claims, registry
-    from launcher.term.ui import err_console, note
 
     try:
         with claims.of_run(run.id):
@@ -167,9 +160,7 @@ def _stop_for_budget(run, spent: float) -> bool:
     the work would be lost and asks (a script gets a warning: the payload stops itself, with a
     checkpoint, when its own count reaches the budget). Returns whether it was torn down."""
     from launcher.backends import final_save
-    from launcher.runs.teardown import ask_final_checkpoint
     from launcher.store import registry
-    from launcher.term.ui import duration, err_console, money, note
 
     be, st = backend_for(run), run.remote
     extra = st.extra if st else {}
@@ -224,8 +215,6 @@ def cost(as_json):
     Example: launch cost
     """
     from launcher.store import registry
-    from launcher.term.tables import Column, print_table
-    from launcher.term.ui import console, duration, money
 
     rows = [status_row(refreshed(r)) for r in registry.all_runs()]
     total = round(sum(r["cost_usd"] for r in rows), 6)
@@ -243,7 +232,5 @@ def cost(as_json):
 
 def say_notices(rows: list[dict]) -> None:
     """A `!` line per run whose backend has something its state does not say (RemoteStatus.notice)."""
-    from launcher.term.ui import note
-
     for row in (r for r in rows if r.get("notice")):
         note("[yellow]![/] ", f"{row['id']}: {row['notice']}")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import time
 
+from launcher.errors import BackendError
 from launcher.runs.refresh import refresh
+from launcher.term.ui import note
 
 
 def claim(held, written, *, resume, force_new: bool, dry_run: bool):
@@ -17,7 +19,6 @@ def claim(held, written, *, resume, force_new: bool, dry_run: bool):
     run for good, and no second `up` checks for an active run meanwhile. A resume claims its run too
     before it reads the record (a `down` of it may hold it without the profile's). `--new` asks for a
     run of its own and checks no other, so it claims none; a dry run starts nothing and claims nothing."""
-    from launcher.errors import BackendError
     from launcher.profiles.profile import validate
     from launcher.runs import experiment
     from launcher.store import claims, registry
@@ -45,8 +46,6 @@ def claim(held, written, *, resume, force_new: bool, dry_run: bool):
 def resume_place(prior, backend, host, identity_file):
     """A resume continues where the run ran: its backend, and for ssh its host and key, unless given.
     Another backend would start it over on a machine that has none of its checkpoints: refused."""
-    from launcher.errors import BackendError
-
     if backend is not None and backend != prior.backend:
         raise BackendError(f"--resume {prior.id}: the run ran on the {prior.backend} backend and its checkpoints are "
                            f"there; drop --backend {backend}, or start a fresh run with --new")
@@ -59,7 +58,6 @@ def pick_run(p, backend: str, *, prior, force_new: bool, rehearse: bool, reserve
     """(run, resuming): `prior`, the run a resume continues (found by `claim`), once it may resume, or
     a new Run, refused beside an active run of the profile unless `--new` (`force_new`) asked for a
     second one. A dry run (`reserve` False) names the id the run would get without reserving it."""
-    from launcher.errors import BackendError
     from launcher.runs.experiment import profile_arg
     from launcher.store import registry
 
@@ -89,8 +87,6 @@ def pick_run(p, backend: str, *, prior, force_new: bool, rehearse: bool, reserve
     if not force_new and not rehearse:  # a fresh run by choice needs no word about the last one
         latest = next((r for r in registry.all_runs() if r.profile == p.name), None)
         if latest is not None and refresh(latest).state in ("preempted", "failed", "stopped", "budget_exhausted"):
-            from launcher.term.ui import note
-
             note("[yellow]![/] ", f"last run {latest.id} ended {latest.state}; starting a new "
                  f"one (continue it instead with `launch up {profile_arg(latest)} --resume "
                  f"{latest.id}`)")

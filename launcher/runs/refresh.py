@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from launcher.term.units import number
+
 
 def backend_for(run):
     from launcher.backends import get_backend
@@ -45,8 +47,6 @@ def remember(run, report: dict):
 def _seen(report) -> dict:
     """The step, loss, training cost and stage of a status.json (or as recorded), each a number or None;
     {}: no step."""
-    from launcher.term.units import number
-
     if not isinstance(report, dict) or number(report.get("step")) is None:
         return {}
     seen = {k: number(report.get(k)) for k in LAST_SEEN}

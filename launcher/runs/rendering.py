@@ -6,6 +6,8 @@ these in that order).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 
@@ -60,9 +62,6 @@ def show_dry_run(p, run, backend: str, price_source: str, per_run: bool = False)
     file, said whether that is up to date; otherwise, or with --set overrides, a per-run copy) into a
     temp dir that is removed (a dry run writes nothing), parsed by SkyPilot for the skypilot backend,
     and the upload list."""
-    import shutil
-    import tempfile
-
     import yaml
 
     from launcher.profiles.render import render_text, task_path

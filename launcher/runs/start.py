@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Optional
 
 import click
 
+from launcher import trainenv
+from launcher.errors import BackendError
 from launcher.runs import pick
 from launcher.runs.lifecycle import follow_run, interactive
 from launcher.runs.rendering import price_for, render_for_run, renders_per_run, show_dry_run
+from launcher.term.ui import console, err_console, esc, hints, money, note
 
 SECRET_NAMES = ("HF_TOKEN", "WANDB_API_KEY")
 
@@ -127,10 +131,6 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
 
     Example: launch up local-demo --follow
     """
-    from contextlib import ExitStack
-
-    from launcher.term.ui import hints
-
     req = UpRequest(profile=profile, backend=backend, host=host, identity_file=identity_file,
                     accept_new_host_key=accept_new_host_key, resume=resume, force_new=force_new, nodes=nodes,
                     sets=tuple(sets), env_items=tuple(env_items), dry_run=dry_run, rehearse=rehearse,
@@ -179,7 +179,6 @@ def _up(held, recorded: list, req: UpRequest):
 def _env_of(req: UpRequest) -> dict[str, str]:
     """The command's own options, refused before anything is read: `--allow-change` only with
     `--resume` (a new run takes any config); the `--env` items as a dict."""
-    from launcher.errors import BackendError
     from launcher.profiles.schema import parse_env_items
 
     if req.allow and not req.resume:
@@ -196,7 +195,6 @@ def _resolve(req: UpRequest, written, env: dict, prior=None) -> Config:
     anything starts or bills. A resume (`prior`) keeps the run's config: its recorded --set and --env,
     this command's on top, and its backend and host. A rehearsal's cuts are overrides too, allowed on
     every backend (launcher/runs/rehearse.py), computed from the checked profile and checked again."""
-    from launcher.errors import BackendError
     from launcher.profiles.checks import checked
     from launcher.runs import experiment
 
@@ -221,8 +219,6 @@ def _place(req: UpRequest, config: Config) -> str:
     """The backend the run starts on (default: local for `infra: local` profiles, skypilot otherwise),
     and what it needs here, refused or built before a run is picked: an ssh host, the local training
     stack, a cloud's credentials (said now, before seconds of planning and an API server)."""
-    from launcher.errors import BackendError
-
     p = config.profile
     backend = config.backend or ("local" if p.cluster.is_local else "skypilot")
     if backend == "ssh" and not config.host:
@@ -243,9 +239,6 @@ def _place(req: UpRequest, config: Config) -> str:
 def _require_training_extras():
     """The local backend trains with the training stack: this Python's, or the environment launch builds
     once (launcher/trainenv.py), built here, before anything is claimed or started, and said while it is."""
-    from launcher import trainenv
-    from launcher.term.ui import err_console, note
-
     trainenv.python(say=lambda line: note("  ", line, out=err_console()))
 
 
@@ -327,7 +320,6 @@ def _record_starting(config: Config, plan: Plan, recorded: list):
 def _provenance(resolved, run_id: str):
     """experiment.provenance, or None with a `!` line when it cannot be taken (a full disk, git failing)."""
     from launcher.runs import experiment
-    from launcher.term.ui import note
 
     try:
         return experiment.provenance(resolved, run_id)
@@ -341,7 +333,6 @@ def _start(be, spec, backend: str, before):
     record stays as it is, `starting`: the run may be running (launcher/cli.py names it). A start that
     failed started nothing: a new run's record goes, a resume's is put back as it was."""
     from launcher.store import registry
-    from launcher.term.ui import console, esc
 
     run = spec.run
     try:
@@ -362,8 +353,6 @@ def _start(be, spec, backend: str, before):
 def _say_started(spec, backend: str) -> None:
     """The `✓` line: started or resumed, where, at what price, within what budget (and for a resume
     what it has spent so far)."""
-    from launcher.term.ui import money, note
-
     run, p = spec.run, spec.profile
     verb = "resumed" if spec.resume else "started"
     spent = f", {money(run.billed()[1])} spent so far" if spec.resume else ""

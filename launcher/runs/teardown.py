@@ -10,8 +10,14 @@ from pathlib import Path
 
 import click
 
+from payload import layout
+
 from launcher import project
+from launcher.errors import BackendError
 from launcher.runs.refresh import backend_for, refresh, remember
+from launcher.runs.volumes import still_billing_lines
+from launcher.term.ui import console, duration, hints, money, note
+from launcher.term.units import human_size, number
 
 @click.command()
 @click.argument("run_id", required=False)
@@ -44,7 +50,6 @@ def down(run_id, fetch_artifacts, merged, dest, forget):
 
 def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, forget: bool) -> None:
     from launcher.store import registry
-    from launcher.term.ui import console, hints, note
 
     run = refresh(registry.get(run_id))  # as recorded now, under its claim
     be = backend_for(run)
@@ -72,8 +77,6 @@ def _down(asked, run_id: str, fetch_artifacts: bool, merged: bool, dest: str, fo
     if run.active:
         run = registry.update(run.id, ended_at=time.time(), **ended_by_down(said))
     note("[green]✓[/] ", f"{run.id} is down ({run.state})")
-    from launcher.runs.volumes import still_billing_lines
-
     stores = [h["name"] for h in (run.handle.volume, run.handle.bucket) if isinstance(h, dict) and h.get("name")]
     if left and not stores and run.backend != "skypilot":  # on the machine's own disk: local, or the ssh host
         where = run.handle.run_dir or "the run's directory"
@@ -107,7 +110,6 @@ def ask_final_checkpoint(be, run, timeout_s=None, out=None, by="launch down", re
     and keep its last step. None: no trainer is training. `down` and status's budget teardown (which
     has read the run's status.json to decide, and passes it on as `report`)."""
     from launcher.backends import final_save
-    from launcher.term.ui import console, note
 
     out = out or console()  # status's budget teardown says it on stderr: `status --json` stays JSON
     with out.status(f"asking {run.id}'s trainer for a final checkpoint..."):
@@ -122,7 +124,6 @@ def say_others_live(asked, shown: str, command) -> None:
     """Not `asked` a RUN, status/down take the latest: say each other live run, billing behind a newer one
     (as recorded: asking each machine would make `down` wait on hosts that may not answer)."""
     from launcher.store import registry
-    from launcher.term.ui import note
 
     for other in (r for r in registry.all_runs() if r.active and r.id != shown and not asked):
         note("[yellow]![/] ", f"{other.id} was {other.state} when last seen and may be billing "
@@ -133,9 +134,7 @@ def _forget(run, forget: bool, why: str) -> None:
     """A live run whose machine does not answer (`why`): refused, naming --forget (it may still run and
     bill there), or, with --forget, ended in the registry only (registry.forget), with a warning that
     nothing was confirmed."""
-    from launcher.errors import BackendError
     from launcher.store import registry
-    from launcher.term.ui import duration, money, note
 
     seen = f"{run.state} when last seen"
     if not forget:
@@ -161,11 +160,9 @@ def _await_end(be, run, saved):
     its last word: after a final checkpoint, until its script exits; after finished training, until
     `post` has written the summary and MANIFEST. A trainer still training (its final save failed or
     was not asked for) is not waited for: the fetch takes what exists, and a line says why."""
-    from payload import layout
     from payload.errors import END_STATES
 
     from launcher.backends.final_save import status_json
-    from launcher.term.ui import console, note
 
     if not run.active or (saved is not None and not saved.saved):
         return run
@@ -195,9 +192,6 @@ def _stop(be, run, forget: bool) -> bool:
     """The backend's teardown. A run that had ended whose machine cannot be reached any more is down
     here all the same: nothing of it runs there, and its bill closed when it ended. A live one is
     refused, or with --forget ended here only (True: nothing more to say)."""
-    from launcher.errors import BackendError
-    from launcher.term.ui import note
-
     try:
         be.down(run)
     except BackendError as e:
@@ -216,10 +210,6 @@ def _fetch(be, run, target: Path, merged: bool):
     from rich.markup import escape
 
     from launcher.store.artifacts import fetch
-    from launcher.term.units import human_size
-    from launcher.errors import BackendError
-    from launcher.term.ui import console
-
     from launcher.term.transfer import TransferView
 
     retry = f"retry `launch down {run.id} --fetch-artifacts` (it goes on from what arrived), or tear down " \
@@ -249,11 +239,6 @@ def _fetch(be, run, target: Path, merged: bool):
 
 def print_summary(run, target: Path) -> None:
     """The run in four lines, and what its artifacts directory holds (the artifact layout's names)."""
-    from payload import layout
-
-    from launcher.term.ui import console, duration, money, note
-    from launcher.term.units import number
-
     try:
         s = json.loads((target / "training_summary.json").read_text())
     except (OSError, ValueError):

@@ -22,6 +22,10 @@ from typing import Optional
 
 import click
 
+from launcher.errors import BackendError
+from launcher.term.tables import Column, print_table
+from launcher.term.ui import console, money, note, note as note_line  # note_line where `note` is an argument
+
 
 @dataclass
 class Stored:
@@ -204,9 +208,6 @@ def _last_run(r: "Stored") -> str:
 
 
 def _columns():
-    from launcher.term.tables import Column
-    from launcher.term.ui import money
-
     def size(r):
         return "unknown" if r["size_gb"] is None else f"{'~' if r['size_estimated'] else ''}{r['size_gb']:,.0f} GB"
 
@@ -224,9 +225,6 @@ def _columns():
 
 
 def print_rows(rows: list[Stored], note: Optional[str], as_json: bool = False) -> None:
-    from launcher.term.tables import print_table
-    from launcher.term.ui import console, money, note as note_line
-
     total = round(sum(r.usd_per_month or 0.0 for r in rows), 2)
     dicts = [r.to_dict() for r in rows]
     if as_json:
@@ -257,9 +255,7 @@ def delete(name: str, yes: bool) -> Stored:
 
 
 def _delete(sky, name: str, yes: bool) -> Stored:
-    from launcher.errors import BackendError
     from launcher.backends.skypilot import map_sky_error
-    from launcher.term.ui import money
 
     rows, note = collect(sky)
     if note:
@@ -292,7 +288,6 @@ def still_billing_lines(run, checkpoint: Optional[str] = None) -> list[str]:
     """What keeps billing once `launch down` has stopped a run's machines, with the command that stops it;
     `checkpoint` names the checkpoint the run left there (what `--resume` continues from)."""
     from launcher.catalog import storage_price
-    from launcher.term.ui import money
 
     h, lines = run.handle, []
     if run.backend == "ssh":
@@ -353,8 +348,6 @@ def rm(name, yes):
 
     Example: launch volumes rm sonia-workspace
     """
-    from launcher.term.ui import money, note
-
     row = delete(name, yes)
     saved = "" if row.usd_per_month is None else f" ({money(row.usd_per_month)}/month less)"
     note("[green]✓[/] ", f"deleted {row.kind} {name}{saved}")

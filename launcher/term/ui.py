@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import re
 
+from launcher.term.tables import Column, print_table
 from launcher.term.units import duration, hours, money  # noqa: F401  (also used by callers through ui)
 
 
@@ -26,8 +28,6 @@ def _console_class():
     """rich's Console, except for a reader that has gone: rich exits 1 there (`on_broken_pipe`); the
     BrokenPipeError goes on to launcher/cli.py `closed_pipe_ends_quietly`, the one rule for every
     command's output (status 0, as a Unix tool stops when its reader stops); and no trailing spaces."""
-    import errno
-
     from rich.console import Console
 
     class _Console(Console):
@@ -116,8 +116,6 @@ def _columns():
     the dollars whole); at 80 columns the rest go in the order a user watching a run needs them least:
     backend first, then profile (the run id starts with its name), elapsed, the projected total, ETA,
     loss, and step last."""
-    from launcher.term.tables import Column
-
     status = [
         Column("run", "id", must_copy=True),
         Column("profile", "profile", must_copy=True, priority=6),  # the run id starts with it
@@ -155,8 +153,6 @@ def _step(r: dict) -> str:
 
 def print_status(rows: list[dict], as_json: bool = False, json_value=None) -> None:
     """`launch status`: every run id, profile and dollar amount whole at any width (launcher.term.tables)."""
-    from launcher.term.tables import print_table
-
     print_table(rows, STATUS_COLUMNS, as_json, console=console(), json_value=json_value)
 
 

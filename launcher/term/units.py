@@ -5,6 +5,9 @@ messages use too), so any layer can use it without importing another's."""
 
 from __future__ import annotations
 
+import json
+import math
+
 
 def human_size(n: float) -> str:
     """Bytes in decimal units: `36 B`, `55.9 KB`, `1.2 GB`."""
@@ -65,9 +68,6 @@ def json_text(value, indent: int = 2) -> str:
     """Every `--json` output: strict JSON (RFC 8259), so any JSON reader takes it. A number that is not
     finite (an infinite budget recorded by an older version, a NaN loss) is written `null`, never
     Python's `Infinity`/`NaN`; anything else that is not JSON (a path, a datetime) as its text."""
-    import json
-    import math
-
     def strict(x):
         if isinstance(x, float) and not math.isfinite(x):
             return None

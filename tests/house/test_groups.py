@@ -85,27 +85,20 @@ def test_groups_import_one_way_through_their_faces(package):
     assert not found, "\n".join(found)
 
 
-def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    (tmp_path / "bench").mkdir(exist_ok=True)
-    for rel, text in {"payload/__init__.py": "", **files}.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    return tmp_path
-
 
 DECLARED = ('GROUPS = {"launcher": (), "low": (), "high": ("low",)}\n'
             'FACES = {"low": ("face",)}\n')
 
 
-def test_an_import_back_up_or_past_a_face_is_named_with_its_line(tmp_path):
-    root = _tree(tmp_path, {
+def test_an_import_back_up_or_past_a_face_is_named_with_its_line(source_tree):
+    root = source_tree({
         "launcher/__init__.py": DECLARED,
         "launcher/low/__init__.py": "",
         "launcher/low/face.py": "def f():\n    from launcher.high import top\n",
         "launcher/low/private.py": "",
         "launcher/high/__init__.py": "",
         "launcher/high/top.py": "from launcher.low import face\nfrom launcher.low import private\n",
-    })
+    }, packages=("payload",))
     found = violations("launcher", root)
     assert any(f.startswith("launcher/low/face.py:2 imports launcher.high.top: low may not import high (an "
                             "arrow back up") for f in found), found
@@ -114,8 +107,8 @@ def test_an_import_back_up_or_past_a_face_is_named_with_its_line(tmp_path):
     assert not any("launcher/high/top.py:1" in f for f in found)  # down, through the face: fine
 
 
-def test_a_declaration_nobody_uses_or_one_that_runs_up_is_stale(tmp_path):
-    root = _tree(tmp_path, {
+def test_a_declaration_nobody_uses_or_one_that_runs_up_is_stale(source_tree):
+    root = source_tree({
         "launcher/__init__.py": 'GROUPS = {"launcher": (), "low": ("high",), "high": ("low",), "x": ()}\n'
                                 'FACES = {"low": ("face", "gone")}\n',
         "launcher/low/__init__.py": "",
@@ -123,7 +116,7 @@ def test_a_declaration_nobody_uses_or_one_that_runs_up_is_stale(tmp_path):
         "launcher/high/__init__.py": "",
         "launcher/high/top.py": "from launcher.low import face\n",
         "launcher/other/__init__.py": "",
-    })
+    }, packages=("payload",))
     found = violations("launcher", root)
     assert "launcher.other: in no declared group (add `other` to GROUPS in launcher/__init__.py)" in found
     assert "GROUPS: low -> high runs up (declare groups bottom to top)" in found
@@ -183,14 +176,14 @@ def test_every_init_holds_only_its_docstring_exports_and_declarations():
     assert not found, "\n".join(found)
 
 
-def test_code_in_an_init_is_named_with_its_file_and_line(tmp_path):
-    root = _tree(tmp_path, {
+def test_code_in_an_init_is_named_with_its_file_and_line(source_tree):
+    root = source_tree({
         "launcher/__init__.py": '"""The launcher."""\n__version__ = "1.0"\n' + DECLARED,
         "launcher/low/__init__.py": '"""Low."""\nfrom .face import f\n__all__ = ["f"]\nLIMIT = 3\n'
                                     "def g():\n    return f()\n",
         "launcher/low/face.py": "def f(): ...\n",
         "payload/x/__init__.py": "import os\nif os.environ.get('X'):\n    from .y import z\n",
-    })
+    }, packages=("payload",))
     found = init_problems(root)
     assert [f.split(": an __init__.py")[0] for f in found] == [
         "launcher/low/__init__.py:4: `LIMIT = 3`",
@@ -225,14 +218,14 @@ def test_every_long_module_is_cut_by_idea_or_says_its_one_idea():
     assert not found, "\n".join(found)
 
 
-def test_a_long_module_without_its_idea_is_named_with_the_fix(tmp_path):
+def test_a_long_module_without_its_idea_is_named_with_the_fix(source_tree):
     body = "x = 1\n" * LONG_MODULE
-    root = _tree(tmp_path, {
+    root = source_tree({
         "launcher/__init__.py": DECLARED,
         "launcher/low/long.py": '"""Long."""\n' + body,
         "launcher/low/said.py": '"""Long.\n\nOne idea at ~350 lines: one table, read whole."""\n' + body,
         "payload/short.py": '"""Short."""\n' + "x = 1\n" * (LONG_MODULE - 1),
-    })
+    }, packages=("payload",))
     assert long_modules_without_their_idea(root) == [
         "launcher/low/long.py: 351 lines, and its docstring does not say its one idea: cut it where its ideas "
         "part (a module named by each, in the same group), or add a paragraph \"One idea at ~350 lines: ...\" "

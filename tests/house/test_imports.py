@@ -22,16 +22,9 @@ def test_no_import_cycles_in_launcher_or_payload():
     assert found == [], "\n".join(f"{' <-> '.join(c)}: {'; '.join(links)}" for c, links in found)
 
 
-def _tree(tmp_path, files: dict[str, str]) -> Path:
-    (tmp_path / "bench").mkdir(exist_ok=True)
-    for rel, text in {"launcher/__init__.py": "", "payload/__init__.py": "", **files}.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    return tmp_path
 
-
-def test_a_cycle_hidden_in_a_function_is_found_and_named(tmp_path):
-    root = _tree(tmp_path, {
+def test_a_cycle_hidden_in_a_function_is_found_and_named(source_tree):
+    root = source_tree({
         "launcher/a.py": "from .b import thing\n",
         "launcher/b.py": "def thing():\n    from launcher.a import x\n",
         "payload/c.py": "from payload import d\n",
@@ -42,10 +35,10 @@ def test_a_cycle_hidden_in_a_function_is_found_and_named(tmp_path):
     assert found[0][1] == ["launcher.a:1 -> launcher.b", "launcher.b:2 -> launcher.a (in a function)"]
 
 
-def test_a_package_factory_is_a_cycle_only_when_its_submodules_import_the_package(tmp_path):
+def test_a_package_factory_is_a_cycle_only_when_its_submodules_import_the_package(source_tree):
     """`backends/__init__` importing `.local` lazily is fine while `local` takes the contract from a
     sibling (`base`); a submodule that imports its package closes a cycle (the 8-file one hid there)."""
-    root = _tree(tmp_path, {
+    root = source_tree({
         "launcher/backends/__init__.py": "from .base import Backend\ndef get():\n    from .local import Local\n",
         "launcher/backends/base.py": "class Backend: ...\n",
         "launcher/backends/local.py": "from .base import Backend\n",
@@ -57,10 +50,10 @@ def test_a_package_factory_is_a_cycle_only_when_its_submodules_import_the_packag
     assert "launcher.backends:3 -> launcher.backends.local (in a function)" in found[0][1]
 
 
-def test_a_type_only_import_that_closes_a_loop_is_a_cycle_and_named(tmp_path):
+def test_a_type_only_import_that_closes_a_loop_is_a_cycle_and_named(source_tree):
     """A type hint is an arrow too (issue 31: trainer took `Run` from the recipe that imports the
     trainer): `if TYPE_CHECKING:` hides the loop from Python, not from the reader."""
-    root = _tree(tmp_path, {
+    root = source_tree({
         "launcher/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from launcher.y import Y\n",
         "launcher/y.py": "import launcher.x\n",
         "payload/p.py": "import typing\nif typing.TYPE_CHECKING:\n    pass\nelse:\n    from payload.q import Q\n",
@@ -77,8 +70,8 @@ def test_the_script_exits_zero_on_this_tree():
     assert "no import cycles in launcher, payload, bench" in done.stdout
 
 
-def test_bench_scripts_importing_each_other_by_name_are_covered(tmp_path):
-    root = _tree(tmp_path, {
+def test_bench_scripts_importing_each_other_by_name_are_covered(source_tree):
+    root = source_tree({
         "bench/gpu_a.py": "import gpu_b\nfrom payload import x\n",
         "bench/gpu_b.py": "def run():\n    from gpu_a import helper\n",
         "payload/x.py": "",

@@ -39,6 +39,7 @@ from .sdk import (
     controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
     nothing_launched, profile_clouds, record_field, sdk, volume_record,
 )
+from launcher.term.ui import err_console
 
 _JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "starting", "RUNNING": "running",
                "SUCCEEDED": "completed", "CANCELLED": "stopped"}
@@ -166,8 +167,6 @@ class SkyPilotBackend(Backend):
                                    f"{p.cluster.region}: drop cluster.region or use another volume name")
             note = stock_note(p, zone)
             if note:
-                from launcher.term.ui import err_console
-
                 err_console().print(f"[yellow]![/] {note}", soft_wrap=True)
         key_prefix = str(PurePosixPath(layout.run_dir(v.mount, "x")).parent.relative_to(v.mount))
         return {"name": name, "type": v.type, "region": region, "zone": zone, "mount": v.mount,

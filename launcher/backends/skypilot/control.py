@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import time
+from datetime import datetime, timezone
 from typing import Callable, Iterator, Optional
 
 from launcher.profiles.render import CONTROLLER_AUTOSTOP
@@ -140,8 +141,6 @@ def stop_api_server_we_started(sky, before: Optional[list[int]], origin: str) ->
 
 def epoch(iso: Optional[str]) -> Optional[float]:
     """Seconds since the epoch of the payload's `now_iso()` stamps (None when absent or unreadable)."""
-    from datetime import datetime, timezone
-
     try:
         return datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
     except (TypeError, ValueError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from ... import sky_internals
+from ...catalog import SNAPSHOT_DATE, choice_apart
 from ...profiles.schema import slurm_price
 
 
@@ -22,8 +23,6 @@ def hourly_price(profile, live: bool = True) -> tuple[float, str]:
             pass
     if not c.is_local:
         try:
-            from ...catalog import SNAPSHOT_DATE
-
             return _catalog_choice(profile)[0], f"catalog {SNAPSHOT_DATE}"
         except Exception:  # noqa: BLE001
             pass
@@ -47,8 +46,6 @@ def _catalog_choice(profile) -> tuple[float, str]:
     """($/h, accelerator spec taken) from SkyPilot's optimizer on the shipped snapshot, in a child
     process (this one goes on to use the SDK) and once per profile per process: `launch up` asks for
     the price, for a new volume the pick, and the budget gate plans with the same answer."""
-    from ...catalog import choice_apart
-
     choice = choice_apart(profile)
     return choice.price_per_hour, choice.accelerators
 

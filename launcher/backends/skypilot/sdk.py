@@ -18,12 +18,14 @@ decoders, `sky.server.requests.serializers`; tests/sky_edge.py builds the fakes 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
 from typing import Optional
 
 from ... import sky_internals
+from ...catalog import offline_runtime_dir
 from ...errors import BackendError
 
 _CREDENTIALS_HINT = {  # SkyPilot 0.14 reads RunPod's key from ~/.runpod/config.toml only, not RUNPOD_API_KEY
@@ -40,8 +42,6 @@ MANAGED_JOB_FIELDS = ("job_id", "task_id", "job_name", "task_name", "submitted_a
 def sdk():
     """`sky` for SDK calls: never with launch's offline runtime dir (fake enabled clouds, and a local
     API server started from this process would keep its state there)."""
-    from ...catalog import offline_runtime_dir
-
     if "sky" in sys.modules and os.environ.get("SKY_RUNTIME_DIR") == str(offline_runtime_dir()):
         raise BackendError("internal: this process imported SkyPilot for offline planning "
                            "(launcher.catalog.import_sky_offline); run SDK calls in a fresh process")
@@ -58,8 +58,6 @@ def _logs_to_stderr() -> None:
     """SkyPilot's client logs to stdout ("Failed to connect to SkyPilot API server ... Starting a local
     server.", "✓ SkyPilot API server started."): stdout is launch's own answer (`status --json | jq`
     read those lines as JSON), so SkyPilot's lines go to stderr, where progress belongs."""
-    import logging
-
     for h in logging.getLogger("sky").handlers:
         if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stdout:
             h.setStream(sys.stderr)
