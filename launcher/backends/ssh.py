@@ -1,9 +1,10 @@
 """SSH backend: run the rendered task on any machine you can ssh into (a pod, a lab box), via paramiko;
 fetches by rsync over the system ssh. Both reach the host the way ~/.ssh/config said at `up` (sshconn).
 
-One idea at ~500 lines: base.Backend's contract (up, logs, access, status, down, fetch) on one machine
+One idea at ~460 lines: base.Backend's contract (up, logs, access, status, down, fetch) on one machine
 reached over SSH: the class and the helpers only it uses (`_fits`, `_state`: the host's answer read as a
-run state). The connection (`sshconn`) and the scripts run on the host (`ssh_scripts`) stand apart.
+run state). The connection (`sshconn`), the scripts run on the host (`ssh_scripts`) and the incremental
+upload of the workdir (`ssh_upload`) stand apart.
 
 What SkyPilot does on one node, done by hand: the workdir is uploaded incrementally, the node script
 and a small driver are written beside it and started detached (`setsid nohup`), so the run outlives
@@ -23,11 +24,9 @@ Remote layout:  {remote_root}/{run_id}/  workdir/ node.sh driver.sh start.sh pid
 from __future__ import annotations
 
 import codecs
-import gzip
 import json
 import re
 import shlex
-import tarfile
 import time
 from pathlib import Path, PurePosixPath
 from typing import Callable, Optional, TextIO
@@ -35,7 +34,6 @@ from typing import Callable, Optional, TextIO
 import paramiko
 
 from payload import layout
-from payload.volume.checksums import sha256_file
 
 from launcher.store.artifacts import list_command, parse_listing
 from ..errors import BackendError
@@ -43,13 +41,13 @@ from launcher.store.handle import Handle
 from launcher.store.registry import Run
 from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, lost_log, remote_command,
                    restart_line, run_end, skipped_note)
-from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, SEED_AND_LIST, START, STATUS_CMD
-from . import rsync
-from .sshconn import TRANSFER_TIMEOUT, CommandTimeout, Connection, Target, collect, expand as _expand, why as _why
+from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, START, STATUS_CMD
+from . import rsync, ssh_upload
+from .sshconn import CommandTimeout, Connection, Target, collect, expand as _expand, why as _why
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
 
 COMMAND_TIMEOUT = 60.0  # one remote command (listing, hashing, status...)
-HASH_TIMEOUT = 600.0  # sha256 of a whole workdir or artifact set
+HASH_TIMEOUT = 600.0  # sha256 of a whole artifact set
 POLL_S = 0.5  # log follow interval
 TRANSIENT = (OSError, EOFError, paramiko.SSHException)  # socket.timeout is an OSError
 
@@ -162,7 +160,8 @@ class SSHBackend(Backend):
                           remote_root=root, run_root=run_root, volume=volume, run_dir=str(run_dir), log=log)
         spec.place(run)  # before the upload: `status` and `down` find it there whenever `up` stops
         config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
-        self.last_upload = self._sync(conn, root, f"{run_root}/workdir", workdir_files(spec.profile, spec.config_yaml, config_rel))
+        files = workdir_files(spec.profile, spec.config_yaml, config_rel)
+        self.last_upload = ssh_upload.sync(conn, root, f"{run_root}/workdir", files, sh=self._sh, retry=self._retry)
         gpus = getattr(getattr(spec.profile, "cluster", None), "gpus_per_node", 0) or info["gpus"]
         env = node_env(task, self._overrides(spec, run, volume, f"{run_root}/workdir"), rank=0,
                        ips=["127.0.0.1"], gpus_per_node=gpus, task_id=run.id)
@@ -207,51 +206,6 @@ class SSHBackend(Backend):
         if not pid.isdigit():
             raise BackendError(f"the run did not start on {conn.target} (no pid in {run_root}/pid): {out[-300:]}")
         return int(pid)
-
-    # -------------------------------------------------------------------------------- upload
-
-    def _sync(self, conn: Connection, root: str, workdir: str, files: dict[str, Path]) -> dict:
-        """Make `workdir` mirror `files`, sending only what differs (size+mtime, then sha256)."""
-        listing = self._sh(conn, SEED_AND_LIST.format(w=shlex.quote(workdir), root=shlex.quote(root)))
-        rows = [line.rsplit("\t", 2) for line in listing.splitlines() if line.count("\t") >= 2]
-        remote = {rel: (int(size), int(float(mtime))) for rel, size, mtime in rows}
-        local = {rel: (p, p.stat()) for rel, p in files.items()}
-        send = [rel for rel, (p, st) in local.items() if rel not in remote or remote[rel][0] != st.st_size]
-        maybe = [rel for rel, (p, st) in local.items()
-                 if rel in remote and rel not in send and remote[rel][1] != int(st.st_mtime)]
-        if maybe:  # same size, other mtime: compare contents, re-stamp the identical ones
-            sums = self._remote_sha256(conn, workdir, maybe)
-            same = [rel for rel in maybe if sums.get(rel) == sha256_file(local[rel][0])]
-            send += [rel for rel in maybe if rel not in same]
-            if same:
-                pairs = "".join(f"{rel}\0{int(local[rel][1].st_mtime)}\0" for rel in same)
-                self._sh(conn, f"cd {shlex.quote(workdir)} && while IFS= read -r -d '' f && IFS= read -r -d '' t; "
-                               'do touch -m -d "@$t" -- "$f"; done', stdin=pairs)
-        stale = [rel for rel in remote if rel not in local]
-        if stale:
-            self._sh(conn, f"cd {shlex.quote(workdir)} && xargs -0 rm -f --", stdin="\0".join(stale))
-        if send:
-            self._retry(conn, lambda: self._send_tar(conn, workdir, {r: local[r][0] for r in send}))
-        return {"files_sent": len(send), "bytes_sent": sum(local[r][1].st_size for r in send),
-                "files_unchanged": len(local) - len(send), "files_removed": len(stale)}
-
-    def _remote_sha256(self, conn: Connection, directory: str, rels: list[str]) -> dict[str, str]:
-        out = self._sh(conn, f"cd {shlex.quote(directory)} && xargs -0 -r sha256sum --", stdin="\0".join(rels),
-                       check=False, timeout=HASH_TIMEOUT)
-        return {line[66:]: line[:64] for line in out.splitlines() if len(line) > 66}
-
-    def _send_tar(self, conn: Connection, workdir: str, files: dict[str, Path]) -> None:
-        chan = conn.channel(f"mkdir -p {shlex.quote(workdir)} && tar -xzf - -C {shlex.quote(workdir)} "
-                            "--no-same-owner", TRANSFER_TIMEOUT)
-        with chan.makefile("wb") as raw:
-            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) as gz:
-                with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                    for rel, path in sorted(files.items()):
-                        tar.add(str(path), arcname=rel, recursive=False)
-        chan.shutdown_write()
-        code, _, err = collect(chan, TRANSFER_TIMEOUT, "tar -x")
-        if code != 0:
-            raise BackendError(f"upload to {conn.target}:{workdir} failed: {err.strip()[-300:]}")
 
     # ---------------------------------------------------------------------------------- logs
 

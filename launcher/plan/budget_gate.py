@@ -1,11 +1,12 @@
-"""`launch up`'s question before a run whose plan is over its own budget cap (issue 24), on every
+"""`launch up`'s question before a run whose plan is over its own budget cap, on every
 backend: an ssh machine bills by the hour as a cloud one does, and a local run's budget stop ends it at
 the cap at its notional price. (What `plan` refuses outright, `up` has refused before this, on every
 backend and with --dry-run: launcher/profiles/checks.py `resolve`.)
 
 The plan here is `launch plan`'s, made from the optimizer's answer that `launch up` already has for
 the price (`catalog.choice_apart`, a child process): SkyPilot is never imported for offline planning
-into the process that goes on to call the SDK (issue 32: that process could not launch at all)."""
+into the process that goes on to call the SDK (a process that had imported it for planning could not
+launch at all)."""
 
 from __future__ import annotations
 

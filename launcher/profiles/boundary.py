@@ -14,8 +14,8 @@ the repo root when it is in the project, else a copy under data/ or a Hub datase
 not let the local backend read `/home/me/data.jsonl` where it lies: (1) a run reads its files from the
 repo's copy by their repo path on every backend, so a profile that runs locally runs unchanged on a
 cloud, and the local backend stays the rehearsal of a cloud run rather than a backend with its own
-rules; (2) the same file is already refused when reached through a link or `..` (the side door of
-issue 32): letting its absolute path through would reopen that door under another spelling; (3) a run's
+rules; (2) the same file is already refused when reached through a link or `..` (a side door out of
+the project): letting its absolute path through would reopen that door under another spelling; (3) a run's
 provenance records its data files' sha256 only for files in the project (launcher/runs/experiment.py). `launch data
 preview` loads profiles the same way and refuses the same paths.
 

@@ -171,6 +171,11 @@ def _proc_state(proc: Path) -> str:
     return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+# A trainer's start (imports, model, data) before its first steps: 180 s was not
+# enough with a second `make test` beside this one (the resumed run had not trained). 3x that load holds.
+TRAINER_START_S = 360
+
+
 def wait_for(predicate, timeout=60, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -507,14 +512,14 @@ def test_preemption_and_down_leave_no_process_of_the_run(sshd, env, tmp_path):
                  checkpoints={"save_steps": 3, "keep_best": 1, "keep_recent": 2})
     run = backend.up(demo_spec(tmp_path, "demo-kill", **train))
     try:
-        wait_for(lambda: _training_step(run) >= 4, timeout=180, what="training to start")
+        wait_for(lambda: _training_step(run) >= 4, timeout=TRAINER_START_S, what="training to start")
         os.killpg(run.handle.pgid, 9)
         wait_for(lambda: tagged_pids(run.id) == [], timeout=20, what="the torchrun worker to die with its agent")
         st = wait_state(backend, run, ("preempted", "failed", "completed"), timeout=30)  # once init reaped them
         assert st.state == "preempted" and "--resume" in st.reason
         stopped_at = _training_step(run)
         run = backend.up(demo_spec(tmp_path, run.id, run=run, **train))
-        wait_for(lambda: _training_step(run) > stopped_at + 1, timeout=180, what="the resumed run to train")
+        wait_for(lambda: _training_step(run) > stopped_at + 1, timeout=TRAINER_START_S, what="the resumed run to train")
         backend.down(run, grace_s=15)
         assert tagged_pids(run.id) == []
         st = backend.status(run)
