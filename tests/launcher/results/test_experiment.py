@@ -207,7 +207,8 @@ def test_compare_reads_fetched_artifacts_once_the_machine_is_gone(in_runs_home, 
     for rid in (a, b):
         r = launch("down", rid, "--fetch-artifacts", "--dest", str(dest))
         assert r.exit_code == 0, r.output
-    d = json.loads(launch("compare", a, b, "--json").output)
+    # --dest: the plot goes there too, not into the checkout's artifacts/
+    d = json.loads(launch("compare", a, b, "--json", "--dest", str(dest)).output)
     assert {r["source"] for r in d["runs"]} == {str(dest / a), str(dest / b)}
     assert all(r["steps"] == 16 for r in d["runs"])
 
