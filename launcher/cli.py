@@ -53,7 +53,8 @@ class LaunchGroup(click.Group):
                 raise
             e = sys.exc_info()[1]
             how = _how(e)
-            mark, line = interrupted_line(ctx.invoked_subcommand, how, getattr(e, "run_id", None))
+            run_id = getattr(e, "run_id", None) or next(iter(ctx.meta.get("launch.recorded") or ()), None)
+            mark, line = interrupted_line(ctx.invoked_subcommand, how, run_id)
             with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
                 note(mark, line, out=err_console())
             ctx.exit(128 + int(getattr(signal, how)) if how in INTERRUPTING else 130)  # as the shell reports it

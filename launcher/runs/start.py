@@ -38,6 +38,8 @@ from launcher.term.ui import console, err_console, esc, hints, money, note
 
 SECRET_NAMES = ("HF_TOKEN", "WANDB_API_KEY")
 
+RECORDED = "launch.recorded"  # ctx.meta key: the ids `up` recorded (launcher/cli.py names them on an interrupt)
+
 
 @dataclass(frozen=True)
 class UpRequest:
@@ -135,7 +137,10 @@ def up(profile, backend, host, identity_file, accept_new_host_key, resume, force
                     accept_new_host_key=accept_new_host_key, resume=resume, force_new=force_new, nodes=nodes,
                     sets=tuple(sets), env_items=tuple(env_items), dry_run=dry_run, rehearse=rehearse,
                     allow=tuple(allow))
-    recorded: list[str] = []  # the run's id once it is in the registry: an interrupt from then on names it
+    # the run's id once it is in the registry: an interrupt from then on names it, also one that lands
+    # after this function returned (the ✓ line and hints printed, the command ending): ctx.meta is the
+    # one place launcher/cli.py reads it from then
+    recorded: list[str] = click.get_current_context().meta.setdefault(RECORDED, [])
     try:
         # The claims taken are held from the first check to the run's record, and let go before
         # following: one `up` starts or resumes a run, a second one says who holds it.
