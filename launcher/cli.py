@@ -53,7 +53,7 @@ class LaunchGroup(click.Group):
                 raise
             e = sys.exc_info()[1]
             how = _how(e)
-            run_id = getattr(e, "run_id", None) or next(iter(ctx.meta.get("launch.recorded") or ()), None)
+            run_id = getattr(e, "run_id", None) or next(iter(ctx.meta.get(RECORDED) or ()), None)
             mark, line = interrupted_line(ctx.invoked_subcommand, how, run_id)
             with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
                 note(mark, line, out=err_console())
@@ -346,7 +346,7 @@ def profiles(as_json):
 
 from launcher.runs.lifecycle import cost, logs, status  # noqa: E402  (click commands; light imports only)
 from launcher.runs.teardown import down  # noqa: E402
-from launcher.runs.start import up  # noqa: E402
+from launcher.runs.start import RECORDED, up  # noqa: E402
 
 for _cmd in (up, logs, status, down, cost):
     cli.add_command(_cmd)
