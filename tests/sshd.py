@@ -19,10 +19,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
+
+from host_tools import ensure_apt
 
 SSHD = Path("/usr/sbin/sshd")
-APT_TIMEOUT = 600
 
 CONFIG = """\
 Port {port}
@@ -48,21 +48,8 @@ SESSION_ENV = "OMP_NUM_THREADS=1"
 
 def ensure_sshd() -> None:
     """Install openssh-server (+ rsync) if sshd is missing; skip the calling test if impossible."""
-    if SSHD.exists() and shutil.which("ssh-keygen"):
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("sshd is not installed and cannot be installed here (needs root and apt-get): "
-                    "apt-get install -y openssh-server rsync")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server", "rsync"]
-    for cmd in (install, ["apt-get", "update", "-q"], install):
-        try:
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=APT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"`{' '.join(cmd)}` took more than {APT_TIMEOUT} s")
-        if done.returncode == 0 and cmd is install and SSHD.exists():
-            return
-    pytest.skip(f"could not install openssh-server: {done.stderr.strip()[-500:]}")
+    ensure_apt(("openssh-server", "rsync"), lambda: SSHD.exists() and shutil.which("ssh-keygen") is not None,
+               "the SSH backend's tests")
 
 
 def keygen(path: Path, kind: str = "ed25519") -> Path:

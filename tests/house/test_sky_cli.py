@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from host_tools import ensure_rsync
 
 from launcher.catalog import install_snapshot
 
@@ -115,22 +116,6 @@ def test_sky_launch_gets_past_its_options_to_the_api_server(tmp_path):
 # ------------------------------------------------------------------- the cloud suite: a real server
 
 
-def ensure_rsync() -> None:
-    """SkyPilot's provisioning checks for rsync on the API server's machine even for --dryrun
-    (sky/backends/cloud_vm_ray_backend.py:3422); installed with apt as tests/sshd.py does."""
-    if shutil.which("rsync"):
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("`sky launch` needs rsync (apt-get install -y rsync; needs root and apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "rsync"]
-    for cmd in (install, ["apt-get", "update", "-q"], install):
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode == 0 and cmd is install and shutil.which("rsync"):
-            return
-    pytest.skip(f"could not install rsync: {done.stderr.strip()[-500:]}")
-
-
 def servers_on(port: int) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
@@ -179,7 +164,7 @@ def api_server(tmp_path_factory):
     ("sonia-h100", ["--secret", "HF_TOKEN"], r"RunPod \(CA-MTL-1\)\s+2x_H100-SXM_SECURE"),
 ], ids=["local-demo", "sonia-h100"])
 def test_sky_launch_dryrun_of_the_rendered_tasks(api_server, name, flags, chosen):
-    ensure_rsync()
+    ensure_rsync("`sky launch --dryrun`")
     t0 = time.monotonic()
     r = subprocess.run(["sky", "launch", "-y", "--dryrun", *flags, f"sky/{name}.yaml"], cwd=REPO,
                        env={**api_server, "HF_TOKEN": "not-a-token"}, capture_output=True, text=True, timeout=180)

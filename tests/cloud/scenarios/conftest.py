@@ -11,6 +11,7 @@ import pytest
 
 from tests.cloud.harness import EmulatedCloud
 from tests.cloud.slurm.site import SlurmSite
+from tests.host_tools import ensure_rsync
 
 _LINES: list[str] = []
 
@@ -24,6 +25,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def cloud(tmp_path):
+    ensure_rsync("SkyPilot's provisioning, on the user's machine")
     with EmulatedCloud(tmp_path) as c:
         yield c
         c.close()
@@ -34,6 +36,7 @@ def cloud(tmp_path):
 @pytest.fixture
 def slurm(tmp_path):
     """The emulated Slurm site (tests/cloud/slurm/site.py): a login node and two GPU nodes."""
+    ensure_rsync("SkyPilot's provisioning, on the user's machine")
     with SlurmSite(tmp_path) as site:
         yield site
         site.close()
