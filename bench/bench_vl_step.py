@@ -85,7 +85,7 @@ def measure(model: str, data: str, work: Path, workers: int, steps: int, batch: 
     try:
         train.setup(run)
         t = run.trainer
-        t.args.dataloader_num_workers = workers  # as payload.train.recipe.dataloader_workers sets it on a GPU
+        t.args.dataloader_num_workers = workers  # as payload.train.arguments.dataloader_workers sets it on a GPU
         t.args.include_num_input_tokens_seen = "non_padding"
         t.add_callback(meter)
         prof = cProfile.Profile()

@@ -19,7 +19,6 @@ import subprocess
 import time
 from pathlib import Path
 
-
 from host_tools import ensure_apt
 
 SSHD = Path("/usr/sbin/sshd")

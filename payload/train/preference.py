@@ -32,7 +32,7 @@ def training_kwargs(cfg, dtype, has_eval: bool) -> dict:
     """The TrainingArguments the SFT stage would use (output dir, precision, checkpointing, ...)."""
     from transformers import TrainingArguments
 
-    from payload.train.recipe import sft_config
+    from payload.train.arguments import sft_config
 
     args = sft_config(cfg, has_eval=has_eval, dtype=dtype)
     keep = {f.name for f in dataclasses.fields(TrainingArguments) if f.init} - {"remove_unused_columns"}
@@ -125,7 +125,8 @@ def trainer_class(kind: str):
 def setup(run) -> None:
     """train.setup for a DPO or GRPO stage: data, model from the previous adapter, the trainer."""
     from payload.train import rewards
-    from payload.train.recipe import start_from_adapter, tokenizer_of, trainer_callbacks
+    from payload.train.arguments import tokenizer_of, trainer_callbacks
+    from payload.train.recipe import start_from_adapter
 
     cfg = run.cfg
     kind, vl = cfg.stage.kind, cfg.model.kind == "image_text_to_text"

@@ -1,8 +1,9 @@
 """Training stage: `python -m payload train --config RUN.yaml`, or `payload.train.recipe.main(cfg)`.
 
-One idea at ~490 lines: a training stage's phases in the order they run (setup, load_checkpoint,
-train, save, cleanup), as plain functions like one torchtune recipe, read top to bottom. The step itself
-(`trainer`) and the run's state (`run`) stand apart; what stays is the order and what joins the phases.
+One idea: a training stage's phases in the order they run (setup, load_checkpoint, train, save,
+cleanup), as plain functions like one torchtune recipe, read top to bottom. The step itself (`trainer`),
+the run's state (`run`) and what the run config becomes for TRL and transformers (`arguments`: SFTConfig,
+the callbacks, the environment) stand apart; what stays is the order and what joins the phases.
 
 Same entry point for one process, `torchrun --nproc_per_node N`, and several nodes. The phases are
 plain functions, in the order torchtune's recipes use (setup, load_checkpoint, train, save,
@@ -22,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -39,14 +39,15 @@ from payload.outputs import manifest, tracking
 from payload.data import trainset
 from payload.volume import checkpoints as ck
 from payload.volume import verify
+from payload.train.arguments import set_env, sft_config, tokenizer_of, trainer_callbacks, zero3
 from payload.train.run import Run
-from payload.train.trainer import ResumeLossState, trainer_class
+from payload.train.trainer import trainer_class
 from payload.config import dump_run_config
 from payload.config.evaluation import best_metric, export_choice
 from payload.errors import (
     EXIT_BUDGET, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, BudgetExhausted, PayloadError, exit_code_for, one_line,
 )
-from payload.volume.money import CostCallback, CostTracker, resume_hint, usd
+from payload.volume.money import CostTracker, resume_hint, usd
 
 log = logging.getLogger("payload.train")
 STARTED_FROM = "started_from.json"  # in the stage's directory: the adapter it started from and its sha256
@@ -144,7 +145,7 @@ def setup(run: Run, build=None) -> None:
     """Directories, signals, cost, data, tokenizer, model and the trainer (`build(run)` makes the last
     four for a DPO or GRPO stage)."""
     cfg, rd = run.cfg, run.run_dir
-    _set_env(cfg)
+    set_env(cfg)
     observe.quiet_libraries()
     if run.main:
         stop_request.clear(cfg)
@@ -206,133 +207,6 @@ def setup(run: Run, build=None) -> None:
     run.counts.update(lost)
     if lost:
         observe.write_status(rd, **lost)
-
-
-def _set_env(cfg) -> None:
-    os.environ.setdefault("HF_HOME", cfg.runtime.hf_home or str(Path(cfg.runtime.volume) / ".hf"))
-    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(cfg.run_dir / layout.LOGS_DIR / "tensorboard"))
-    os.environ.setdefault("WANDB_PROJECT", "launch")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for name in cfg.train.report_to:
-        pkg = "tensorboard" if name == "tensorboard" else "wandb"
-        import importlib.util
-
-        if importlib.util.find_spec(pkg) is None:
-            raise PayloadError(f"train.report_to lists `{name}` but the {pkg} package is not installed")
-
-
-def tokenizer_of(processing):
-    return getattr(processing, "tokenizer", processing)
-
-
-def trainer_callbacks(run: Run, has_eval: bool) -> list:
-    cbs = [run.control, stop_request.SaveAndExit(run.cfg, run.control), ResumeLossState(run),
-           CostCallback(run.tracker), tracking.GpuWindow(run.run_dir),  # before Observe: it adds to the log line
-           observe.ObserveCallback(run.run_dir, run.tracker, run.cfg.train.max_steps or 0)]
-    cfg = run.cfg
-    cbs.append(tracking.TrackingCallback(run.tracker, gpu=cfg.wandb is None or cfg.wandb.gpu_stats))
-    if cfg.evaluation is not None and cfg.evaluation.during_training and has_eval and not _zero3(cfg):
-        from payload.outputs.evaluate import GenerationEval
-
-        cbs.append(GenerationEval(run, run.val_records))  # before early stopping: it reads these metrics
-    patience = run.cfg.train.early_stopping_patience
-    if patience:
-        if not has_eval:
-            raise PayloadError("train.early_stopping_patience needs validation data (a `val` split in data sources)")
-        from transformers import EarlyStoppingCallback
-
-        cbs.append(EarlyStoppingCallback(early_stopping_patience=patience))
-    return cbs
-
-
-def sft_config(cfg, has_eval: bool, dtype):
-    """TRL SFTConfig (a transformers TrainingArguments) from the run config.
-
-    Speed choices (measured by `make gpu-check`): `packing` makes TRL pack with best-fit decreasing
-    and train padding-free (one row, position_ids restart per record; exact with every attention
-    implementation in transformers 5, varlen with flash-attention); the loss always goes through
-    TRL's fused LM head (no B x S x V logits); gradient checkpointing and Liger per
-    `modeling.gradient_checkpointing` / `modeling.use_liger`; fp16 mixed precision on GPUs without bf16.
-    """
-    import dataclasses as dc
-
-    import torch
-    from trl import SFTConfig
-
-    t = cfg.train
-    vl = cfg.model.kind == "image_text_to_text"
-    gpu = modeling.on_gpu()
-    if t.method == "full" and dtype == torch.float16 and not t.deepspeed:
-        raise PayloadError("full fine-tuning in float16 needs fp32 master weights: add train.deepspeed, "
-                           "or set model.dtype: float32")
-    # transformers renamed gradient_checkpointing to activation_checkpointing (the old name warns) and
-    # added `every_n_layers` with it; before that, checkpointing is every layer or none
-    every, _why = modeling.checkpointing_decision(cfg)
-    workers = dataloader_workers(cfg, gpu)
-    if t.deepspeed and not gpu:
-        modeling.deepspeed_on_cpu()
-    names = {f.name for f in dc.fields(SFTConfig)}
-    ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-    ckpt_kwargs = {"use_reentrant": False}
-    if every > 1 and ckpt == "activation_checkpointing":
-        ckpt_kwargs["every_n_layers"] = every
-    return SFTConfig(
-        **{ckpt: every > 0, f"{ckpt}_kwargs": ckpt_kwargs},
-        use_liger_kernel=modeling.use_liger(cfg),
-        output_dir=str(ck.checkpoints_dir(cfg.run_dir)),
-        run_name=cfg.runtime.run_id,
-        per_device_train_batch_size=t.per_device_batch_size,
-        per_device_eval_batch_size=t.per_device_eval_batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
-        num_train_epochs=t.epochs,
-        max_steps=t.max_steps or -1,
-        learning_rate=t.learning_rate,
-        lr_scheduler_type=t.lr_scheduler,
-        warmup_steps=t.warmup_ratio,  # < 1: a fraction of the total steps
-        weight_decay=t.weight_decay,
-        optim=t.optimizer,
-        max_grad_norm=t.max_grad_norm,
-        bf16=dtype == torch.bfloat16 and gpu,
-        fp16=dtype == torch.float16 and gpu,
-        use_cpu=not gpu and not t.deepspeed,  # DeepSpeed on CPU: its own accelerator (modeling.deepspeed_on_cpu)
-        accelerator_config={"use_configured_state": True} if t.deepspeed and not gpu else None,
-        seed=t.seed,
-        logging_strategy="steps",
-        logging_steps=t.logging_steps,
-        eval_strategy="steps" if has_eval else "no",
-        eval_steps=t.eval_steps,
-        save_strategy="steps",
-        save_steps=t.checkpoints.save_steps,
-        save_total_limit=None,  # retention is ours (best-K + recent-K), see checkpoints.apply_retention
-        metric_for_best_model=best_metric(cfg)[0] if has_eval else None,
-        greater_is_better=best_metric(cfg)[1] if has_eval else None,
-        report_to=tracking.report_to(cfg) or "none",
-        disable_tqdm=True,
-        dataloader_num_workers=workers,  # not persistent: see dataloader_workers
-        max_length=t.max_seq_length,
-        packing=t.packing,
-        packing_strategy="bfd",
-        eval_packing=False,  # per-sample eval losses (high-loss samples) need unpacked rows
-        assistant_only_loss=t.assistant_only_loss,
-        ddp_find_unused_parameters=None if vl else False,
-        deepspeed=modeling.deepspeed_config(t.deepspeed) if t.deepspeed else None,
-    )
-
-
-VL_LOADER_WORKERS = 4  # per rank; bench/bench_vl_step.py measures what the collation costs
-
-
-def dataloader_workers(cfg, gpu: bool) -> int:
-    """Vision-language batches are made on the fly by TRL's collator (images decoded, resized and cut
-    into patches, the chat template tokenized): on a GPU that runs in dataloader worker processes,
-    beside the step, instead of in the main process between steps. The sampler stays in the main
-    process, so the batches are the same; the workers start again each epoch (not persistent) so the
-    main process draws from its RNG as without workers, and dropout stays the same. Text batches are
-    tokenized beforehand: no workers; none on CPU either (no GPU step to overlap with)."""
-    if not gpu or cfg.model.kind != "image_text_to_text":
-        return 0
-    per_rank = (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(0, min(VL_LOADER_WORKERS, per_rank - 1))
 
 
 # ------------------------------------------------------------------------------------ resume / train
@@ -421,7 +295,7 @@ def save(run: Run) -> dict:
             if best is None:
                 raise PayloadError(f"training finished but no checkpoint in {root} verifies to export "
                                    f"the {'weights' if prefer == 'latest' else 'adapter'}: see the lines above")
-        if finished and trainer.eval_dataset is not None and not _zero3(cfg):
+        if finished and trainer.eval_dataset is not None and not zero3(cfg):
             observe.write_high_loss(trainer, trainer.eval_dataset, run.val_records, cfg.train.high_loss_samples,
                                     rd / layout.HIGH_LOSS)
             tracking.log_high_loss(cfg, rd / layout.HIGH_LOSS)
@@ -452,10 +326,6 @@ def _manifest_at_stop(cfg, state: str) -> None:
     """A run's MANIFEST at a stop (a stage's end is not its run's: train/stages.py writes that one)."""
     if cfg.run_dir == stop_request.top_run_dir(cfg):
         manifest.at_end(cfg, state)
-
-
-def _zero3(cfg) -> bool:
-    return bool(cfg.train.deepspeed and cfg.train.deepspeed.zero_stage == 3)
 
 
 def _summary(run: Run, best: Optional[Path]) -> dict:

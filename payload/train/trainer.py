@@ -29,7 +29,7 @@ _TRAINER_CLASS = None
 
 def trainer_class():
     """LaunchTrainer = LaunchTrainerMixin + TRL's SFTTrainer (built lazily: importing this module
-    must not import trl/transformers before `_set_env` ran)."""
+    must not import trl/transformers before `arguments.set_env` ran)."""
     global _TRAINER_CLASS
     if _TRAINER_CLASS is None:
         from trl import SFTTrainer

@@ -138,7 +138,7 @@ def test_token_view_masks_what_sft_trainer_masks(tmp_path, alpaca):
     assert "".join(t for t, trained in view["spans"] if not trained).startswith(
         f"<|im_start|>system\n{RECORDS[0]['instruction']}<|im_end|>\n<|im_start|>user\n{RECORDS[0]['input']}<|im_end|>")
 
-    # activation_checkpointing named (as recipe.sft_config does): TRL 1.16 defaults the deprecated
+    # activation_checkpointing named (as arguments.sft_config does): TRL 1.16 defaults the deprecated
     # `gradient_checkpointing` to True, and transformers 5.23 warns when only the old name is set
     args = SFTConfig(output_dir=str(tmp_path / "out"), max_length=2048, assistant_only_loss=True, report_to="none",
                      use_cpu=True, dataset_num_proc=None, activation_checkpointing=False)

@@ -31,7 +31,7 @@ def _trainer(cfg, records):
 
     from payload.model import modeling
     from payload.data import trainset
-    from payload.train.recipe import sft_config
+    from payload.train.arguments import sft_config
     from payload.train.trainer import trainer_class
 
     torch.manual_seed(0)

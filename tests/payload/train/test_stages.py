@@ -164,7 +164,7 @@ def test_fp16_is_chosen_where_bf16_is_missing_and_scales_the_loss(monkeypatch, t
     from payload.config import ModelConfig
     from payload.train.preference import dpo_config
     from payload.config.stages import stage_run_config
-    from payload.train.recipe import sft_config
+    from payload.train.arguments import sft_config
 
     monkeypatch.setattr(modeling, "on_gpu", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)

@@ -1,8 +1,9 @@
-"""Vision-language batches are collated in dataloader workers on a GPU (payload.train.recipe.dataloader_workers):
+"""Vision-language batches are collated in dataloader workers on a GPU (payload.train.arguments.dataloader_workers):
 the batches, and the main process's RNG stream (dropout), are the same as without workers."""
 
 import torch
 
+from payload.train import arguments
 from payload.train import recipe as train
 from payload.train.run import Run
 from train_fixtures import VL_MODEL, make_config, train_env, write_vl_data  # noqa: F401  (fixture)
@@ -39,7 +40,7 @@ def test_workers_only_for_vision_language_on_a_gpu(train_env, monkeypatch):
     vl = make_config(train_env, "vl", model=VL_MODEL)
     text = make_config(train_env, "text")
     monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert train.dataloader_workers(vl, gpu=True) == train.VL_LOADER_WORKERS
-    assert train.dataloader_workers(vl, gpu=False) == 0 and train.dataloader_workers(text, gpu=True) == 0
+    assert arguments.dataloader_workers(vl, gpu=True) == arguments.VL_LOADER_WORKERS
+    assert arguments.dataloader_workers(vl, gpu=False) == 0 and arguments.dataloader_workers(text, gpu=True) == 0
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 16 cores shared by 8 ranks: one worker each
-    assert train.dataloader_workers(vl, gpu=True) == 1
+    assert arguments.dataloader_workers(vl, gpu=True) == 1
