@@ -41,7 +41,7 @@ from launcher.store.handle import Handle
 from launcher.store.registry import Run
 from .base import (Access, Backend, LaunchSpec, RemoteStatus, end_state, log_start, lost_log, remote_command,
                    restart_line, run_end, skipped_note)
-from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, START, STATUS_CMD
+from .ssh_scripts import DOWN_CMD, DRIVER, FREE_PORT, PROBE, START, STATUS_CMD
 from . import rsync, ssh_upload
 from .sshconn import CommandTimeout, Connection, Target, collect, expand as _expand, why as _why
 from .tasks import export_lines, load_task, node_env, node_script, workdir_files
@@ -102,8 +102,8 @@ class SSHBackend(Backend):
                     delay = min(delay * 2, 8.0)
         raise BackendError(f"cannot reach {conn.target} after {tries} tries: {_why(last)}")
 
-    def _sh(self, conn: Connection, command: str, stdin: Optional[str] = None, timeout: float = COMMAND_TIMEOUT,
-            check: bool = True, tries: Optional[int] = None) -> str:
+    def _sh(self, conn: Connection, command: str, stdin: Optional[str] = None,
+            timeout: float = COMMAND_TIMEOUT, check: bool = True, tries: Optional[int] = None) -> str:
         """Run a bash command remotely (retried on a dropped connection); return its stdout."""
 
         def once():
@@ -122,22 +122,19 @@ class SSHBackend(Backend):
     def probe(self, conn: Optional[Connection] = None) -> dict:
         """Connect (checking the host key) and describe the host: home, GPU count, python."""
         conn = conn or self._conn()
-        # GPUs by nvidia-smi, else by their device files (nvidia-smi off a non-login shell's PATH); `busy`:
-        # the processes computing on them now (another run's trainer)
-        out = self._sh(conn, 'echo "home=$HOME"; n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -gt 0 ] || '
-                             'n=$(ls -d /dev/nvidia[0-9]* 2>/dev/null | wc -l); echo "gpus=$n"; echo "busy=$(nvidia-smi '
-                             '--query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c "[0-9]")"; '
-                             'echo "python=$(command -v python3 python 2>/dev/null | head -n1)"')
+        out = self._sh(conn, PROBE)
         facts = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         gpus, busy = (facts.get(k, "0").strip() for k in ("gpus", "busy"))
-        return {"host": str(conn.target), "home": facts.get("home", ""), "gpus": int(gpus) if gpus.isdigit() else 0,
-                "busy": int(busy) if busy.isdigit() else 0, "python": facts.get("python", "")}
+        return {"host": str(conn.target), "home": facts.get("home", ""),
+                "gpus": int(gpus) if gpus.isdigit() else 0, "busy": int(busy) if busy.isdigit() else 0,
+                "python": facts.get("python", "")}
 
     # ------------------------------------------------------------------------------------ up
 
     def up(self, spec: LaunchSpec) -> Run:
         run, task = spec.run, load_task(spec.task_yaml)
-        # a resume on its host (--host not given, or the same) goes the way the run went, whatever the config says now
+        # a resume on its host (--host not given, or the same) goes the way the run went, whatever the
+        # config says now
         conn = self._conn(run if self.host and self.host == run.handle.host else None)
         run.handle.ssh_route = conn.target.route()  # how it was reached: every command goes so
         info = self.probe(conn)
@@ -150,18 +147,21 @@ class SSHBackend(Backend):
         run_dir = PurePosixPath(layout.run_dir(PurePosixPath(volume), run.id).as_posix())
         log = str(run_dir / layout.LOGS_DIR / "run.log")
         was = run.handle.host  # a resume on another host finds none of the run's checkpoints there
-        if spec.resume and was and not here and self._sh(conn, f"test -d {shlex.quote(str(run_dir))} && echo y || "
-                                                              "true").strip() != "y":
-            raise BackendError(f"run {run.id} ran on {was} and its checkpoints are there, not in {conn.target}:"
-                               f"{run_dir}: resume it there (--resume without --host), or copy that run directory "
-                               "over first (else it would train again from step 0); a fresh run: --new")
+        if spec.resume and was and not here and self._sh(
+                conn, f"test -d {shlex.quote(str(run_dir))} && echo y || true").strip() != "y":
+            raise BackendError(f"run {run.id} ran on {was} and its checkpoints are there, not in "
+                               f"{conn.target}:{run_dir}: resume it there (--resume without --host), or copy "
+                               "that run directory over first (else it would train again from step 0); "
+                               "a fresh run: --new")
         run.cluster = conn.target.hostname
-        run.handle.update(host=str(conn.target), known_hosts=str(conn.known_hosts), identity_file=conn.identity,
-                          remote_root=root, run_root=run_root, volume=volume, run_dir=str(run_dir), log=log)
+        run.handle.update(host=str(conn.target), known_hosts=str(conn.known_hosts),
+                          identity_file=conn.identity, remote_root=root, run_root=run_root, volume=volume,
+                          run_dir=str(run_dir), log=log)
         spec.place(run)  # before the upload: `status` and `down` find it there whenever `up` stops
         config_rel = (task.get("envs") or {}).get("LAUNCH_CONFIG") or f"sky/config/{spec.config_yaml.name}"
         files = workdir_files(spec.profile, spec.config_yaml, config_rel)
-        self.last_upload = ssh_upload.sync(conn, root, f"{run_root}/workdir", files, sh=self._sh, retry=self._retry)
+        self.last_upload = ssh_upload.sync(conn, root, f"{run_root}/workdir", files, sh=self._sh,
+                                           retry=self._retry)
         gpus = getattr(getattr(spec.profile, "cluster", None), "gpus_per_node", 0) or info["gpus"]
         env = node_env(task, self._overrides(spec, run, volume, f"{run_root}/workdir"), rank=0,
                        ips=["127.0.0.1"], gpus_per_node=gpus, task_id=run.id)
@@ -182,7 +182,8 @@ class SSHBackend(Backend):
         """The node's env on top of the task's: defaults, then `spec.envs`, then what this backend
         owns (the run id and volume, which status/fetch rely on). LAUNCH_LOCAL stays unset unless
         `spec.envs` sets it (tests do, to skip installing the GPU stack)."""
-        # TMPDIR: what torchrun (torchelastic_*) and W&B leave in temp dirs stays the run's (the driver makes it)
+        # TMPDIR: what torchrun (torchelastic_*) and W&B leave in temp dirs stays the run's (the driver
+        # makes it)
         base = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": workdir, "HF_HOME": f"{volume}/.hf",
                 "TMPDIR": f"{PurePosixPath(workdir).parent}/tmp"}
         return {**base, **spec.envs, "LAUNCH_RUN_ID": run.id, "LAUNCH_VOLUME": volume}
@@ -204,7 +205,8 @@ class SSHBackend(Backend):
         out = self._sh(conn, f"bash {shlex.quote(run_root)}/start.sh", stdin="\n".join(lines + ["", ""]))
         pid = out.strip().splitlines()[-1] if out.strip() else ""
         if not pid.isdigit():
-            raise BackendError(f"the run did not start on {conn.target} (no pid in {run_root}/pid): {out[-300:]}")
+            raise BackendError(f"the run did not start on {conn.target} (no pid in {run_root}/pid): "
+                               f"{out[-300:]}")
         return int(pid)
 
     # ---------------------------------------------------------------------------------- logs
@@ -220,7 +222,8 @@ class SSHBackend(Backend):
         offset, failures, started = None if tail is not None or follow else 0, 0, time.monotonic()
         while True:
             try:
-                if offset is None:  # --tail, or this attempt's start (base.log_start); 0 while there is no log
+                # --tail, or this attempt's start (base.log_start); 0 while there is no log
+                if offset is None:
                     offset, skipped = self._start_offset(conn, h.log, follow, tail)
                     if skipped:
                         out.write(skipped_note(run.id))
@@ -251,7 +254,8 @@ class SSHBackend(Backend):
             else:
                 time.sleep(POLL_S)
 
-    def _start_offset(self, conn: Connection, path: str, follow: bool, tail: Optional[int]) -> tuple[int, bool]:
+    def _start_offset(self, conn: Connection, path: str, follow: bool,
+                      tail: Optional[int]) -> tuple[int, bool]:
         conn.open()
         try:
             f = conn.sftp().open(path, "rb")
@@ -293,7 +297,8 @@ class SSHBackend(Backend):
             raise BackendError(f"run {run.id} never started on its host: nothing to connect to")
         conn = self._conn(run)
         argv = conn.ssh_argv(batch=False)  # an interactive shell may ask for a key's passphrase
-        return Access([*argv, "-t" if tty else "-T", conn.target.destination(), remote_command(h.run_dir, command)])
+        return Access([*argv, "-t" if tty else "-T", conn.target.destination(),
+                       remote_command(h.run_dir, command)])
 
     # -------------------------------------------------------------------------------- status
 
@@ -305,7 +310,8 @@ class SSHBackend(Backend):
             return RemoteStatus(state="failed" if run.active else "unknown",
                                 reason=run.reason or "never started on the host")
         conn = self._conn(run)
-        command = STATUS_CMD.format(root=shlex.quote(h.run_root), status_json=shlex.quote(f"{h.run_dir}/{layout.STATUS}"))
+        command = STATUS_CMD.format(root=shlex.quote(h.run_root),
+                                    status_json=shlex.quote(f"{h.run_dir}/{layout.STATUS}"))
         try:
             out = self._sh(conn, command, tries=2, timeout=30)
         except BackendError as e:
@@ -348,8 +354,8 @@ class SSHBackend(Backend):
             return False
         target = shlex.quote(f"{run_dir}/{rel}")
         try:
-            self._sh(self._conn(run), f"test -d {shlex.quote(run_dir)} && cat > {target}.part && mv {target}.part "
-                     f"{target}", stdin=text, tries=2, timeout=30)
+            self._sh(self._conn(run), f"test -d {shlex.quote(run_dir)} && cat > {target}.part && "
+                     f"mv {target}.part {target}", stdin=text, tries=2, timeout=30)
         except BackendError:
             return False
         return True
@@ -367,8 +373,8 @@ class SSHBackend(Backend):
         marker = shlex.quote(f"LAUNCH_RUN_ID={run.id}")
         # with the volume too where known: run ids are unique per launch home, not per host (two users)
         volume = shlex.quote(f"LAUNCH_VOLUME={h.volume}") if h.volume else marker
-        self._sh(conn, DOWN_CMD.format(root=shlex.quote(h.run_root), ticks=ticks, marker=marker, volume=volume),
-                 timeout=grace_s + COMMAND_TIMEOUT, tries=None if run.active else 2)
+        command = DOWN_CMD.format(root=shlex.quote(h.run_root), ticks=ticks, marker=marker, volume=volume)
+        self._sh(conn, command, timeout=grace_s + COMMAND_TIMEOUT, tries=None if run.active else 2)
 
     # --------------------------------------------------------------------------------- fetch
 
@@ -386,7 +392,8 @@ class SSHBackend(Backend):
         if not rels or not run_dir:
             return
         try:
-            got = rsync.pull(conn.ssh_argv(), conn.target.destination(), run_dir, rels, into, tries=self.retries)
+            got = rsync.pull(conn.ssh_argv(), conn.target.destination(), run_dir, rels, into,
+                             tries=self.retries)
             self.last_fetch = {"via": "rsync", "bytes_received": got}
             return
         except rsync.Unavailable as e:
@@ -426,19 +433,20 @@ def _fits(profile, info: dict, envs: dict) -> None:
     if c is None:
         return
     if c.num_nodes > 1:
-        raise BackendError(f"{profile.name} asks for {c.num_nodes} nodes and the ssh backend runs on one machine "
-                           f"({info['host']}): run it with --backend skypilot, or on one node with --set "
-                           "cluster.num_nodes=1 (a smaller global batch, more hours)")
+        raise BackendError(f"{profile.name} asks for {c.num_nodes} nodes and the ssh backend runs on one "
+                           f"machine ({info['host']}): run it with --backend skypilot, or on one node with "
+                           "--set cluster.num_nodes=1 (a smaller global batch, more hours)")
     if c.gpus_per_node > info["gpus"]:
         fix = f"or --set cluster.accelerators={c.accelerator_name}:{info['gpus']}" if info["gpus"] else \
             "or check `nvidia-smi` there"
-        raise BackendError(f"{info['host']} has {info['gpus']} GPU(s) (nvidia-smi -L) and {profile.name} asks for "
-                           f"{c.accelerators_label} per node: use a host with {c.gpus_per_node}, {fix}")
+        raise BackendError(f"{info['host']} has {info['gpus']} GPU(s) (nvidia-smi -L) and {profile.name} "
+                           f"asks for {c.accelerators_label} per node: use a host with {c.gpus_per_node}, "
+                           f"{fix}")
     if c.gpus_per_node and info.get("busy") and "CUDA_VISIBLE_DEVICES" not in envs:
-        raise BackendError(f"{info['host']}'s GPUs already run {info['busy']} process(es) (nvidia-smi): a run "
-                           "started beside them shares their memory and can crash the one training there; stop it "
-                           "first (`launch status --all`), or give this run other GPUs with --env "
-                           "CUDA_VISIBLE_DEVICES=...")
+        raise BackendError(f"{info['host']}'s GPUs already run {info['busy']} process(es) (nvidia-smi): "
+                           "a run started beside them shares their memory and can crash the one training "
+                           "there; stop it first (`launch status --all`), or give this run other GPUs with "
+                           "--env CUDA_VISIBLE_DEVICES=...")
 
 
 def _state(facts: dict, reported: dict, run: Run) -> tuple[str, Optional[str]]:

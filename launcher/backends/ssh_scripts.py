@@ -40,3 +40,4 @@ START = text("ours.sh", "start.sh")  # the run's start.sh: its NAME/value pairs 
 STATUS_CMD = Script(("ours.sh", "status.sh"))  # root, status
 DOWN_CMD = Script(("ours.sh", "down.sh"))  # root, ticks, marker, volume
 SEED_AND_LIST = Script(("seed_and_list.sh",))  # w, root
+PROBE = text("probe.sh")  # home, gpus, busy, python: one name=value a line
