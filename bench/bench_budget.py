@@ -4,7 +4,7 @@
 
 Trains the local-demo tiny Qwen3 LoRA with a price of $3600/h ($1 per second, so dollars read as
 seconds) and a budget of `--budget-s` dollars. The payload checks the budget after every optimizer
-step (payload.volume.checkpoints.RunControl -> CostTracker.exhausted), saves a checkpoint and stops, so the
+step (payload.volume.control.RunControl -> CostTracker.exhausted), saves a checkpoint and stops, so the
 overshoot should stay under one logging interval's cost (logging_steps x step time x price), the
 bound the launcher promises. Prints the figures as JSON; exit 1 if the bound is broken.
 """

@@ -119,7 +119,7 @@ def qwen3_vl_32b_lora_bytes(r: int = 32) -> int:
 
 
 def main() -> None:
-    from payload.volume.checkpoints import young_interval_s
+    from payload.volume.control import young_interval_s
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rank", type=int, default=32, help="LoRA rank of the 32B checkpoint the synthetic one mimics")

@@ -30,8 +30,9 @@ FACES: dict[str, tuple[str, ...]] = {
     "layout": ("",),
     "retry": ("",),
     "config": ("", "stages", "evaluation", "resume"),
-    "volume": ("checkpoints", "checksums", "verify", "observe", "money", "lease", "stop_request", "timings"),
-    "model": ("modeling", "attention", "memory", "dims"),
+    "volume": ("checkpoints", "control", "checksums", "verify", "observe", "money", "lease", "stop_request",
+               "timings"),
+    "model": ("modeling", "adapters", "sharding", "attention", "memory", "dims"),
     "data": ("", "trainset"),
     "outputs": ("evaluate", "infer", "tracking", "manifest"),
 }

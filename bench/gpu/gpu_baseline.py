@@ -36,7 +36,7 @@ class PadCollator:
 
 
 def load_model(cfg, spec: dict):
-    from payload.model import attention, modeling
+    from payload.model import adapters, attention, modeling
 
     dtype = modeling.resolve_dtype(cfg.model)
     # the first kernel a mode lists; the runbooks' recipe is sdpa, so a mode that leaves the kernel to the
@@ -47,14 +47,14 @@ def load_model(cfg, spec: dict):
     model = modeling.auto_class(cfg.model.kind).from_pretrained(cfg.model.name_or_path, **kw)
     if cfg.train.method == "full":
         if cfg.model.kind == "image_text_to_text":
-            modeling.freeze_vision(model)
+            adapters.freeze_vision(model)
         return model, dtype
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     if cfg.train.method == "qlora":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
-    return get_peft_model(model, modeling.lora_config(cfg, model)), dtype
+    return get_peft_model(model, adapters.lora_config(cfg, model)), dtype
 
 
 def training_args(cfg, spec: dict, dtype):
@@ -63,7 +63,7 @@ def training_args(cfg, spec: dict, dtype):
     import torch
     from transformers import TrainingArguments
 
-    from payload.model import modeling
+    from payload.model import modeling, sharding
 
     t, gpu = cfg.train, modeling.on_gpu()
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -76,7 +76,7 @@ def training_args(cfg, spec: dict, dtype):
         **{ckpt: True, f"{ckpt}_kwargs": {"use_reentrant": False}},
         logging_steps=t.logging_steps, save_strategy="no", report_to="none", disable_tqdm=True, seed=t.seed,
         dataloader_num_workers=0, remove_unused_columns=False, include_num_input_tokens_seen="non_padding",
-        deepspeed=modeling.deepspeed_config(t.deepspeed) if t.deepspeed else None,
+        deepspeed=sharding.deepspeed_config(t.deepspeed) if t.deepspeed else None,
     )
 
 

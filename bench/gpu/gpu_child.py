@@ -113,7 +113,7 @@ def record_lengths(ds, spec: dict, cfg) -> list[int]:
 
 
 def run_payload(spec: dict, result: dict) -> None:
-    from payload.model import modeling
+    from payload.model import adapters, modeling
     from payload.volume import observe
     from payload.train import recipe as train
 
@@ -141,7 +141,7 @@ def run_payload(spec: dict, result: dict) -> None:
                        "trainable_params": summary.get("trainable_params"),
                        "first_loss": summary.get("first_loss"), "last_loss": summary.get("final_loss"),
                        "losses": losses(cfg.run_dir),
-                       **({"kbit_preparation": getattr(modeling, "KBIT_PREPARATION", "fp32-upcast")}
+                       **({"kbit_preparation": getattr(adapters, "KBIT_PREPARATION", "fp32-upcast")}
                           if cfg.train.method == "qlora" else {}),
                        "checkpoint_save_s": round(sum(run.control.save_history), 2) if run.control else None})
         gpu_measure.flops(result, cfg, lengths, summary.get("trainable_params") or 0, result.get("device"))

@@ -3,7 +3,7 @@
 A signal is no way to ask for a checkpoint that takes minutes: SkyPilot's `sky.cancel` SIGKILLs the
 job's process tree 30 s after its SIGTERM (sky/skylet/subprocess_daemon.py; SKY_KILL_AFTER_S in
 skypilot/control.py), a RunPod spot pod gets 5 s, and the payload saves on SIGTERM only when a save
-fits (payload/volume/checkpoints.py SIGTERM_SAVE_BUDGET_S). So while the run's status.json says `training`,
+fits (payload/volume/control.py SIGTERM_SAVE_BUDGET_S). So while the run's status.json says `training`,
 `launch down` writes `stop_request.json` into the run directory (Backend.write_run_file: a local
 file, SSH, or the RunPod volume's S3 API), waits until status.json says the trainer ended, checks that
 the checkpoint it names (`final_checkpoint`) has its COMPLETE marker, and only then lets the backend

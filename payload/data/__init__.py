@@ -5,10 +5,10 @@ one canonical chat record, applies the per-source transforms, drops duplicates, 
 with the seed, and writes the splits and `data_stats.json` to `{run_dir}/data/` (`stage` is the
 stage itself; its docstring has the details).
 
-The group: `stage` (the stage: `main(cfg)`), `sources` -> `records` -> `transforms` -> `pipeline`
--> `writer`, with `images` and `problems`; `preview` (what the trainer sees) and `trainset`
-(canonical records as the datasets TRL reads). It may import config/, model/ (the tokenizer) and
-the base; outputs/ and train/ read it.
+The group: `stage` (the stage: `main(cfg)`), `sources` (opened, checked) -> `readers` (per format)
+-> `records` -> `transforms` -> `pipeline` -> `writer`, with `images` and `problems`; `preview` (what
+the trainer sees) and `trainset` (canonical records as the datasets TRL reads). It may import config/,
+model/ (the tokenizer) and the base; outputs/ and train/ read it.
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ from payload.errors import PayloadError
 
 from .images import ImageChecker
 from .images import unchanged as images_unchanged
+from .readers import Source
 from .records import Dropped, RecordError, canonicalize
-from .sources import Source, open_source
+from .sources import open_source
 from .transforms import (SPLITS, Splitter, apply_transforms, encode_messages, percentiles, record_line,
                          source_tail, text_tokenizer, token_length, tokenizer_id)
 from .writer import SplitWriter, read_cached, start_rebuild, write_marker, write_stats

@@ -210,7 +210,7 @@ def estimate_gpu_memory_gb(cfg, gpu_mem_gb: Optional[float], num_gpus: int, dims
                  back (2 B x H); a trainable LM head (full) adds an fp32 gradient accumulator and its
                  cast, 6 B x V x H. `fused_lm_head=False` (a plain transformers Trainer): T x V x
                  10 B (bf16 logits, fp32 upcast for the loss, fp32 log-softmax/grad).
-    train_state  (lora) fp32 adapters, 16 B each; QLoRA in bf16 keeps bf16 adapters (payload.model.modeling.
+    train_state  (lora) fp32 adapters, 16 B each; QLoRA in bf16 keeps bf16 adapters (payload.model.adapters.
                  dtype_plan, as TRL does): 8 B each.
     overhead     1.5 GiB (CUDA context, NCCL, cuBLAS workspace) + 5 % (allocator fragmentation); with
                  unfused logits + half the logits term (freed logits blocks stay cached: the three
@@ -391,7 +391,7 @@ def _train_state_bytes(cfg, dims: ModelDims, n: int, k: Kernels) -> float:
         weights, grads, optim = 2 * dims.params, 2 * dims.params, 12 * dims.params
     else:
         trainable = lora_trainable_params(cfg, dims)
-        # fp32 adapters, except QLoRA in bf16 (payload.model.modeling.dtype_plan): bf16 weight, grad and AdamW m, v
+        # fp32 adapters, except QLoRA in bf16 (payload.model.adapters.dtype_plan): bf16 weight, grad and AdamW m, v
         per = 2 if t.method == "qlora" and cfg.model.dtype == "bfloat16" and not k.kbit_upcast else 4
         optim_b = 2 if t.optimizer == "paged_adamw_8bit" else 2 * per
         weights, grads, optim = per * trainable, per * trainable, optim_b * trainable

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from payload import layout
-from payload.volume.checkpoints import Callback
+from payload.volume.control import Callback
 from payload.errors import PayloadError
 
 log = logging.getLogger("payload.eval")

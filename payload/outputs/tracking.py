@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from payload import layout
-from payload.volume.checkpoints import Callback
+from payload.volume.control import Callback
 from payload.config.evaluation import wandb_wanted
 
 log = logging.getLogger("payload.tracking")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from payload import layout
 from payload.model import modeling
+from payload.model import sharding
 from payload.volume import checkpoints as ck
 from payload.volume import observe
 from payload.volume import stop_request
@@ -83,7 +84,7 @@ def sft_config(cfg, has_eval: bool, dtype):
     every, _why = modeling.checkpointing_decision(cfg)
     workers = dataloader_workers(cfg, gpu)
     if t.deepspeed and not gpu:
-        modeling.deepspeed_on_cpu()
+        sharding.deepspeed_on_cpu()
     names = {f.name for f in dc.fields(SFTConfig)}
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     ckpt_kwargs = {"use_reentrant": False}
@@ -107,7 +108,7 @@ def sft_config(cfg, has_eval: bool, dtype):
         max_grad_norm=t.max_grad_norm,
         bf16=dtype == torch.bfloat16 and gpu,
         fp16=dtype == torch.float16 and gpu,
-        use_cpu=not gpu and not t.deepspeed,  # DeepSpeed on CPU: its own accelerator (modeling.deepspeed_on_cpu)
+        use_cpu=not gpu and not t.deepspeed,  # DeepSpeed on CPU: its own accelerator (sharding.deepspeed_on_cpu)
         accelerator_config={"use_configured_state": True} if t.deepspeed and not gpu else None,
         seed=t.seed,
         logging_strategy="steps",
@@ -128,7 +129,7 @@ def sft_config(cfg, has_eval: bool, dtype):
         eval_packing=False,  # per-sample eval losses (high-loss samples) need unpacked rows
         assistant_only_loss=t.assistant_only_loss,
         ddp_find_unused_parameters=None if vl else False,
-        deepspeed=modeling.deepspeed_config(t.deepspeed) if t.deepspeed else None,
+        deepspeed=sharding.deepspeed_config(t.deepspeed) if t.deepspeed else None,
     )
 
 

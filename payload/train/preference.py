@@ -19,8 +19,9 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from payload.volume import checkpoints as ck
+from payload.volume.control import RunControl
 from payload.model import modeling
+from payload.model import adapters
 from payload.volume import observe
 from payload.data import trainset
 from payload.errors import PayloadError
@@ -141,11 +142,11 @@ def setup(run) -> None:
                                                     cfg.model.revision)
         train_records, _val = trainset.ensure_data(cfg, tokenizer_of(processing))
     model, run.attn = modeling.load_model(cfg, path, dtype)
-    model, _ = modeling.prepare_for_method(cfg, model)
+    model, _ = adapters.prepare_for_method(cfg, model)
     model, _ = start_from_adapter(cfg, model)
     run.val_records = []  # DPO/GRPO stages are judged by their rewards/margins in metrics.jsonl
-    run.control = ck.RunControl(cfg.train.checkpoints, run.stop, run.tracker, cfg.train.logging_steps,
-                                has_eval=False, lease=run.lease)
+    run.control = RunControl(cfg.train.checkpoints, run.stop, run.tracker, cfg.train.logging_steps,
+                             has_eval=False, lease=run.lease)
     common = dict(model=model, args=args, processing_class=processing, callbacks=trainer_callbacks(run, False))
     if kind == "dpo":
         run.trainer = trainer_class("dpo")(train_dataset=dpo_dataset(train_records, vl), **common)
@@ -155,5 +156,5 @@ def setup(run) -> None:
                                             **common)
     run.trainer.launch_run = run
     observe.quiet_trainer(run.trainer)
-    modeling.cast_adapters(cfg, run.trainer.model)  # QLoRA adapters per modeling.dtype_plan
-    run.counts = modeling.check_vision_frozen(cfg, run.trainer.model)
+    adapters.cast_adapters(cfg, run.trainer.model)  # QLoRA adapters per adapters.dtype_plan
+    run.counts = adapters.check_vision_frozen(cfg, run.trainer.model)

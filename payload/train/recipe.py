@@ -1,16 +1,35 @@
 """Training stage: `python -m payload train --config RUN.yaml`, or `payload.train.recipe.main(cfg)`.
 
-One idea: a training stage's phases in the order they run (setup, load_checkpoint, train, save,
-cleanup), as plain functions like one torchtune recipe, read top to bottom. The step itself (`trainer`),
-the run's state (`run`) and what the run config becomes for TRL and transformers (`arguments`: SFTConfig,
-the callbacks, the environment) stand apart; what stays is the order and what joins the phases.
+Which keys of the run config (the profile's `model:`, `train:`, `evaluation:`, `runtime:`) drive each
+phase, in the order the phases run:
 
-Same entry point for one process, `torchrun --nproc_per_node N`, and several nodes. The phases are
-plain functions, in the order torchtune's recipes use (setup, load_checkpoint, train, save,
-cleanup); the work is TRL's `SFTTrainer` (assistant-only loss, packing, PEFT) on transformers'
-`Trainer` (resume with RNG/optimizer/scheduler/data position, DDP, DeepSpeed). What is added here:
-checkpoint markers with checksums and retention, verified resume, the run's lease, time/budget/SIGTERM
-stops with a named end (state, exit code and reason in status.json), cost, metrics and the outputs.
+- `setup`: `model.name`/`kind`/`dtype`/`revision`/`attn_implementation` (the base model, its processor,
+  the attention kernel), `data` (the records, written by `python -m payload data` when missing),
+  `train.method` with `train.lora`/`train.quantization`/`train.deepspeed` (LoRA, QLoRA 4-bit, full
+  weights under ZeRO), `train.packing`/`padding_free` (how records become batches),
+  `train.gradient_checkpointing`/`liger`, `runtime.price_per_hour`/`budget_usd` (the cost tracker),
+  `init_adapter` (a later stage trains on from the previous adapter).
+- `load_checkpoint`: the newest complete checkpoint under the run directory that verifies
+  (`runtime.volume`, `runtime.run_id`), and whether `math_hash` changed since it was saved.
+- `train`: TRL's SFTTrainer over `train.max_steps`/`epochs`, saving by `train.checkpoints.save_steps` or
+  `save_every_minutes` (Young's interval from `expected_preemption_hours` on spot), keeping
+  `keep_best` + `keep_recent`; evaluating every `train.eval_steps` (and generating with
+  `evaluation.during_training`), `train.early_stopping_patience`; stopping at `runtime.budget_usd`, at
+  SIGTERM, or at `launch down`'s request, each after a checkpoint.
+- `save`: the adapter (or full weights) from the checkpoint `evaluation.metric_for_best` ranks best (the
+  latest for full fine-tuning), `train.high_loss_samples`, the loss plot, summary.json, status.json.
+- `cleanup`: the signal handlers, the trackers (`train.report_to`, `wandb:`), the lease, the cost record.
+
+One idea at ~390 lines: a training stage's phases in that order, as plain functions like one torchtune
+recipe, read top to bottom (cut, the order would be read across files); the step itself (`trainer`),
+the run's state (`run`) and what the run config becomes for TRL and transformers (`arguments`:
+SFTConfig, the callbacks, the environment) stand apart.
+
+Same entry point for one process, `torchrun --nproc_per_node N`, and several nodes. The work is TRL's
+`SFTTrainer` (assistant-only loss, packing, PEFT) on transformers' `Trainer` (resume with
+RNG/optimizer/scheduler/data position, DDP, DeepSpeed). What is added here: checkpoint markers with
+checksums and retention, verified resume, the run's lease, time/budget/SIGTERM stops with a named end
+(state, exit code and reason in status.json), cost, metrics and the outputs.
 
 Inputs: `{run_dir}/data/{train,val}.jsonl` with canonical records
 `{"messages": [{"role", "content": str | [{"type": "text", "text"} | {"type": "image", "image": path}]}],
@@ -31,6 +50,8 @@ from payload import layout
 from payload.model import attention
 from payload.volume import lease
 from payload.model import modeling
+from payload.model import adapters
+from payload.model import sharding
 from payload.volume import observe
 from payload.config import resume as runconfig
 from payload.volume import stop_request
@@ -38,6 +59,7 @@ from payload.volume import timings
 from payload.outputs import manifest, tracking
 from payload.data import trainset
 from payload.volume import checkpoints as ck
+from payload.volume.control import SIGTERM_SAVE_BUDGET_S, RunControl, TrainingFinished, TrainingInterrupted
 from payload.volume import verify
 from payload.train.arguments import set_env, sft_config, tokenizer_of, trainer_callbacks, zero3
 from payload.train.run import Run
@@ -81,7 +103,7 @@ def main(cfg, setup_fn=None, at_stop=None) -> dict:
     if run.state == "budget_exhausted":
         raise BudgetExhausted(end_line(run))
     if run.state == "stopped":
-        stop = stop_request.StopRequested if stop_request.honoured(run.control) else ck.TrainingInterrupted
+        stop = stop_request.StopRequested if stop_request.honoured(run.control) else TrainingInterrupted
         raise stop(end_line(run))
     return summary
 
@@ -157,7 +179,7 @@ def setup(run: Run, build=None) -> None:
     run.stop.install()
     run.tracker = CostTracker(rd, cfg.runtime.price_per_hour, cfg.runtime.budget_usd, write=run.main,
                               warn_fraction=cfg.runtime.budget_warn_fraction)
-    modeling.check_deepspeed_available(cfg)
+    sharding.check_deepspeed_available(cfg)
     if cfg.train.method == "qlora":
         modeling.quantization_config(cfg.train.quantization)  # fail fast, before any download
     if build is not None:
@@ -178,7 +200,7 @@ def setup(run: Run, build=None) -> None:
     log.info("batches: %s (%s)", attention.BATCH_LABEL[batch], why_batch)
     if run.main:
         observe.write_status(rd, attention=f"{run.attn}: {run.attn_reason}")
-    model, peft_config = modeling.prepare_for_method(cfg, model)
+    model, peft_config = adapters.prepare_for_method(cfg, model)
     if args.use_liger_kernel != modeling.use_liger(cfg, model):  # `auto`: off where its patch fails
         args = dataclasses.replace(args, use_liger_kernel=False)
     if getattr(cfg, "init_adapter", None) is not None:  # a later stage: train on from the previous adapter
@@ -191,8 +213,8 @@ def setup(run: Run, build=None) -> None:
         args = dataclasses.replace(args, eval_strategy="no", metric_for_best_model=None, greater_is_better=None)
     if run.main:
         tracking.start(cfg)  # before the Trainer: its WandbCallback reuses this run
-    run.control = ck.RunControl(cfg.train.checkpoints, run.stop, run.tracker, cfg.train.logging_steps,
-                                has_eval=eval_ds is not None, lease=run.lease)
+    run.control = RunControl(cfg.train.checkpoints, run.stop, run.tracker, cfg.train.logging_steps,
+                             has_eval=eval_ds is not None, lease=run.lease)
     run.trainer = trainer_class()(
         model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=processing,
         peft_config=peft_config, callbacks=trainer_callbacks(run, eval_ds is not None),
@@ -201,8 +223,8 @@ def setup(run: Run, build=None) -> None:
     if run.padding_free and not cfg.train.packing:
         trainset.use_padding_free_collator(run.trainer)
     observe.quiet_trainer(run.trainer)
-    modeling.cast_adapters(cfg, run.trainer.model)  # QLoRA adapters per modeling.dtype_plan
-    run.counts = modeling.check_vision_frozen(cfg, run.trainer.model)
+    adapters.cast_adapters(cfg, run.trainer.model)  # QLoRA adapters per adapters.dtype_plan
+    run.counts = adapters.check_vision_frozen(cfg, run.trainer.model)
     lost = trainset.check_trained_tokens(run.trainer, cfg, train_records, run.val_records)  # exit 2: none left
     run.counts.update(lost)
     if lost:
@@ -239,7 +261,7 @@ def train(run: Run) -> None:
     try:
         result = run.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
         run.counts["train_runtime_s"] = round(result.metrics.get("train_runtime", 0.0), 3)
-    except ck.TrainingFinished as e:
+    except TrainingFinished as e:
         log.info("nothing left to train: %s", e)
         run.counts["train_runtime_s"] = 0.0
     run.state, run.reason = end_of_training(run)
@@ -263,7 +285,7 @@ def end_of_training(run: Run) -> tuple[str, Optional[str]]:
         else:
             last = ck.latest_complete(ck.checkpoints_dir(run.run_dir))
             kept = (f"no checkpoint saved (a save takes ~{c.stop_save_s:.1f} s, more than the "
-                    f"{ck.SIGTERM_SAVE_BUDGET_S} s allowed); resumes from {last.name if last else 'step 0'}")
+                    f"{SIGTERM_SAVE_BUDGET_S} s allowed); resumes from {last.name if last else 'step 0'}")
         return "stopped", f"stopped by {sig} at step {step} of {total}; {kept}"
     if c.reason == "budget_exhausted":
         return "budget_exhausted", (

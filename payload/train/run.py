@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from payload.volume import checkpoints as ck
+from payload.volume.control import RunControl, StopSignal
 from payload.volume import lease
 from payload.volume import observe
 from payload.volume.money import CostTracker
@@ -22,9 +22,9 @@ class Run:
     cfg: Any
     run_dir: Path
     t0: float = field(default_factory=time.monotonic)
-    stop: ck.StopSignal = field(default_factory=ck.StopSignal)
+    stop: StopSignal = field(default_factory=StopSignal)
     tracker: Optional[CostTracker] = None
-    control: Optional[ck.RunControl] = None
+    control: Optional[RunControl] = None
     trainer: Any = None
     attn: Optional[str] = None
     attn_reason: Optional[str] = None

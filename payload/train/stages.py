@@ -26,7 +26,7 @@ from pathlib import Path
 
 from payload import layout
 from payload.outputs import manifest
-from payload.volume import checkpoints as ck
+from payload.volume.control import all_reduce_max
 from payload.volume import lease
 from payload.volume import observe
 from payload.errors import EXIT_BUDGET, BudgetExhausted, PayloadError
@@ -82,7 +82,8 @@ def run_stage(cfg, scfg, spent_before: float) -> dict:
     last = info["index"] == info["of"]
     if budget is not None:
         left = budget - spent_before
-        (over,) = ck.all_reduce_max([float(left <= 0)])  # every rank stops here, or none (ranks' figures may differ)
+        # every rank stops here, or none (ranks' figures may differ)
+        (over,) = all_reduce_max([float(left <= 0)])
         if over:
             reason = (f"budget of {usd(budget)} spent by the stages before {scfg.stage.label} "
                       f"({usd(spent_before)}); continue with {resume_hint(cfg.runtime.profile)}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from payload.volume import checkpoints as ck
+from payload.volume.control import Callback
 from payload.volume import observe
 from payload.config import resume as runconfig
 from payload.config import dump_run_config
@@ -134,7 +135,7 @@ class LaunchTrainerMixin:
         return True
 
 
-class ResumeLossState(ck.Callback):
+class ResumeLossState(Callback):
     """On a resume, put the checkpoint's logging accumulators back once the Trainer has reset them."""
 
     def __init__(self, run: Run):

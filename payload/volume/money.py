@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from payload import layout
-from payload.volume.checkpoints import Callback
+from payload.volume.control import Callback
 from payload.volume.observe import atomic_write_json, now_iso, write_status  # observe owns status.json
 
 log = logging.getLogger("payload.train")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from payload import layout
-from payload.volume.checkpoints import Callback
+from payload.volume.control import Callback
 
 log = logging.getLogger("payload.train")
 

@@ -72,7 +72,7 @@ class SaveAndExit:
         raise AttributeError(name)
 
     def on_step_end(self, args, state, control, **kwargs):
-        from payload.volume.checkpoints import all_reduce_max
+        from payload.volume.control import all_reduce_max
 
         asked = float(_main_rank() and self.path.exists())
         (asked,) = all_reduce_max([asked], self.control.device)

@@ -24,7 +24,8 @@ from typing import Optional
 
 from payload import layout
 from payload.volume import checksums
-from payload.volume.checkpoints import checkpoints_dir, gather_objects, list_checkpoints, ranked, read_marker
+from payload.volume.checkpoints import checkpoints_dir, list_checkpoints, ranked, read_marker
+from payload.volume.control import gather_objects
 from payload.errors import PayloadError
 
 log = logging.getLogger("payload.train")

@@ -76,7 +76,7 @@ def test_smoke_runs_every_mode_in_its_own_process_and_writes_the_table(tmp_path)
 def test_full_zero3_is_wired_as_a_payload_run():
     """ZeRO-3 cannot run here (no deepspeed on CPU): the config the GPU run trains with is checked
     instead - full fine-tune, DeepSpeed stage 3, optimizer offload only when asked."""
-    from payload.model import modeling
+    from payload.model import adapters, sharding
 
     m = gpu_modes.mode("full-zero3")
     body = gpu_modes.run_config_dict(m, model_dir="/m", kind="image_text_to_text", data_path="/d/mix.jsonl",
@@ -84,7 +84,7 @@ def test_full_zero3_is_wired_as_a_payload_run():
     cfg = RunConfig.model_validate(body)
     assert cfg.train.method == "full" and cfg.train.deepspeed.zero_stage == 3
     assert cfg.train.learning_rate == 2e-5 and cfg.train.logging_steps == 3
-    ds = modeling.deepspeed_config(cfg.train.deepspeed)
+    ds = sharding.deepspeed_config(cfg.train.deepspeed)
     assert ds["zero_optimization"]["stage"] == 3 and "offload_optimizer" not in ds["zero_optimization"]
     assert gpu_modes.skip_reason(m, cuda=True, have=lambda p: True) is None
 
@@ -97,7 +97,7 @@ def test_full_zero3_is_wired_as_a_payload_run():
     for p in model.parameters():
         p.ds_numel = p.numel()
         p.data = torch.empty(0)
-    counts = modeling.check_vision_frozen(cfg, model)
+    counts = adapters.check_vision_frozen(cfg, model)
     assert counts["trainable_params"] == counts["total_params"] == 16 + 4
 
 

@@ -1,8 +1,10 @@
 """The SkyPilot backend: on-demand profiles run as a cluster, spot profiles as a managed job.
 
-One idea at ~470 lines: base.Backend's contract (up, logs, access, status, down, fetch) on SkyPilot's
-clusters and managed jobs, ~380 lines of it the class, and `merge_status` of the same idea; the task
-it launches (`task`) and what else stands apart are in the package's other modules.
+One idea at ~360 lines: base.Backend's contract (up, logs, access, status, down, fetch) on SkyPilot's
+clusters and managed jobs, nearly all of it the class: starting a run and stopping it (the teardown's
+waits and retries). What state a run is in (SkyPilot's queues merged with the run's status.json,
+`merge_status`) is `run_state`'s, which `status` and `down` ask; the task it launches (`task`) and what
+else stands apart are in the package's other modules.
 
 Everything goes through SkyPilot's Python SDK (client/server: each call returns a request id that
 `sky.get` / `sky.stream_and_get` resolves). The task is SkyPilot's own parse of the rendered
@@ -17,7 +19,6 @@ fetch from without asking SkyPilot.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path, PurePosixPath
 from typing import Optional, TextIO
@@ -28,24 +29,18 @@ from payload.errors import END_STATES
 
 from ... import sky_internals
 from ...errors import BackendError
-from launcher.store.handle import Handle
-from launcher.store.registry import ACTIVE_STATES, STATES, Run
+from launcher.store.registry import Run
 from launcher.profiles.uploads import remove_staged
 from ..base import Access, Backend, LaunchSpec, RemoteStatus, remote_command, remote_path
-from . import control, runpod_pods, slurm_login
+from . import control, run_state
 from .task import build_task, cluster_name
 from .files import RunFiles, S3Volume, cluster_ssh, ensure_ssh_config, s3_ready, ssh_argv
 from .sdk import (
-    controller_gone, credentials_message, enum_name, first_line, job_statuses, managed_records, map_sky_error,
+    controller_gone, credentials_message, enum_name, first_line, job_statuses, map_sky_error,
     nothing_launched, profile_clouds, record_field, sdk, volume_record,
 )
 from launcher.term.ui import err_console
 
-_JOB_STATES = {"INIT": "starting", "PENDING": "starting", "SETTING_UP": "starting", "RUNNING": "running",
-               "SUCCEEDED": "completed", "CANCELLED": "stopped"}
-_MANAGED_STATES = {"PENDING": "starting", "SUBMITTED": "starting", "STARTING": "starting",
-                   "RECOVERING": "starting", "RUNNING": "running", "WINDING_DOWN": "running",
-                   "CANCELLING": "stopped", "CANCELLED": "stopped", "SUCCEEDED": "completed"}
 # status.json states in which the trainer has ended (payload/errors.py END_STATES; `interrupted`
 # is what the payload writes when a signal stopped it).
 _ENDED = (*END_STATES, "interrupted")
@@ -248,102 +243,7 @@ class SkyPilotBackend(Backend):
                        remote_command(h.run_dir, command)])
 
     def status(self, run: Run) -> RemoteStatus:
-        sky, h, said = sdk(), run.handle, None
-        try:
-            if h.kind == "managed_job":
-                state, reason, billing, said = self._managed_state(sky, run)
-            else:
-                state, reason, billing = self._cluster_state(sky, run)
-        except Exception as e:  # noqa: BLE001 - never raises: the state says what is known
-            if h.kind == "managed_job" and controller_gone(e):
-                return self._settled(run)
-            return RemoteStatus(state=run.state, reason=f"SkyPilot not reachable: {map_sky_error(e)}")
-        reported = self._reported(run, up=state in ("running", "completed", "failed"))
-        st = merge_status(state, reason, reported, run.state)
-        st.billing = billing
-        if said:  # RunPod's word on the job's pod: the bill stops at its interruption (runpod_pods.py)
-            st.ended_at, st.notice, st.handle = said.interrupted_at, said.notice, said.keep
-        if state is None:  # its machine is gone: it billed until the run ended (or was seen ended), + autostop idle
-            end = control.epoch((reported or {}).get("ended_at")) or (None if run.active else run.ended_at)
-            idle = 0 if h.kind == "managed_job" else h.autostop_minutes
-            idle = control.CLUSTER_IDLE_MIN if idle is None else idle
-            st.ended_at = min(end + 60 * idle, time.time()) if end else None  # not past now: torn down sooner
-        return st
-
-    def _cluster_state(self, sky, run: Run) -> tuple[Optional[str], Optional[str], bool]:
-        """(state, reason, billing) of a cluster run; None: the cluster is gone."""
-        records = sky.get(sky.status(cluster_names=[run.cluster]))
-        if not records:
-            return None, f"cluster {run.cluster} is gone (autostopped after the job, or torn down)", False
-        cluster = enum_name(record_field(records[0], "status"))
-        if cluster == "INIT":
-            return "starting", "provisioning or setting up", True
-        if cluster == "STOPPED":
-            return "stopped", f"cluster {run.cluster} is stopped", False
-        job_id = run.handle.job_id
-        jobs = job_statuses(sky, run.cluster, job_id)
-        job = enum_name(jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else
-                    next(iter(jobs.values()), None))
-        if job.startswith("FAILED"):
-            return "failed", f"job {job}: see `launch logs`", True
-        return _JOB_STATES.get(job, "starting"), None, True  # up: bills until autostop takes it down
-
-    def _managed_record(self, sky, h: Handle):
-        """The jobs controller's queue record of the run's managed job (None: unknown to it)."""
-        match = managed_records(sky, h.job_id, h.job_name)
-        return match[-1] if match else None
-
-    def _managed_state(self, sky, run: Run) -> tuple:
-        """(state, reason, billing, RunPod's runpod_pods.Verdict on its pod or None) of a managed job;
-        state None: the controller forgot it."""
-        rec = self._managed_record(sky, run.handle)
-        if rec is None:
-            return None, "the jobs controller does not know this managed job any more", False, None
-        status, recoveries = enum_name(record_field(rec, "status")), record_field(rec, "recovery_count", 0)
-        billing = control.managed_job_billing(status, rec)
-        if status.startswith("FAILED"):
-            why = record_field(rec, "failure_reason") or record_field(rec, "details") or "see `launch logs`"
-            return "failed", f"{status}: {why}", billing, None
-        said = runpod_pods.check(run.handle, rec, status)  # RunPod's word on the pod (SkyPilot may say RUNNING)
-        billing = said.billing if said else billing
-        if status == "RECOVERING" or (said and said.dead):
-            return "starting", f"preempted; SkyPilot is recovering it (recovery {recoveries + 1})", billing, said
-        return _MANAGED_STATES.get(status, "starting"), f"recovered {recoveries}x" if recoveries else None, billing, said
-
-    def _settled(self, run: Run) -> RemoteStatus:
-        """The jobs controller is gone: it autostops only once none of its jobs is active, so the run
-        has ended, nothing of it bills, and how and when it ended is the run's own status.json's to
-        say (read from the volume)."""
-        reported = self._reported(run, up=False)
-        why = "the jobs controller is gone (torn down after its jobs ended)"
-        if reported is None:
-            why += "; the run's status.json is not readable from here (RUNPOD_S3_ACCESS_KEY/_SECRET_KEY)"
-        st = merge_status(None, why, reported, run.state)
-        st.billing = False
-        st.ended_at = control.epoch((reported or {}).get("ended_at") or (reported or {}).get("updated_at"))
-        return st
-
-    def _reported(self, run: Run, up: bool) -> Optional[dict]:
-        """The run's own status.json: over SSH while the cluster is up, else from the volume (S3)."""
-        text = self._run_text(run, layout.STATUS, up)
-        try:
-            return json.loads(text) if text else None
-        except ValueError:
-            return None
-
-    def _run_text(self, run: Run, rel: str, up: bool) -> Optional[str]:
-        """A run-dir-relative file of the run: over SSH while the cluster is up, else from the volume (S3)."""
-        h = run.handle
-        if h.kind == "cluster" and up:
-            return cluster_ssh(run.cluster, f"cat {remote_path(h.run_dir + '/' + rel)}", check=False)
-        if slurm_login.login_host(h):
-            return slurm_login.read(slurm_login.login_host(h), f"{h.run_dir}/{rel}")
-        if s3_ready(h):
-            try:
-                return S3Volume(h.volume).read(f"{h.volume['key_prefix']}/{run.id}/{rel}")
-            except Exception:  # noqa: BLE001
-                return None
-        return None
+        return run_state.remote_status(sky=sdk(), run=run)
 
     def read_run_file(self, run: Run, rel: str) -> Optional[str]:
         """As `status` reads status.json: over SSH while the cluster is up (asked of SkyPilot), else
@@ -351,11 +251,11 @@ class SkyPilotBackend(Backend):
         up = False
         if run.handle.kind == "cluster" and run.cluster:
             try:
-                state, _, _ = self._cluster_state(sdk(), run)
+                state, _, _ = run_state.cluster_state(sky=sdk(), run=run)
                 up = state in ("running", "completed", "failed")
             except Exception:  # noqa: BLE001 - SkyPilot unreachable: try the volume
                 up = False
-        return self._run_text(run, rel, up)
+        return run_state.run_text(run=run, rel=rel, up=up)
 
     def write_run_file(self, run: Run, rel: str, text: str) -> bool:
         """Over SSH into a cluster's run dir, else through the RunPod volume's S3 API (managed jobs)."""
@@ -399,12 +299,13 @@ class SkyPilotBackend(Backend):
         """`sky.cancel` (SIGTERM, and SIGKILL SKY_KILL_AFTER_S later: no use waiting longer for the
         run's status.json to say it ended), then `sky.down`; graceful for bucket mounts, so
         MOUNT_CACHED checkpoint uploads finish first."""
-        if self._cluster_up(run) and self._job_active(sky, run):
-            before = self._reported(run, up=True) or {}
+        if run_state.cluster_up(run=run) and self._job_active(sky, run):
+            before = run_state.status_json(run=run, up=True) or {}
             sky.get(sky.cancel(run.cluster, job_ids=[run.handle.job_id]))
             if before.get("state") and before["state"] not in _ENDED:  # a trainer to wait for
-                control.wait_until(lambda: (self._reported(run, up=True) or {}).get("state") in _ENDED,
-                                   control.SKY_KILL_AFTER_S + control.POLL_S)
+                control.wait_until(
+                    lambda: (run_state.status_json(run=run, up=True) or {}).get("state") in _ENDED,
+                    control.SKY_KILL_AFTER_S + control.POLL_S)
         flush = {"graceful": True, "graceful_timeout": control.DOWN_GRACE_S} if run.handle.bucket else {}
         sky.get(sky.down(run.cluster, **flush))
 
@@ -429,7 +330,7 @@ class SkyPilotBackend(Backend):
 
         def ended() -> bool:
             try:
-                rec = self._managed_record(sky, h)
+                rec = run_state.managed_record(sky=sky, handle=h)
             except Exception as e:
                 if controller_gone(e):
                     return True
@@ -451,32 +352,5 @@ class SkyPilotBackend(Backend):
 
     def _files(self, run: Run) -> RunFiles:
         if run.id not in self._routes:  # decided once per run: a cluster may autostop meanwhile
-            self._routes[run.id] = RunFiles.of(run, lambda: self._cluster_up(run))
+            self._routes[run.id] = RunFiles.of(run, lambda: run_state.cluster_up(run=run))
         return self._routes[run.id]
-
-    def _cluster_up(self, run: Run) -> bool:
-        sky = sdk()
-        try:
-            records = sky.get(sky.status(cluster_names=[run.cluster]))
-        except Exception as e:  # noqa: BLE001
-            raise map_sky_error(e) from None
-        return bool(records) and enum_name(record_field(records[0], "status")) in ("UP", "AUTOSTOPPING")
-
-
-def merge_status(state: Optional[str], reason: Optional[str], reported: Optional[dict],
-                 previous: str) -> RemoteStatus:
-    """SkyPilot's view (None: the machine is gone) merged with the run's own status.json."""
-    rs = reported or {}
-    said = rs.get("state") if rs.get("state") in STATES else None
-    if state is None:
-        if said and said not in ACTIVE_STATES:
-            state = said
-        else:
-            state = previous if previous not in ACTIVE_STATES else "stopped"
-    elif state in ("completed", "failed", "stopped") and said in ("completed", "failed", "budget_exhausted", "stopped"):
-        # The run knows why it ended (budget, its own failure reason, a stop it was asked for). A stop
-        # `launch down` asked for ends the job with the payload's exit 5, which SkyPilot records as
-        # FAILED (any non-zero exit): the run's own `stopped` is the truth (seen on the emulated RunPod).
-        state = said
-    reason = rs.get("reason") if state == said and rs.get("reason") else reason
-    return RemoteStatus.from_report(state, rs, reason)

@@ -32,7 +32,7 @@ from launcher.store import registry
 from launcher.profiles import render
 from launcher.backends import BackendError, LaunchSpec
 from launcher.backends import skypilot as sp
-from launcher.backends.skypilot import control
+from launcher.backends.skypilot import control, run_state
 from launcher.backends.skypilot.sdk import MANAGED_JOB_FIELDS
 from launcher.project import PACKAGE_ROOT as REPO_ROOT
 from launcher.profiles.profile import Profile, load_profile
@@ -420,7 +420,7 @@ def test_down_gives_the_trainer_its_sigterm_checkpoint_before_the_cluster_goes(f
     fake.results["job_status"] = {7: JobStatus.RUNNING}
     reports = iter([{"state": "training", "step": 40}, {"state": "training", "step": 40},
                     {"state": "stopped", "step": 40, "exit_code": 143}])
-    monkeypatch.setattr(sp.SkyPilotBackend, "_reported", lambda self, run, up: next(reports))
+    monkeypatch.setattr(run_state, "status_json", lambda run, up: next(reports))
     sp.SkyPilotBackend().down(cluster_run())
     names = fake.names()
     assert fake.one("cancel")[1:] == (("r1",), {"job_ids": [7]})
@@ -429,7 +429,7 @@ def test_down_gives_the_trainer_its_sigterm_checkpoint_before_the_cluster_goes(f
 
     # A bucket-backed run: the teardown is graceful, so MOUNT_CACHED checkpoint uploads finish.
     fake.calls.clear()
-    monkeypatch.setattr(sp.SkyPilotBackend, "_reported", lambda self, run, up: {"state": "training"})
+    monkeypatch.setattr(run_state, "status_json", lambda run, up: {"state": "training"})
     run = cluster_run()
     run.handle.bucket = {"name": "b", "store": "azure", "mount": "/checkpoints", "mode": "MOUNT_CACHED"}
     sp.SkyPilotBackend().down(run)  # the trainer never confirms: the wait is bounded

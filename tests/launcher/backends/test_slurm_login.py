@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from launcher.backends.skypilot.backend import SkyPilotBackend
+from launcher.backends.skypilot import run_state
 from launcher.backends.skypilot.files import RunFiles
 from launcher.store.handle import Handle
 from launcher.store.registry import Run
@@ -33,7 +33,7 @@ def _site(tmp_path, sshd, monkeypatch):
 
 def test_a_gone_clusters_status_and_files_are_read_on_the_login_node(tmp_path, sshd, monkeypatch):
     run = _site(tmp_path, sshd, monkeypatch)
-    text = SkyPilotBackend()._run_text(run, "status.json", up=False)  # the route itself
+    text = run_state.run_text(run=run, rel="status.json", up=False)  # the route itself
     assert json.loads(text or "{}") == {"state": "stopped", "step": 7}
     files = RunFiles.of(run, cluster_up=lambda: False)
     assert files.list(("outputs",)) == {"outputs/model.safetensors": 100}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from payload.model import modeling
+from payload.model import adapters
 from train_fixtures import make_config
 
 DIMS = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
@@ -19,29 +19,29 @@ DIMS = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_atte
 
 
 def test_plan_keeps_the_base_in_its_compute_dtype():
-    plan = modeling.dtype_plan("qlora", "bfloat16")
+    plan = adapters.dtype_plan("qlora", "bfloat16")
     assert plan == {"block_linears": "nf4", "embeddings": "bfloat16", "norms": "bfloat16", "lm_head": "bfloat16",
                     "vision": "bfloat16", "adapters": "bfloat16"}
-    t4 = modeling.dtype_plan("qlora", "float16")  # GradScaler cannot unscale fp16 gradients
+    t4 = adapters.dtype_plan("qlora", "float16")  # GradScaler cannot unscale fp16 gradients
     assert t4["adapters"] == "float32" and t4["norms"] == t4["embeddings"] == t4["lm_head"] == "float16"
-    assert modeling.dtype_plan("lora", "bfloat16")["adapters"] == "float32"  # peft's default
-    assert modeling.dtype_plan("lora", "bfloat16", zero3=True)["adapters"] == "bfloat16"  # TRL under ZeRO-3
-    assert modeling.dtype_plan("full", "bfloat16") == {"all": "bfloat16"}
+    assert adapters.dtype_plan("lora", "bfloat16")["adapters"] == "float32"  # peft's default
+    assert adapters.dtype_plan("lora", "bfloat16", zero3=True)["adapters"] == "bfloat16"  # TRL under ZeRO-3
+    assert adapters.dtype_plan("full", "bfloat16") == {"all": "bfloat16"}
     assert "float32" not in {v for k, v in plan.items() if k != "adapters"}
 
 
 def test_adapter_dtype_follows_mixed_precision(tmp_path):
     cfg = make_config(tmp_path, model={"name_or_path": "x", "dtype": "float16"}, train={"method": "qlora"})
-    assert modeling.compute_dtype_name(cfg) == "float16"
+    assert adapters.compute_dtype_name(cfg) == "float16"
     model = _peft(_tiny(torch.bfloat16))  # TRL leaves a quantized model's adapters in bf16 whatever the precision
     _cast_trainable(model, torch.bfloat16)
-    modeling.cast_adapters(cfg, model)
+    adapters.cast_adapters(cfg, model)
     trainable = {p.dtype for p in model.parameters() if p.requires_grad}
     frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
     assert trainable == {torch.float32} and frozen == {torch.bfloat16}
     lora = make_config(tmp_path, model={"name_or_path": "x", "dtype": "float16"}, train={"method": "lora"})
     _cast_trainable(model, torch.bfloat16)
-    modeling.cast_adapters(lora, model)  # only QLoRA is cast
+    adapters.cast_adapters(lora, model)  # only QLoRA is cast
     assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.bfloat16}
 
 
@@ -52,12 +52,12 @@ def test_new_preparation_keeps_the_loss_and_drops_the_fp32_copies(tmp_path):
     batch = _batch()
 
     old = _peft(prepare_model_for_kbit_training(_tiny(torch.bfloat16), use_gradient_checkpointing=False))
-    model, _ = modeling.prepare_for_method(cfg, _tiny(torch.bfloat16))
+    model, _ = adapters.prepare_for_method(cfg, _tiny(torch.bfloat16))
     new = _peft(model)
-    modeling.cast_adapters(cfg, new)
+    adapters.cast_adapters(cfg, new)
 
     assert {p.dtype for p in old.parameters()} == {torch.float32}  # what ran on the H200: all fp32
-    plan = modeling.dtype_plan("qlora", "bfloat16")
+    plan = adapters.dtype_plan("qlora", "bfloat16")
     assert {p.dtype for p in new.parameters() if not p.requires_grad} == {getattr(torch, plan["norms"])}
     assert {p.dtype for p in new.parameters() if p.requires_grad} == {getattr(torch, plan["adapters"])}
 

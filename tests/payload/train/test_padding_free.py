@@ -29,7 +29,7 @@ def _trainer(cfg, records):
     """The SFT trainer the payload builds for `cfg` (LoRA, no dropout), on `records`, not trained."""
     import torch
 
-    from payload.model import modeling
+    from payload.model import adapters, modeling
     from payload.data import trainset
     from payload.train.arguments import sft_config
     from payload.train.trainer import trainer_class
@@ -38,7 +38,7 @@ def _trainer(cfg, records):
     path = modeling.base_model_path(cfg)
     processing = modeling.load_processing_class(path, cfg.model.kind)
     model, _ = modeling.load_model(cfg, path, batch="padding_free")
-    model, peft_config = modeling.prepare_for_method(cfg, model)
+    model, peft_config = adapters.prepare_for_method(cfg, model)
     args = sft_config(cfg, has_eval=False, dtype=torch.float32)
     ds = trainset.build_dataset(records, False, "train.jsonl")
     trainer = trainer_class()(model=model, args=args, train_dataset=ds, processing_class=processing,

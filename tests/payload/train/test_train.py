@@ -139,7 +139,7 @@ def test_loss_only_on_assistant_tokens_vl(train_env):
 
 
 def test_vision_tower_freeze_is_asserted(train_env):
-    from payload.model import modeling
+    from payload.model import adapters
 
     cfg = make_config(train_env, "vision", model=VL_MODEL)
     write_vl_data(cfg.run_dir, n_train=4, n_val=0)
@@ -147,11 +147,11 @@ def test_vision_tower_freeze_is_asserted(train_env):
     run = _setup(cfg)
     try:
         model = run.trainer.model
-        visual = [p for n, p in model.named_parameters() if modeling.is_vision_param(n)]
+        visual = [p for n, p in model.named_parameters() if adapters.is_vision_param(n)]
         assert visual and not any(p.requires_grad for p in visual)
         visual[0].requires_grad_(True)
         with pytest.raises(RuntimeError, match="vision tower must be frozen"):
-            modeling.check_vision_frozen(cfg, model)
+            adapters.check_vision_frozen(cfg, model)
     finally:
         run.stop.restore()
 
@@ -276,31 +276,31 @@ def test_attention_fallback_order_is_logged(train_env, caplog):
 def test_deepspeed_zero3_config_from_switches(train_env):
     import importlib.util
 
-    from payload.model import modeling
+    from payload.model import sharding
     from payload.config import DeepSpeedConfig
 
-    ds = modeling.deepspeed_config(DeepSpeedConfig(zero_stage=3, offload_optimizer=True, offload_params=True))
+    ds = sharding.deepspeed_config(DeepSpeedConfig(zero_stage=3, offload_optimizer=True, offload_params=True))
     zero = ds["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu"
     assert zero["offload_param"]["device"] == "cpu" and zero["stage3_gather_16bit_weights_on_model_save"]
     assert ds["train_micro_batch_size_per_gpu"] == "auto" and ds["bf16"] == {"enabled": "auto"}
-    plain = modeling.deepspeed_config(DeepSpeedConfig(zero_stage=3))["zero_optimization"]
+    plain = sharding.deepspeed_config(DeepSpeedConfig(zero_stage=3))["zero_optimization"]
     assert "offload_param" not in plain and "offload_optimizer" not in plain
     cfg = make_config(train_env, "ds", train={"method": "full", "deepspeed": {"zero_stage": 3}})
     if importlib.util.find_spec("deepspeed") is not None:  # the dev lock has it on Linux
-        modeling.check_deepspeed_available(cfg)  # on CPU too: DeepSpeed's CPU accelerator (test_deepspeed_cpu.py)
+        sharding.check_deepspeed_available(cfg)  # on CPU too: DeepSpeed's CPU accelerator (test_deepspeed_cpu.py)
 
 
 def test_deepspeed_missing_is_one_line_with_the_fix(train_env, monkeypatch):
     import importlib.util
 
-    from payload.model import modeling
+    from payload.model import sharding
 
     cfg = make_config(train_env, "ds", train={"method": "full", "deepspeed": {"zero_stage": 3}})
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     with pytest.raises(PayloadError, match="deepspeed package is not installed; pip install deepspeed"):
-        modeling.check_deepspeed_available(cfg)
+        sharding.check_deepspeed_available(cfg)
 
 
 def test_packing_keeps_boundaries_and_fills_batches(train_env):

@@ -27,6 +27,7 @@ from train_fixtures import (
 )
 
 from payload.volume import checkpoints as ck
+from payload.volume.control import RunControl, StopSignal, TrainingInterrupted
 from payload import layout
 from payload.volume import checksums
 from payload.volume import lease
@@ -201,22 +202,22 @@ def test_sigterm_before_the_first_checkpoint_saves_and_the_logged_loss_is_unchan
     _, ref_adapter, ref_losses = reference
     cfg = make_config(train_env, "early-term")
     write_text_data(cfg.run_dir)
-    step_end = ck.RunControl.on_step_end
+    step_end = RunControl.on_step_end
 
     def sigterm_at_step_3(self, args, state, control, **kw):  # between logging steps 2 and 4
         if state.global_step == 3:
             self.stop.signum = signal.SIGTERM
         return step_end(self, args, state, control, **kw)
 
-    monkeypatch.setattr(ck.RunControl, "on_step_end", sigterm_at_step_3)
-    with pytest.raises(ck.TrainingInterrupted) as info:
+    monkeypatch.setattr(RunControl, "on_step_end", sigterm_at_step_3)
+    with pytest.raises(TrainingInterrupted) as info:
         train_in_process(cfg)
     assert info.value.exit_code == 143
     status = json.loads((cfg.run_dir / layout.STATUS).read_text())
     assert status["state"] == "stopped" and status["exit_code"] == 143
     assert status["reason"] == "stopped by SIGTERM at step 3 of 24; checkpoint-3 saved"
     assert ck.latest_complete(ck.checkpoints_dir(cfg.run_dir)).name == "checkpoint-3"
-    monkeypatch.setattr(ck.RunControl, "on_step_end", step_end)
+    monkeypatch.setattr(RunControl, "on_step_end", step_end)
     summary = train_in_process(cfg)
     assert summary["state"] == "completed" and summary["resumed_from"] == "checkpoint-3"
     assert_same_adapter(cfg.run_dir, ref_adapter)
@@ -238,7 +239,7 @@ def test_a_lost_lease_stops_training_without_saving():
     class Lost:
         lost = True
 
-    ctl = ck.RunControl(CheckpointConfig(), ck.StopSignal(), lease=Lost())
+    ctl = RunControl(CheckpointConfig(), StopSignal(), lease=Lost())
     state, control = TrainerState(max_steps=10, global_step=10), TrainerControl()
     ctl.on_step_end(Args(), state, control)
     assert control.should_training_stop and not control.should_save and ctl.reason == "lease_lost"

@@ -24,6 +24,8 @@ from train_fixtures import (
 )
 
 from payload.volume import checkpoints as ck
+from payload.volume.control import (INITIAL_SAVE_ESTIMATE_S, RunControl, StopSignal, save_interval_s,
+                                    young_interval_s)
 from payload import layout
 from payload.errors import BudgetExhausted
 from payload.volume.money import CostTracker
@@ -185,12 +187,12 @@ def test_incomplete_checkpoints_are_ignored_and_cleaned(tmp_path):
 def test_save_interval_from_youngs_formula():
     from payload.config import CheckpointConfig
 
-    assert ck.young_interval_s(30.0, 4.0) == pytest.approx(math.sqrt(2 * 30 * 4 * 3600))
-    assert ck.save_interval_s(CheckpointConfig(save_every_minutes=15), 30.0) == 900.0
+    assert young_interval_s(30.0, 4.0) == pytest.approx(math.sqrt(2 * 30 * 4 * 3600))
+    assert save_interval_s(CheckpointConfig(save_every_minutes=15), 30.0) == 900.0
     spot = CheckpointConfig(expected_preemption_hours=2.0)
-    assert ck.save_interval_s(spot, 8.0) == pytest.approx(math.sqrt(2 * 8 * 7200))
-    assert ck.save_interval_s(spot, None) == pytest.approx(math.sqrt(2 * ck.INITIAL_SAVE_ESTIMATE_S * 7200))
-    assert ck.save_interval_s(CheckpointConfig(), 8.0) is None  # on-demand: step-based saving only
+    assert save_interval_s(spot, 8.0) == pytest.approx(math.sqrt(2 * 8 * 7200))
+    assert save_interval_s(spot, None) == pytest.approx(math.sqrt(2 * INITIAL_SAVE_ESTIMATE_S * 7200))
+    assert save_interval_s(CheckpointConfig(), 8.0) is None  # on-demand: step-based saving only
 
 
 def test_time_based_save_waits_for_a_logging_boundary():
@@ -202,7 +204,7 @@ def test_time_based_save_waits_for_a_logging_boundary():
     class Args:
         device = torch.device("cpu")
 
-    ctl = ck.RunControl(CheckpointConfig(save_every_minutes=1e-5), ck.StopSignal(), logging_steps=4)
+    ctl = RunControl(CheckpointConfig(save_every_minutes=1e-5), StopSignal(), logging_steps=4)
     state, control = TrainerState(max_steps=100), TrainerControl()
     ctl.on_train_begin(Args(), state, control)
     time.sleep(0.01)  # past the 0.6 ms interval
