@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +31,14 @@ for _secret in ("HF_TOKEN", "WANDB_API_KEY", "RUNPOD_API_KEY", "LAUNCH_DEBUG"):
 # No network in tests: the payload's preflight skips its Hub/W&B calls (tests/payload/preflight/test_preflight_remote.py
 # removes this and fakes those calls).
 os.environ["LAUNCH_PREFLIGHT_OFFLINE"] = "1"
+# Ctrl-C reaches the processes the tests start, as it does a terminal's foreground job. A shell starts a
+# background job (`make test &`, a runner's job without job control) with SIGINT ignored, every child inherits
+# that, and Python leaves an ignored SIGINT ignored: the tests that press Ctrl-C on `launch` (logs --follow,
+# down --fetch-artifacts) then waited for a process that never heard it (both failed in two `make test`s
+# started with `&` side by side; whether a worker still had it ignored hung on the tests it ran before).
+# Python's own handler here; the processes it starts begin with the default action.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # One OpenMP thread for torch in every process the suite starts (workers, trainers, gpu-check's children):
 # the machine's cores are shared by the test workers and the trainers they start, and OpenMP threads that
 # outnumber free cores spin-wait. Measured on 2 cores, a trainer beside another busy one: 13.5 CPU-s with

@@ -176,13 +176,27 @@ def _proc_state(proc: Path) -> str:
 TRAINER_START_S = 360
 
 
-def wait_for(predicate, timeout=60, what="condition"):
+def wait_for(predicate, timeout=60, what="condition", seen=None):
+    """Until `predicate()`; on giving up, says what it waited for and what `seen()` shows of the run."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"\n{seen()}" if seen else ""))
+
+
+def run_seen(run: Run, lines: int = 30) -> str:
+    """The run's status.json and the end of its log: what a wait that gave up saw."""
+    def read(path: Path) -> str:
+        try:
+            return path.read_text(errors="replace")
+        except OSError as e:
+            return f"({e.strerror})"
+
+    log = read(Path(run.handle.log)) if run.handle.log else "(no log)"
+    tail = "\n".join(log.splitlines()[-lines:])
+    return f"status.json: {read(run_dir(run) / layout.STATUS).strip()}\nlast {lines} lines of run.log:\n{tail}"
 
 
 # --------------------------------------------------------------------------------- the shared run
@@ -512,14 +526,16 @@ def test_preemption_and_down_leave_no_process_of_the_run(sshd, env, tmp_path):
                  checkpoints={"save_steps": 3, "keep_best": 1, "keep_recent": 2})
     run = backend.up(demo_spec(tmp_path, "demo-kill", **train))
     try:
-        wait_for(lambda: _training_step(run) >= 4, timeout=TRAINER_START_S, what="training to start")
+        wait_for(lambda: _training_step(run) >= 4, timeout=TRAINER_START_S, what="training to start",
+                 seen=lambda: run_seen(run))
         os.killpg(run.handle.pgid, 9)
         wait_for(lambda: tagged_pids(run.id) == [], timeout=20, what="the torchrun worker to die with its agent")
         st = wait_state(backend, run, ("preempted", "failed", "completed"), timeout=30)  # once init reaped them
         assert st.state == "preempted" and "--resume" in st.reason
         stopped_at = _training_step(run)
         run = backend.up(demo_spec(tmp_path, run.id, run=run, **train))
-        wait_for(lambda: _training_step(run) > stopped_at + 1, timeout=TRAINER_START_S, what="the resumed run to train")
+        wait_for(lambda: _training_step(run) > stopped_at + 1, timeout=TRAINER_START_S,
+                 what=f"the resumed run to train past step {stopped_at + 1}", seen=lambda: run_seen(run))
         backend.down(run, grace_s=15)
         assert tagged_pids(run.id) == []
         st = backend.status(run)
