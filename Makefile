@@ -77,7 +77,7 @@ test: install lint
 
 # The unit tests for the inner loop: no test that runs whole programs (a trainer, torchrun, the installed
 # launch, an OpenSSH server, SkyPilot's optimizer in a child: tests/conftest.py and @pytest.mark.slow mark
-# them, each with its seconds). 727 of 1,189 tests; 1 min 16 s on 2 idle cores; make test stays the full suite.
+# them, each with its seconds). 727 of 1,189 tests; 1 min 7 s on 2 idle cores; make test stays the full suite.
 test-quick: install
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not slow" --ignore=tests/cloud/scenarios tests
 
