@@ -141,10 +141,11 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from payload.config import ConfigError, load_run_config
     from payload.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_OK, exit_code_for, one_line
-    from payload.volume.observe import rank, setup_logging
+    from payload.volume.observe import rank, setup_logging, stacks_on_usr1
 
     setup_logging()
     die_with_parent()
+    stacks_on_usr1()
     cfg = None
     try:
         cfg = load_run_config(args.config)

@@ -29,6 +29,7 @@ import sys
 from typing import Optional
 
 from payload.errors import EXIT_CRASH, EXIT_OK, EXIT_STATE
+from payload.volume.observe import stacks_on_usr1
 
 gc.set_threshold(10_000)  # before torch's import: fewer collections while it loads (payload/__main__.py)
 
@@ -60,6 +61,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from torch.distributed.run import main as torchrun
 
     logging.getLogger(AGENT_LOGGER).addFilter(_DeliberateEnds())
+    stacks_on_usr1()  # a look at a hung agent, as at its workers (SIGUSR1 would end it otherwise)
     try:
         torchrun(sys.argv[1:] if argv is None else argv)
     except ChildFailedError as e:

@@ -17,9 +17,11 @@ callback writes them and the launcher reads them; they share one module's names.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -56,6 +58,18 @@ class CurrentStream(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:  # StreamHandler assigns one; the current one is looked up instead
         pass
+
+
+def stacks_on_usr1() -> None:
+    """`kill -USR1 PID` writes every thread's stack to the log, and the stage goes on.
+
+    A trainer that hangs (a collective that never completes, a lock in a library) shows nothing in its
+    log and bills until someone looks; its stacks say where it waits. On the run's machine (`launch
+    exec RUN -- bash`; a local run's is this one), `pgrep -af 'm payload'` lists the pids: each
+    `python -m payload STAGE` and torchrun's agent (`python -m payload.train.torchrun`) takes `kill -USR1
+    PID`. Not `pkill -f`: the job's own shell holds the same words and would end."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def setup_logging(to: Optional[str] = None) -> None:

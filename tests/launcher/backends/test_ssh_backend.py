@@ -8,10 +8,12 @@ there. Host keys: unknown keys are refused with their fingerprint, changed keys 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -186,17 +188,41 @@ def wait_for(predicate, timeout=60, what="condition", seen=None):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"\n{seen()}" if seen else ""))
 
 
+def payload_pids(run_id: str) -> list[int]:
+    """The run's `python -m payload STAGE` processes and torchrun's agent (`python -m
+    payload.train.torchrun`), not the driver's shell: each writes its stacks on SIGUSR1."""
+    out = []
+    for pid in tagged_pids(run_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        module = argv[argv.index(b"-m") + 1] if b"-m" in argv[:-1] else None  # python [-u] -m MODULE
+        if module in (b"payload", b"payload.train.torchrun"):
+            out.append(pid)
+    return out
+
+
 def run_seen(run: Run, lines: int = 30) -> str:
-    """The run's status.json and the end of its log: what a wait that gave up saw."""
+    """What a wait that gave up saw: the run's status.json, the end of its log, and where each of its
+    payload processes was (SIGUSR1: each writes its threads' stacks to the log and goes on)."""
     def read(path: Path) -> str:
         try:
             return path.read_text(errors="replace")
         except OSError as e:
             return f"({e.strerror})"
 
-    log = read(Path(run.handle.log)) if run.handle.log else "(no log)"
-    tail = "\n".join(log.splitlines()[-lines:])
-    return f"status.json: {read(run_dir(run) / layout.STATUS).strip()}\nlast {lines} lines of run.log:\n{tail}"
+    log = Path(run.handle.log) if run.handle.log else None
+    before = read(log) if log else "(no log)"
+    for pid in payload_pids(run.id):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(3)
+    after = read(log)[len(before):] if log else ""
+    stacks = [line for line in after.splitlines() if line.startswith(("Thread 0x", "Current thread", "  File"))]
+    tail = "\n".join(before.splitlines()[-lines:])
+    return (f"status.json: {read(run_dir(run) / layout.STATUS).strip()}\nlast {lines} lines of run.log:\n{tail}"
+            f"\nits payload processes' stacks (SIGUSR1):\n" + ("\n".join(stacks) or "(none written)"))
 
 
 # --------------------------------------------------------------------------------- the shared run
