@@ -68,8 +68,12 @@ def stacks_on_usr1() -> None:
     exec RUN -- bash`; a local run's is this one), `pgrep -af 'm payload'` lists the pids: each
     `python -m payload STAGE` and torchrun's agent (`python -m payload.train.torchrun`) takes `kill -USR1
     PID`. Not `pkill -f`: the job's own shell holds the same words and would end."""
-    if hasattr(signal, "SIGUSR1"):
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # stderr is no file (a stage called from Python): no log
+        pass
 
 
 def setup_logging(to: Optional[str] = None) -> None:

@@ -222,7 +222,24 @@ def run_seen(run: Run, lines: int = 30) -> str:
     stacks = [line for line in after.splitlines() if line.startswith(("Thread 0x", "Current thread", "  File"))]
     tail = "\n".join(before.splitlines()[-lines:])
     return (f"status.json: {read(run_dir(run) / layout.STATUS).strip()}\nlast {lines} lines of run.log:\n{tail}"
+            f"\nits processes (pid ppid state wchan argv):\n{processes(run.id)}"
             f"\nits payload processes' stacks (SIGUSR1):\n" + ("\n".join(stacks) or "(none written)"))
+
+
+def processes(run_id: str) -> str:
+    """Each live process of the run, one line: pid, parent, state (R S D T...), where the kernel has it
+    waiting, its command line."""
+    out = []
+    for pid in tagged_pids(run_id):
+        proc = Path(f"/proc/{pid}")
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            wchan = (proc / "wchan").read_text() or "-"
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except OSError:
+            continue
+        out.append(f"{pid} {stat[1]} {stat[0]} {wchan} {argv}")
+    return "\n".join(out) or "(none)"
 
 
 # --------------------------------------------------------------------------------- the shared run
