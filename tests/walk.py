@@ -61,3 +61,19 @@ def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str, code: i
     for needle in needles:
         assert any(needle in line for line in lines), f"{needle!r} not in the ✗ line(s):\n{out}"
     return lines[0]
+
+
+def run_pids(run_id: str, under: Path) -> list[int]:
+    """This test's processes of a run: its id, and its volume under `under` (the test's tmp_path). By the
+    id alone, another `make test` beside this one, whose runs have the same ids, would be counted (and
+    killed by a cleanup)."""
+    out = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            entries = env.read_bytes().split(b"\0")
+            if f"LAUNCH_RUN_ID={run_id}".encode() in entries and \
+                    any(e.startswith(f"LAUNCH_VOLUME={under}".encode()) for e in entries):
+                out.append(int(env.parent.name))
+        except (OSError, ValueError):
+            continue
+    return out

@@ -23,10 +23,10 @@ from launcher.profiles.profile import load_profile
 
 try:
     from test_contract import _spec, machine_backend
-    from walk import assert_one_line_error, launch
+    from walk import assert_one_line_error, launch, run_pids
 except ImportError:
     from tests.test_contract import _spec, machine_backend
-    from tests.walk import assert_one_line_error, launch
+    from tests.walk import assert_one_line_error, launch, run_pids
 
 
 def _shared() -> dict:
@@ -112,7 +112,7 @@ def test_a_second_down_after_forget_names_the_checkpoint_the_trainer_saved(tmp_p
         out = _flat(r)
         assert r.returncode == 0, out
     finally:
-        for pid in _tagged(run.id, tmp_path):
+        for pid in run_pids(run.id, tmp_path):
             os.kill(pid, signal.SIGKILL)
     final = json.loads((rd / "status.json").read_text())
     step = final["step"]
@@ -121,20 +121,6 @@ def test_a_second_down_after_forget_names_the_checkpoint_the_trainer_saved(tmp_p
     assert f"final checkpoint checkpoints/checkpoint-{step} saved" in out, out
     assert f"checkpoint step {step} (checkpoint-{step}, {step} B) is kept in {sshd.host}:{rd}" in out, out
     assert "checkpoint step 4 " not in out
-
-
-def _tagged(run_id: str, tmp_path: Path) -> list[int]:
-    """The run's processes on the test sshd: its id, and its volume under this test's tmp_path."""
-    out = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            entries = env.read_bytes().split(b"\0")
-            if f"LAUNCH_RUN_ID={run_id}".encode() in entries and \
-                    any(e.startswith(f"LAUNCH_VOLUME={tmp_path}".encode()) for e in entries):
-                out.append(int(env.parent.name))
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 def test_logs_of_an_ended_run_whose_host_is_down_say_where_the_log_waits(tmp_path):

@@ -44,9 +44,9 @@ from launcher.store import registry
 from launcher.store.registry import Run
 
 try:
-    from walk import assert_one_line_error, launch
+    from walk import assert_one_line_error, launch, run_pids
 except ImportError:
-    from tests.walk import assert_one_line_error, launch
+    from tests.walk import assert_one_line_error, launch, run_pids
 
 NODE_PATH = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
 
@@ -257,20 +257,8 @@ def test_the_final_checkpoint_wait_ends_when_the_machine_stops_answering(tmp_pat
         assert saved is not None and not saved.saved and "stopped answering" in saved.line, saved
     finally:
         server.stop()
-        for pid in _tagged("walk-money-lost"):
+        for pid in run_pids("walk-money-lost", tmp_path):
             os.kill(pid, 9)
-
-
-def _tagged(run_id: str) -> list[int]:
-    """This host's processes of the run (its environment carries LAUNCH_RUN_ID)."""
-    out = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if f"LAUNCH_RUN_ID={run_id}".encode() in env.read_bytes().split(b"\0"):
-                out.append(int(env.parent.name))
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 # ------------------------------------- a connection that drops mid-command: retried, not "failed (-1)"

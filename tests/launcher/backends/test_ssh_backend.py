@@ -75,6 +75,7 @@ def env(tmp_path_factory, sshd):
     """A known_hosts that trusts the test server, and the remote root, under tmp (conftest gives
     every test its own HOME and LAUNCH_HOME)."""
     base = tmp_path_factory.mktemp("ssh-backend")
+    ROOTS.append(str(base))
     known = base / "known_hosts"
     known.write_text(sshd.known_hosts_line())
     yield {"base": base, "known_hosts": known, "remote_root": base / "remote"}
@@ -144,12 +145,22 @@ def _files(top: Path) -> dict[str, Path]:
     return {p.relative_to(top).as_posix(): p for p in top.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
+# This module's remote roots (the `env` fixture): a run's processes are those with its id AND a volume under
+# one of them. By the id alone, a second `make test` beside this one (the same run ids: demo-kill...) had its
+# trainers counted here and SIGKILLed by this module's cleanup: its resumed run went silent, its `down` "left"
+# processes that were not its own.
+ROOTS: list[str] = []
+
+
 def tagged_pids(run_id: str) -> list[int]:
-    """Live processes whose environment says they belong to the run."""
+    """Live processes whose environment says they belong to the run (its id, a volume of this module's)."""
     marker, out = f"LAUNCH_RUN_ID={run_id}".encode(), []
+    volumes = [f"LAUNCH_VOLUME={root}".encode() for root in ROOTS]
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if marker in environ.read_bytes().split(b"\0") and "Z" not in _proc_state(environ.parent):
+            entries = environ.read_bytes().split(b"\0")
+            ours = not volumes or any(e.startswith(v) for e in entries for v in volumes)
+            if marker in entries and ours and "Z" not in _proc_state(environ.parent):
                 out.append(int(environ.parent.name))
         except OSError:
             pass
@@ -580,7 +591,9 @@ def test_preemption_and_down_leave_no_process_of_the_run(sshd, env, tmp_path):
         wait_for(lambda: _training_step(run) > stopped_at + 1, timeout=TRAINER_START_S,
                  what=f"the resumed run to train past step {stopped_at + 1}", seen=lambda: run_seen(run))
         backend.down(run, grace_s=15)
-        assert tagged_pids(run.id) == []
+        # SIGKILLed by down, a trainer may still be ending (its memory freed) on a loaded machine
+        wait_for(lambda: tagged_pids(run.id) == [], timeout=20, what="every process of the run to end after down",
+                 seen=lambda: processes(run.id))
         st = backend.status(run)
         assert st.state == "stopped" and st.extra["payload_state"] == "stopped"
         log = Path(run.handle.log).read_text()
